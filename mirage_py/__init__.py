@@ -1,0 +1,18 @@
+"""mirage_py: a multi-level superoptimizer for GPU tensor programs.
+
+Pipeline (data flows one way): ``lax`` (programs, partition) -> ``generator`` (candidate μGraphs)
+-> ``verifier`` (finite-field random testing) -> ``layout`` -> ``codegen_cuda``. The μGraph types
+in ``ugraph`` are the language every stage shares.
+"""
+
+from .errors import (DTypeError, MirageError, ProgramError, SerializationError, ShapeError,
+                     TargetError, ValidationError)
+from .lax import (Output, Partition, Program, Tensor, exp, gelu, matmul, mean, partition, relu,
+                  reshape, rms_norm, silu, sqrt, square, sum, transpose)
+
+__version__ = "0.1.0"
+
+__all__ = ["DTypeError", "MirageError", "ProgramError", "SerializationError", "ShapeError",
+           "TargetError", "ValidationError", "Output", "Partition", "Program", "Tensor", "exp",
+           "gelu", "matmul", "mean", "partition", "relu", "reshape", "rms_norm", "silu", "sqrt",
+           "square", "sum", "transpose", "__version__"]

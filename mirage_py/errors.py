@@ -1,0 +1,40 @@
+"""One exception hierarchy for the whole package.
+
+Every error a user can trigger derives from :class:`MirageError`, and its message names the
+operator and the shapes involved, so that a mistake in a program reads as one line.
+"""
+
+from __future__ import annotations
+
+
+class MirageError(Exception):
+    """Root of every error raised by mirage_py on bad input or an invalid graph."""
+
+
+class ShapeError(MirageError, ValueError):
+    """Shapes that do not fit an operator (matmul inner dims, broadcasting, reshape sizes, ...)."""
+
+
+class DTypeError(MirageError, TypeError):
+    """An unsupported dtype, or dtypes that may not be combined."""
+
+
+class ProgramError(MirageError, ValueError):
+    """A malformed program: unknown or missing inputs, duplicate names, foreign tensors."""
+
+
+class SerializationError(MirageError, ValueError):
+    """A JSON document that is not a valid serialized program or μGraph."""
+
+
+class ValidationError(MirageError, ValueError):
+    """A μGraph that breaks a validity rule; ``rule`` names it and ``op`` the operator."""
+
+    def __init__(self, message: str, *, rule: str, op: str | None = None):
+        super().__init__(message)
+        self.rule = rule
+        self.op = op
+
+
+class TargetError(MirageError, ValueError):
+    """An unknown target name."""

@@ -1,0 +1,160 @@
+"""Cut a program into maximal Lax subprograms and the non-Lax remainder.
+
+Grouping rule: every operator starts in a group of its own; two groups joined by a data edge are
+merged while (a) both are Lax-compatible, (b) the graph of groups stays acyclic, so the parts can
+run one after another, and (c) no exp ends up nested under another exp inside one group.
+Merging repeats until nothing more can merge, so each Lax part is maximal in that sense.
+Constants are copied into every part that uses them. The parts come back in dependency order.
+
+``uninterpreted=True`` lets non-Lax elementwise operators (sqrt, silu, gelu, relu) join Lax groups:
+the verifier treats them as uninterpreted functions, which is what lets a search fuse, say,
+``rms_norm(X) @ W`` or ``silu(X@W1) * (X@W2)`` into one kernel. Such parts have ``is_lax`` False
+but ``verifiable`` True.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import networkx as nx
+import numpy as np
+
+from . import ops as _ops
+from .program import Program
+from .tensor import Tensor, topo_order
+
+
+class Partition(list):
+    """The subprograms of a program in dependency order (a list), plus how to chain them.
+
+    ``sources[name]`` says, for each output of the original program, which value (an original
+    input name or a subprogram output name) holds it.
+    """
+
+    def __init__(self, program: Program, parts: list[Program], sources: dict[str, str]):
+        super().__init__(parts)
+        self.program = program
+        self.sources = sources
+
+    def evaluate(self, inputs: Mapping[str, Any], dtype: Any = np.float64) -> dict[str, np.ndarray]:
+        """Evaluate the parts in order; equals ``program.evaluate`` exactly."""
+        env = dict(self.program.check_inputs(inputs))
+        env = {k: v.astype(dtype, copy=False) for k, v in env.items()}
+        for part in self:
+            env.update(part.evaluate({t.name: env[t.name] for t in part.inputs}, dtype=dtype))
+        return {n: env[src] for n, src in self.sources.items()}
+
+    def __str__(self) -> str:
+        lines = [f"partition of {self.program.name}: {len(self)} part(s)"]
+        for part in self:
+            kind = "Lax" if part.is_lax else ("Lax + uninterpreted "
+                                              + ",".join(sorted(part.uninterpreted_ops))
+                                              if part.verifiable else "non-Lax")
+            lines.append(f"[{kind}] " + str(part).replace("\n", "\n  "))
+        return "\n".join(lines)
+
+
+def _compatible(t: Tensor, uninterpreted: bool) -> bool:
+    return _ops.OPS[t.op].is_lax or (uninterpreted and _ops.OPS[t.op].elementwise)
+
+
+def partition(program: Program, *, uninterpreted: bool = False) -> Partition:
+    """Split ``program`` into subprograms (see module docstring); evaluating them in order
+    gives exactly ``program.evaluate``."""
+    nodes = [t for t in program.nodes() if t.op not in ("input", "const")]
+    pos = {t.digest: i for i, t in enumerate(nodes)}
+    group = {t.digest: i for i, t in enumerate(nodes)}  # union-find-free: relabel on merge
+    members: dict[int, list[Tensor]] = {i: [t] for i, t in enumerate(nodes)}
+    ok = {t.digest: _compatible(t, uninterpreted) for t in nodes}
+    edges = [(i.digest, t.digest) for t in nodes for i in t.inputs if i.digest in pos]
+
+    def quotient_acyclic(a: int, b: int) -> bool:
+        g = nx.DiGraph()
+        g.add_nodes_from(members)
+        for u, v in edges:
+            gu, gv = group[u], group[v]
+            gu = a if gu == b else gu
+            gv = a if gv == b else gv
+            if gu != gv:
+                g.add_edge(gu, gv)
+        return nx.is_directed_acyclic_graph(g)
+
+    def nested_exp(ts: list[Tensor]) -> bool:
+        inside = {t.digest for t in ts}
+        below: dict[str, bool] = {}
+        for t in sorted(ts, key=lambda t: pos[t.digest]):
+            b = any((below[i.digest] or i.op == "exp") for i in t.inputs
+                    if i.digest in inside and _ops.OPS[i.op].lax != "uf")
+            below[t.digest] = b
+            if t.op == "exp" and b:
+                return True
+        return False
+
+    changed = True
+    while changed:
+        changed = False
+        for u, v in edges:
+            a, b = group[u], group[v]
+            if a == b or not (ok[u] and ok[v]):
+                continue
+            merged = members[a] + members[b]
+            if nested_exp(merged) or not quotient_acyclic(a, b):
+                continue
+            for t in members[b]:
+                group[t.digest] = a
+            members[a] = sorted(merged, key=lambda t: pos[t.digest])
+            del members[b]
+            changed = True
+
+    # order groups by dependencies, ties by first member position
+    g = nx.DiGraph()
+    g.add_nodes_from(members)
+    for u, v in edges:
+        if group[u] != group[v]:
+            g.add_edge(group[u], group[v])
+    order = list(nx.lexicographical_topological_sort(g, key=lambda k: pos[members[k][0].digest]))
+
+    # names for values that cross part boundaries
+    ids = program.node_ids()
+    out_of: dict[str, str] = {}
+    for name, t in program.output_tensors.items():
+        out_of.setdefault(t.digest, name)
+
+    def value_name(t: Tensor) -> str:
+        if t.op == "input":
+            return t.name
+        return out_of.get(t.digest, f"t{ids[t.digest]}")
+
+    users: dict[str, set[int]] = {}
+    for t in nodes:
+        for i in t.inputs:
+            users.setdefault(i.digest, set()).add(group[t.digest])
+
+    parts: list[Program] = []
+    for k, gid in enumerate(order):
+        inside = {t.digest for t in members[gid]}
+        sub = Program(f"{program.name}.{k}")
+        built: dict[str, Tensor] = {}
+        for t in members[gid]:
+            args = []
+            for i in t.inputs:
+                if i.digest in inside:
+                    args.append(built[i.digest])
+                elif i.op == "const":
+                    args.append(i)
+                else:
+                    vn = value_name(i)
+                    if i.digest not in built:
+                        built[i.digest] = sub.input(vn, i.shape, i.dtype)
+                    args.append(built[i.digest])
+            built[t.digest] = Tensor(t.op, tuple(args), t.attr_dict, t.shape, t.dtype)
+        for t in members[gid]:
+            if t.digest in out_of or users.get(t.digest, set()) - {gid}:
+                sub.output(built[t.digest], value_name(t))
+        parts.append(sub)
+
+    sources = {name: value_name(t) for name, t in program.output_tensors.items()}
+    return Partition(program, parts, sources)
+
+
+__all__ = ["partition", "Partition"]

@@ -1,0 +1,307 @@
+"""Programs: named inputs, a DAG of operators, named outputs; reference evaluation, hashing, JSON.
+
+>>> import mirage_py as mp
+>>> p = mp.Program("lora")
+>>> X = p.input("X", (16, 256)); W = p.input("W", (256, 4096))
+>>> A = p.input("A", (256, 16)); B = p.input("B", (16, 4096))
+>>> p.output(X @ W + (X @ A) @ B)
+>>> print(p)  # doctest: +NORMALIZE_WHITESPACE
+program lora
+  X: (16, 256) float16
+  W: (256, 4096) float16
+  A: (256, 16) float16
+  B: (16, 4096) float16
+  %4 = matmul(X, W) : (16, 4096) float16
+  %5 = matmul(X, A) : (16, 16) float16
+  %6 = matmul(%5, B) : (16, 4096) float16
+  %7 = add(%4, %6) : (16, 4096) float16
+  out0 = %7
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Mapping
+
+import numpy as np
+
+from ..errors import ProgramError, SerializationError, ShapeError
+from . import ops as _ops
+from .tensor import Tensor, _fmt, _json_attr, const, make_input, topo_order
+
+FORMAT = "mirage_py.program"
+FORMAT_VERSION = 1
+
+
+class Program:
+    """A tensor program: declare inputs, apply operators, declare outputs.
+
+    Attributes: ``name``; ``inputs`` (list of input tensors, each with ``name``, ``shape``,
+    ``dtype``); ``outputs`` (list of :class:`Output`: ``name`` plus the tensor's ``shape`` and
+    ``dtype``, and ``tensor``).
+    """
+
+    def __init__(self, name: str):
+        if not isinstance(name, str) or not name:
+            raise ProgramError(f"Program: name must be a non-empty string, got {name!r}")
+        self.name = name
+        self._inputs: dict[str, Tensor] = {}
+        self._outputs: dict[str, Tensor] = {}
+
+    # -- building -------------------------------------------------------------------------------
+    def input(self, name: str, shape: tuple[int, ...], dtype: str = "float16") -> Tensor:
+        """Declare an input tensor (dtype float16, bfloat16 or float32)."""
+        if name in self._inputs:
+            raise ProgramError(f"Program {self.name!r}: input {name!r} is declared twice")
+        t = make_input(name, shape, dtype)
+        self._inputs[name] = t
+        return t
+
+    def output(self, tensor: Tensor, name: str | None = None) -> None:
+        """Declare ``tensor`` an output; names default to ``out0, out1, ...``."""
+        if not isinstance(tensor, Tensor):
+            raise ProgramError(f"Program {self.name!r}: output must be a Tensor, got "
+                               f"{type(tensor).__name__}")
+        if name is None:
+            name = f"out{len(self._outputs)}"
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ProgramError(f"Program {self.name!r}: output name {name!r} must be an identifier")
+        if name in self._outputs or name in self._inputs:
+            raise ProgramError(f"Program {self.name!r}: name {name!r} is already used")
+        for node in topo_order([tensor]):
+            if node.op == "input":
+                mine = self._inputs.get(node.name)
+                if mine is None or mine != node:
+                    raise ProgramError(
+                        f"Program {self.name!r}: output {name!r} uses input {node.name!r} "
+                        f"{_fmt(node.shape)} {node.dtype}, which is not an input of this program")
+        if tensor.op == "const":
+            raise ProgramError(f"Program {self.name!r}: output {name!r} is a constant")
+        self._outputs[name] = tensor
+
+    # -- views ----------------------------------------------------------------------------------
+    @property
+    def inputs(self) -> list[Tensor]:
+        return list(self._inputs.values())
+
+    @property
+    def outputs(self) -> list["Output"]:
+        return [Output(n, t) for n, t in self._outputs.items()]
+
+    @property
+    def output_tensors(self) -> dict[str, Tensor]:
+        return dict(self._outputs)
+
+    def nodes(self) -> list[Tensor]:
+        """Every node (inputs first in declaration order, then operators in dependency order)."""
+        order = [t for t in topo_order(self._outputs.values()) if t.op != "input"]
+        return list(self._inputs.values()) + order
+
+    def node_ids(self) -> dict[str, int]:
+        """Stable small integer per node digest (its position in :meth:`nodes`)."""
+        return {t.digest: i for i, t in enumerate(self.nodes())}
+
+    @property
+    def is_lax(self) -> bool:
+        """True when every operator is in the Lax fragment and no exp is nested in an exp."""
+        return not self.uninterpreted_ops and not self.nested_exp()
+
+    @property
+    def verifiable(self) -> bool:
+        """True when the finite-field verifier can check this program: Lax operators plus
+        uninterpreted elementwise functions, and no exp nested in an exp."""
+        return not self.nested_exp() and all(
+            _ops.OPS[t.op].is_lax or _ops.OPS[t.op].elementwise for t in self.nodes())
+
+    @property
+    def uninterpreted_ops(self) -> set[str]:
+        """Non-Lax elementwise operators used (sqrt, silu, gelu, relu)."""
+        return {t.op for t in self.nodes() if _ops.OPS[t.op].lax == "uf"}
+
+    def nested_exp(self) -> list[Tensor]:
+        """exp nodes with another exp below them (not through an uninterpreted function)."""
+        under: dict[str, bool] = {}
+        bad = []
+        for t in self.nodes():
+            below = any(under[i.digest] or i.op == "exp" for i in t.inputs
+                        if _ops.OPS[i.op].lax != "uf")
+            under[t.digest] = below
+            if t.op == "exp" and below:
+                bad.append(t)
+        return bad
+
+    # -- evaluation -----------------------------------------------------------------------------
+    def check_inputs(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """Inputs as arrays, checked against the declared names and shapes."""
+        if not isinstance(inputs, Mapping):
+            raise ProgramError(f"Program {self.name!r}: inputs must be a dict name -> array")
+        missing = [n for n in self._inputs if n not in inputs]
+        if missing:
+            raise ProgramError(f"Program {self.name!r}: missing input(s) {', '.join(missing)}")
+        extra = [n for n in inputs if n not in self._inputs]
+        if extra:
+            raise ProgramError(f"Program {self.name!r}: unknown input(s) {', '.join(map(str, extra))}"
+                               f"; inputs are {', '.join(self._inputs)}")
+        out = {}
+        for n, t in self._inputs.items():
+            a = np.asarray(inputs[n])
+            if a.shape != t.shape:
+                raise ShapeError(f"Program {self.name!r}: input {n!r} has shape {_fmt(a.shape)}, "
+                                 f"declared {_fmt(t.shape)}")
+            out[n] = a
+        return out
+
+    def evaluate(self, inputs: Mapping[str, Any], dtype: Any = np.float64) -> dict[str, np.ndarray]:
+        """Reference semantics: evaluate in ``dtype`` (float64 by default) with NumPy."""
+        arrays = self.check_inputs(inputs)
+        vals: dict[str, np.ndarray] = {}
+        for t in self.nodes():
+            if t.op == "input":
+                vals[t.digest] = arrays[t.name].astype(dtype, copy=False)
+            elif t.op == "const":
+                vals[t.digest] = np.asarray(t.attr("value"), dtype=dtype)
+            else:
+                vals[t.digest] = _ops.compute(t.op, [vals[i.digest] for i in t.inputs],
+                                              t.attr_dict).astype(dtype, copy=False)
+        return {n: vals[t.digest] for n, t in self._outputs.items()}
+
+    def random_inputs(self, seed: int = 0, scale: float = 1.0) -> dict[str, np.ndarray]:
+        """Normal random float64 inputs of the declared shapes (``scale`` times N(0,1))."""
+        rng = np.random.default_rng(seed)
+        return {n: scale * rng.standard_normal(t.shape) for n, t in self._inputs.items()}
+
+    # -- identity and persistence ---------------------------------------------------------------
+    def structural_hash(self) -> str:
+        """SHA-256 of the structure (inputs, operators, outputs); the name is not part of it."""
+        key = json.dumps({"inputs": [[n, list(t.shape), t.dtype] for n, t in self._inputs.items()],
+                          "outputs": [[n, t.digest] for n, t in self._outputs.items()]},
+                         separators=(",", ":"))
+        return hashlib.sha256(key.encode()).hexdigest()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Program) and other.name == self.name and \
+            other.structural_hash() == self.structural_hash()
+
+    def __hash__(self) -> int:
+        return int(self.structural_hash()[:16], 16)
+
+    def to_json(self) -> dict[str, Any]:
+        ids = self.node_ids()
+        nodes = []
+        for t in self.nodes():
+            nodes.append({"id": ids[t.digest], "op": t.op,
+                          "inputs": [ids[i.digest] for i in t.inputs],
+                          "attrs": {k: _json_attr(v) for k, v in t.attrs},
+                          "shape": list(t.shape), "dtype": t.dtype})
+        return {"format": FORMAT, "version": FORMAT_VERSION, "name": self.name, "nodes": nodes,
+                "outputs": [{"name": n, "node": ids[t.digest]} for n, t in self._outputs.items()]}
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), indent=1)
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> "Program":
+        try:
+            if doc.get("format") != FORMAT:
+                raise SerializationError(f"not a serialized program (format={doc.get('format')!r})")
+            if doc.get("version") != FORMAT_VERSION:
+                raise SerializationError(f"program format version {doc.get('version')!r} is not "
+                                         f"supported (expected {FORMAT_VERSION})")
+            p = cls(doc["name"])
+            built: dict[int, Tensor] = {}
+            for nd in doc["nodes"]:
+                attrs = {k: _from_json_attr(v) for k, v in nd["attrs"].items()}
+                if nd["op"] == "input":
+                    t = p.input(attrs["name"], tuple(nd["shape"]), nd["dtype"])
+                else:
+                    if nd["op"] not in _ops.OPS:
+                        raise SerializationError(f"unknown operator {nd['op']!r}")
+                    t = Tensor(nd["op"], tuple(built[i] for i in nd["inputs"]), attrs,
+                               tuple(nd["shape"]), nd["dtype"])
+                built[nd["id"]] = t
+            for o in doc["outputs"]:
+                p.output(built[o["node"]], o["name"])
+            return p
+        except SerializationError:
+            raise
+        except (KeyError, TypeError, AttributeError, ValueError) as e:
+            raise SerializationError(f"malformed program JSON: {type(e).__name__}: {e}") from None
+
+    @classmethod
+    def loads(cls, text: str) -> "Program":
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise SerializationError(f"program JSON does not parse: {e}") from None
+        if not isinstance(doc, dict):
+            raise SerializationError("program JSON must be an object")
+        return cls.from_json(doc)
+
+    def save(self, path: str) -> None:
+        with open(path, "w") as f:
+            f.write(self.dumps())
+
+    @classmethod
+    def load(cls, path: str) -> "Program":
+        with open(path) as f:
+            return cls.loads(f.read())
+
+    # -- printing -------------------------------------------------------------------------------
+    def __str__(self) -> str:
+        ids = self.node_ids()
+
+        def ref(t: Tensor) -> str:
+            if t.op == "input":
+                return t.name
+            if t.op == "const":
+                return repr(t.attr("value"))
+            return f"%{ids[t.digest]}"
+
+        lines = [f"program {self.name}"]
+        for t in self.nodes():
+            if t.op == "input":
+                lines.append(f"  {t.name}: {_fmt(t.shape)} {t.dtype}")
+            elif t.op != "const":
+                attrs = "".join(f", {k}={v}" for k, v in t.attrs)
+                lines.append(f"  {ref(t)} = {t.op}({', '.join(ref(i) for i in t.inputs)}{attrs})"
+                             f" : {_fmt(t.shape)} {t.dtype}")
+        for n, t in self._outputs.items():
+            lines.append(f"  {n} = {ref(t)}")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return (f"Program({self.name!r}, inputs={[t.name for t in self.inputs]}, "
+                f"outputs={list(self._outputs)})")
+
+
+class Output:
+    """A named program output."""
+
+    __slots__ = ("name", "tensor")
+
+    def __init__(self, name: str, tensor: Tensor):
+        self.name = name
+        self.tensor = tensor
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.tensor.shape
+
+    @property
+    def dtype(self) -> str:
+        return self.tensor.dtype
+
+    def __repr__(self) -> str:
+        return f"Output({self.name!r}, shape={_fmt(self.shape)}, dtype={self.dtype})"
+
+
+def _from_json_attr(v: Any) -> Any:
+    if isinstance(v, dict):
+        return float(v["f"])
+    if isinstance(v, list):
+        return tuple(_from_json_attr(x) for x in v)
+    return v
+
+
+__all__ = ["Program", "Output", "const"]
