@@ -111,3 +111,24 @@ def compute(op: str, args: list[np.ndarray], attrs: dict[str, Any]) -> np.ndarra
     s = OPS[op]
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         return s.compute(*args, **attrs)
+
+
+def _round_bf16(x: np.ndarray) -> np.ndarray:
+    # round-to-nearest-even from float32 to bfloat16, kept in float32
+    f = np.ascontiguousarray(x, dtype=np.float32)
+    bits = f.view(np.uint32)
+    rounded = ((bits.astype(np.uint64) + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).astype(np.uint32)
+    out = rounded.view(np.float32)
+    return np.where(np.isnan(f), f, out)
+
+
+def storage_round(x: np.ndarray, dtype: str) -> np.ndarray:
+    """Round float values to what a device tensor of ``dtype`` stores, returned as float32."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        if dtype == "float16":
+            return np.asarray(x).astype(np.float16).astype(np.float32)
+        if dtype == "bfloat16":
+            return _round_bf16(np.asarray(x, dtype=np.float32))
+        if dtype == "float32":
+            return np.asarray(x, dtype=np.float32)
+    raise KeyError(dtype)

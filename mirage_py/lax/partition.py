@@ -31,10 +31,12 @@ class Partition(list):
     input name or a subprogram output name) holds it.
     """
 
-    def __init__(self, program: Program, parts: list[Program], sources: dict[str, str]):
+    def __init__(self, program: Program, parts: list[Program], sources: dict[str, str],
+                 uninterpreted: bool = False):
         super().__init__(parts)
         self.program = program
         self.sources = sources
+        self.uninterpreted = uninterpreted
 
     def evaluate(self, inputs: Mapping[str, Any], dtype: Any = np.float64) -> dict[str, np.ndarray]:
         """Evaluate the parts in order; equals ``program.evaluate`` exactly."""
@@ -42,14 +44,21 @@ class Partition(list):
         env = {k: v.astype(dtype, copy=False) for k, v in env.items()}
         for part in self:
             env.update(part.evaluate({t.name: env[t.name] for t in part.inputs}, dtype=dtype))
-        return {n: env[src] for n, src in self.sources.items()}
+        # like Program.evaluate, never hand back the caller's own input array
+        outs = self.program.output_tensors
+        return {n: env[src].copy() if outs[n].op == "input" else env[src]
+                for n, src in self.sources.items()}
 
     def __str__(self) -> str:
         lines = [f"partition of {self.program.name}: {len(self)} part(s)"]
         for part in self:
-            kind = "Lax" if part.is_lax else ("Lax + uninterpreted "
-                                              + ",".join(sorted(part.uninterpreted_ops))
-                                              if part.verifiable else "non-Lax")
+            ufs = ",".join(sorted(part.uninterpreted_ops))
+            if part.is_lax:
+                kind = "Lax"
+            elif self.uninterpreted and part.verifiable:
+                kind = "Lax + uninterpreted " + ufs
+            else:
+                kind = "non-Lax " + ufs if ufs else "non-Lax"
             lines.append(f"[{kind}] " + str(part).replace("\n", "\n  "))
         return "\n".join(lines)
 
@@ -120,10 +129,22 @@ def partition(program: Program, *, uninterpreted: bool = False) -> Partition:
     for name, t in program.output_tensors.items():
         out_of.setdefault(t.digest, name)
 
+    # intermediate values get fresh names that clash with no input or output name
+    taken = {t.name for t in program.inputs} | set(program.output_tensors)
+    fresh: dict[str, str] = {}
+
     def value_name(t: Tensor) -> str:
         if t.op == "input":
             return t.name
-        return out_of.get(t.digest, f"t{ids[t.digest]}")
+        if t.digest in out_of:
+            return out_of[t.digest]
+        if t.digest not in fresh:
+            n = f"t{ids[t.digest]}"
+            while n in taken:
+                n += "_"
+            taken.add(n)
+            fresh[t.digest] = n
+        return fresh[t.digest]
 
     users: dict[str, set[int]] = {}
     for t in nodes:
@@ -154,7 +175,7 @@ def partition(program: Program, *, uninterpreted: bool = False) -> Partition:
         parts.append(sub)
 
     sources = {name: value_name(t) for name, t in program.output_tensors.items()}
-    return Partition(program, parts, sources)
+    return Partition(program, parts, sources, uninterpreted)
 
 
 __all__ = ["partition", "Partition"]

@@ -26,9 +26,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..errors import ProgramError, SerializationError, ShapeError
+from ..errors import DTypeError, MirageError, ProgramError, SerializationError, ShapeError
 from . import ops as _ops
-from .tensor import Tensor, _fmt, _json_attr, const, make_input, topo_order
+from .tensor import Tensor, _fmt, _json_attr, apply, const, make_input, topo_order
 
 FORMAT = "mirage_py.program"
 FORMAT_VERSION = 1
@@ -146,6 +146,9 @@ class Program:
         out = {}
         for n, t in self._inputs.items():
             a = np.asarray(inputs[n])
+            if a.dtype.kind not in "biuf":
+                raise DTypeError(f"Program {self.name!r}: input {n!r} {_fmt(a.shape)} has dtype "
+                                 f"{a.dtype}, not a real number type")
             if a.shape != t.shape:
                 raise ShapeError(f"Program {self.name!r}: input {n!r} has shape {_fmt(a.shape)}, "
                                  f"declared {_fmt(t.shape)}")
@@ -164,7 +167,9 @@ class Program:
             else:
                 vals[t.digest] = _ops.compute(t.op, [vals[i.digest] for i in t.inputs],
                                               t.attr_dict).astype(dtype, copy=False)
-        return {n: vals[t.digest] for n, t in self._outputs.items()}
+        # an output that is an input would otherwise alias the caller's array
+        return {n: vals[t.digest].copy() if t.op == "input" else vals[t.digest]
+                for n, t in self._outputs.items()}
 
     def random_inputs(self, seed: int = 0, scale: float = 1.0) -> dict[str, np.ndarray]:
         """Normal random float64 inputs of the declared shapes (``scale`` times N(0,1))."""
@@ -211,28 +216,39 @@ class Program:
             p = cls(doc["name"])
             built: dict[int, Tensor] = {}
             for nd in doc["nodes"]:
+                op = nd["op"]
                 attrs = {k: _from_json_attr(v) for k, v in nd["attrs"].items()}
-                if nd["op"] == "input":
+                if op == "input":
                     t = p.input(attrs["name"], tuple(nd["shape"]), nd["dtype"])
+                elif op == "const":
+                    t = const(attrs["value"], nd["dtype"])
+                elif op not in _ops.OPS:
+                    raise SerializationError(f"unknown operator {op!r} in node {nd['id']!r}")
                 else:
-                    if nd["op"] not in _ops.OPS:
-                        raise SerializationError(f"unknown operator {nd['op']!r}")
-                    t = Tensor(nd["op"], tuple(built[i] for i in nd["inputs"]), attrs,
-                               tuple(nd["shape"]), nd["dtype"])
+                    # re-infer shape and dtype with the operator's own checks
+                    t = apply(op, [built[i] for i in nd["inputs"]], attrs)
+                if t.shape != tuple(nd["shape"]) or t.dtype != nd["dtype"]:
+                    raise SerializationError(
+                        f"node {nd['id']!r} ({op}) records {_fmt(tuple(nd['shape']))} "
+                        f"{nd['dtype']}, but its operands give {_fmt(t.shape)} {t.dtype}")
+                if nd["id"] in built:
+                    raise SerializationError(f"node id {nd['id']!r} appears twice")
                 built[nd["id"]] = t
             for o in doc["outputs"]:
                 p.output(built[o["node"]], o["name"])
             return p
         except SerializationError:
             raise
-        except (KeyError, TypeError, AttributeError, ValueError) as e:
+        except MirageError as e:
+            raise SerializationError(f"invalid program JSON: {e}") from None
+        except (KeyError, IndexError, TypeError, AttributeError, ValueError) as e:
             raise SerializationError(f"malformed program JSON: {type(e).__name__}: {e}") from None
 
     @classmethod
     def loads(cls, text: str) -> "Program":
         try:
             doc = json.loads(text)
-        except json.JSONDecodeError as e:
+        except (json.JSONDecodeError, TypeError) as e:
             raise SerializationError(f"program JSON does not parse: {e}") from None
         if not isinstance(doc, dict):
             raise SerializationError("program JSON must be an object")

@@ -18,7 +18,7 @@ import json
 import numbers
 from typing import Any, Iterable, Sequence
 
-from ..errors import DTypeError, ShapeError
+from ..errors import DTypeError, ProgramError, ShapeError
 from .ops import DTYPES, OPS
 
 
@@ -37,6 +37,10 @@ class Tensor:
     """One node of a tensor program. Build them with ``Program.input`` and the operators."""
 
     __slots__ = ("op", "inputs", "attrs", "shape", "dtype", "digest", "_hash")
+
+    # make NumPy defer to our reflected operators (``array + tensor`` raises a clear error
+    # instead of building an object array of Tensors)
+    __array_ufunc__ = None
 
     def __init__(self, op: str, inputs: tuple["Tensor", ...], attrs: dict[str, Any],
                  shape: tuple[int, ...], dtype: str):
@@ -150,14 +154,14 @@ def _json_attr(v: Any) -> Any:
 
 def make_input(name: str, shape: Sequence[int], dtype: str) -> Tensor:
     if not isinstance(name, str) or not name.isidentifier():
-        raise ShapeError(f"input: name {name!r} must be a Python identifier")
-    if dtype not in DTYPES:
-        raise DTypeError(f"input {name!r}: dtype {dtype!r} is not supported "
-                         f"(choose one of {', '.join(DTYPES)})")
+        raise ProgramError(f"input: name {name!r} must be a Python identifier")
     try:
         dims = tuple(shape)
     except TypeError:
         raise ShapeError(f"input {name!r}: shape {shape!r} is not a sequence of ints") from None
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise DTypeError(f"input {name!r} {shape!r}: dtype {dtype!r} is not supported "
+                         f"(choose one of {', '.join(DTYPES)})")
     if not dims or not all(isinstance(d, numbers.Integral) and not isinstance(d, bool) and d > 0
                            for d in dims):
         raise ShapeError(f"input {name!r}: shape {shape!r} must be a non-empty tuple of "
@@ -167,6 +171,11 @@ def make_input(name: str, shape: Sequence[int], dtype: str) -> Tensor:
 
 def const(value: float, dtype: str = "float32") -> Tensor:
     """A scalar constant (shape ``()``); Python numbers in expressions become these."""
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        raise ShapeError(f"const: value {value!r} is not a real number")
+    if dtype not in DTYPES:
+        raise DTypeError(f"const: dtype {dtype!r} is not supported "
+                         f"(choose one of {', '.join(DTYPES)})")
     v = float(value)
     if v != v or v in (float("inf"), float("-inf")):
         raise ShapeError(f"const: value {value!r} must be finite")
@@ -287,8 +296,12 @@ def matmul(a: Any, b: Any) -> Tensor:
     """
     a = _check_tensor(a, "matmul")
     b = _check_tensor(b, "matmul")
-    if a.op == "const" or b.op == "const":
-        raise ShapeError("matmul: operands must not be scalars")
+    if a.ndim == 0 or b.ndim == 0:
+        raise ShapeError(f"matmul: operands must not be scalars: {_fmt(a.shape)} @ "
+                         f"{_fmt(b.shape)}")
+    if a.shape[-1] != b.shape[-2 if b.ndim > 1 else 0]:
+        raise ShapeError(f"matmul: inner dimensions differ: {_fmt(a.shape)} @ {_fmt(b.shape)} "
+                         f"({a.shape[-1]} != {b.shape[-2 if b.ndim > 1 else 0]})")
     if a.ndim == 1 or b.ndim == 1:
         a2 = reshape(a, (1, a.shape[0])) if a.ndim == 1 else a
         b2 = reshape(b, (b.shape[0], 1)) if b.ndim == 1 else b
@@ -298,7 +311,7 @@ def matmul(a: Any, b: Any) -> Tensor:
             shape.pop(-1)
         if a.ndim == 1:
             shape.pop(-2 if b.ndim != 1 else -1)
-        return reshape(out, tuple(shape)) if shape else reshape(out, (1,))
+        return reshape(out, tuple(shape))  # () for vector @ vector, as in NumPy
     if a.shape[-1] != b.shape[-2]:
         raise ShapeError(f"matmul: inner dimensions differ: {_fmt(a.shape)} @ {_fmt(b.shape)} "
                          f"({a.shape[-1]} != {b.shape[-2]})")
@@ -318,7 +331,11 @@ def normalize_axes(opname: str, shape: tuple[int, ...], axis: Any) -> tuple[int,
     nd = len(shape)
     if axis is None:
         return tuple(range(nd))
-    axes = (axis,) if isinstance(axis, numbers.Integral) else tuple(axis)
+    try:
+        axes = (axis,) if isinstance(axis, numbers.Integral) else tuple(axis)
+    except TypeError:
+        raise ShapeError(f"{opname}: axis {axis!r} is not an int, a tuple of ints or None "
+                         f"(shape {_fmt(shape)})") from None
     out = []
     for ax in axes:
         if not isinstance(ax, numbers.Integral) or isinstance(ax, bool) or not -nd <= ax < nd:
@@ -360,13 +377,17 @@ def rms_norm(x: Tensor, weight: Tensor | None = None, eps: float = 1e-6) -> Tens
     generator can fuse the sum of squares with a following matmul.
     """
     x = _check_tensor(x, "rms_norm")
+    if x.ndim == 0:
+        raise ShapeError(f"rms_norm: input must have at least one dim, got shape {_fmt(x.shape)}")
     if weight is not None:
         weight = _check_tensor(weight, "rms_norm")
         if weight.shape != (x.shape[-1],):
             raise ShapeError(f"rms_norm: weight shape {_fmt(weight.shape)} must be "
                              f"({x.shape[-1]},) for input {_fmt(x.shape)}")
-    if not float(eps) > 0:
-        raise ShapeError(f"rms_norm: eps must be positive, got {eps!r}")
+    if not isinstance(eps, numbers.Real) or isinstance(eps, bool) or not float(eps) > 0 or \
+            float(eps) == float("inf"):
+        raise ShapeError(f"rms_norm: eps must be a positive finite number, got {eps!r} "
+                         f"(input {_fmt(x.shape)})")
     r = sqrt(mean(square(x), axis=-1, keepdims=True) + float(eps))
     y = x / r
     return y * weight if weight is not None else y
@@ -375,16 +396,21 @@ def rms_norm(x: Tensor, weight: Tensor | None = None, eps: float = 1e-6) -> Tens
 def reshape(x: Tensor, shape: Iterable[int]) -> Tensor:
     """Reshape keeping element order (row-major); one dim may be -1."""
     x = _check_tensor(x, "reshape")
-    dims = [shape] if isinstance(shape, numbers.Integral) else list(shape)
-    if any(not isinstance(d, numbers.Integral) or (d <= 0 and d != -1) for d in dims) or \
-            dims.count(-1) > 1:
+    try:
+        dims = [shape] if isinstance(shape, numbers.Integral) else list(shape)
+    except TypeError:
+        raise ShapeError(f"reshape: target shape {shape!r} for {_fmt(x.shape)} is not a "
+                         "sequence of ints") from None
+    if any(not isinstance(d, numbers.Integral) or isinstance(d, bool) or (d <= 0 and d != -1)
+           for d in dims) or dims.count(-1) > 1:
         raise ShapeError(f"reshape: bad target shape {tuple(dims)} for {_fmt(x.shape)}")
     known = 1
     for d in dims:
         if d != -1:
             known *= d
+    dims = [int(d) for d in dims]
     if -1 in dims:
-        if known == 0 or x.size % known:
+        if x.size % known:
             raise ShapeError(f"reshape: cannot reshape {_fmt(x.shape)} into {tuple(dims)}")
         dims[dims.index(-1)] = x.size // known
     elif known != x.size:
@@ -398,15 +424,48 @@ def reshape(x: Tensor, shape: Iterable[int]) -> Tensor:
 def transpose(x: Tensor, axes: Sequence[int] | None = None) -> Tensor:
     """Permute dims (reverse them when ``axes`` is None), like ``numpy.transpose``."""
     x = _check_tensor(x, "transpose")
-    perm = tuple(reversed(range(x.ndim))) if axes is None else tuple(axes)
-    if sorted(int(p) % max(x.ndim, 1) if isinstance(p, numbers.Integral) and -x.ndim <= p < x.ndim
-              else -1 for p in perm) != list(range(x.ndim)):
+    try:
+        perm = tuple(reversed(range(x.ndim))) if axes is None else tuple(axes)
+    except TypeError:
+        perm = (None,)  # not a sequence: reported below
+    if sorted(int(p) % max(x.ndim, 1)
+              if isinstance(p, numbers.Integral) and not isinstance(p, bool) and
+              -x.ndim <= p < x.ndim else -1 for p in perm) != list(range(x.ndim)):
         raise ShapeError(f"transpose: axes {axes!r} are not a permutation of the dims of "
                          f"{_fmt(x.shape)}")
     perm = tuple(int(p) % x.ndim for p in perm)
     if perm == tuple(range(x.ndim)):
         return x
     return Tensor("transpose", (x,), {"perm": perm}, tuple(x.shape[p] for p in perm), x.dtype)
+
+
+def apply(op: str, args: Sequence[Tensor], attrs: dict[str, Any]) -> Tensor:
+    """Apply core operator ``op`` (a name from the op table) to ``args`` with ``attrs``, checking
+    shapes and dtypes like the operator functions do; used to rebuild deserialized programs."""
+    if op not in OPS or op in ("input", "const"):
+        raise ShapeError(f"{op}: not an operator that takes operands")
+    cat = OPS[op].category
+    arity = {"unary": 1, "binary": 2, "matmul": 2, "sum": 1, "reshape": 1, "transpose": 1}.get(
+        cat if cat in ("unary", "binary") else op)
+    if arity is None:
+        raise ShapeError(f"{op}: cannot be rebuilt from its attributes (category {cat})")
+    if len(args) != arity:
+        raise ShapeError(f"{op}: takes {arity} operand(s), got {len(args)}")
+    allowed = {"sum": {"axes", "keepdims"}, "reshape": {"shape"}, "transpose": {"perm"}}.get(op,
+                                                                                        set())
+    if set(attrs) - allowed:
+        raise ShapeError(f"{op}: unexpected attribute(s) {', '.join(sorted(set(attrs) - allowed))}")
+    if cat == "unary":
+        return _unary(op, args[0])
+    if cat == "binary":
+        return _binary(op, args[0], args[1])
+    if op == "matmul":
+        return matmul(args[0], args[1])
+    if op == "sum":
+        return sum(args[0], attrs["axes"], attrs["keepdims"])
+    if op == "reshape":
+        return reshape(args[0], attrs["shape"])
+    return transpose(args[0], attrs["perm"])
 
 
 def topo_order(outputs: Iterable[Tensor]) -> list[Tensor]:

@@ -1,0 +1,313 @@
+"""μGraph types for the three levels: kernel graphs, block graphs and thread graphs.
+
+All types are frozen dataclasses made of tuples, so they are immutable, hashable and compare
+structurally. Tensors are referred to by name (SSA: each name is defined once); an elementwise
+operand may also be a Python float, a scalar constant.
+
+Kernel level (device tensors in global memory)::
+
+    KernelGraph(name, inputs=(DTensor...), ops=(KernelOp | GraphKernel ...), outputs=(name...))
+    KernelOp(op, operands, output: DTensor, attrs)   # a pre-defined kernel: one launch
+    GraphKernel(inputs=(name...), outputs=(DTensor...), block: BlockGraph)  # one custom launch
+
+Block level (what one thread block does; tiles live in shared memory)::
+
+    BlockGraph(grid=(gx, gy, gz), threads, forloop, ops=(...))
+    InputIter(out, input=i, imap=(dx, dy, dz), fmap=d)   # tile of the kernel's i-th input
+    BlockOp(out, op, operands, attrs)                     # matmul / elementwise / sum / concat
+    Fused(out, operands, thread: ThreadGraph)             # elementwise chain in registers
+    Accum(out, input, kind="sum")                         # for-loop accumulator
+    OutputSaver(input, output=j, omap=(ox, oy, oz))       # write a tile into the j-th output
+
+``imap[a]`` is the tensor dim split evenly over grid axis ``a`` (``-1``: every block sees the
+whole dim, "replicate"); ``fmap`` the dim split over the ``forloop`` iterations (``-1``: the same
+tile each iteration). ``omap[a]`` the output dim that grid axis ``a`` indexes (``-1``: none).
+
+Phases: tiles of iterators with ``fmap == -1`` are *invariant*; ops over a per-iteration tile are
+the loop *body*; ``Accum`` outputs and ops over them are the *epilogue*, run once after the loop.
+
+Thread level::
+
+    ThreadGraph(ninputs, ops=(ThreadOp(out, op, operands)...))  # result = last op's value
+    # operands: "in0", "in1", ... (the Fused op's operands), earlier outs, or float constants
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field, fields
+from typing import Any, Iterator, Union
+
+from ..lax.ops import OPS
+from ..lax.tensor import broadcast_shapes
+
+Operand = Union[str, float]
+Attrs = tuple[tuple[str, Any], ...]
+
+AXES = ("x", "y", "z")
+
+
+def attrs_of(d: dict[str, Any] | None = None, **kw: Any) -> Attrs:
+    merged = dict(d or {}, **kw)
+    return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in merged.items()))
+
+
+@dataclass(frozen=True)
+class DTensor:
+    """A device tensor (global memory)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str = "float16"
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+# ---- thread level ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ThreadOp:
+    out: str
+    op: str  # a unary or binary elementwise op name
+    operands: tuple[Operand, ...]
+
+
+@dataclass(frozen=True)
+class ThreadGraph:
+    """An elementwise DAG each thread evaluates in registers; its value is the last op's."""
+
+    ninputs: int
+    ops: tuple[ThreadOp, ...]
+
+    def describe(self) -> str:
+        env = {f"in{i}": f"in{i}" for i in range(self.ninputs)}
+        for o in self.ops:
+            args = [env.get(a, repr(a)) if isinstance(a, str) else repr(a) for a in o.operands]
+            sym = OPS[o.op].symbol
+            env[o.out] = f"({args[0]} {sym} {args[1]})" if sym and len(args) == 2 else \
+                f"{o.op}({', '.join(args)})"
+        return env[self.ops[-1].out] if self.ops else "in0"
+
+
+# ---- block level ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class InputIter:
+    out: str
+    input: int
+    imap: tuple[int, int, int]
+    fmap: int = -1
+
+
+@dataclass(frozen=True)
+class BlockOp:
+    out: str
+    op: str  # "matmul", unary/binary elementwise names, "sum", "concat"
+    operands: tuple[Operand, ...]
+    attrs: Attrs = ()
+
+    def attr(self, name: str, default: Any = None) -> Any:
+        return dict(self.attrs).get(name, default)
+
+
+@dataclass(frozen=True)
+class Fused:
+    out: str
+    operands: tuple[Operand, ...]
+    thread: ThreadGraph
+
+
+@dataclass(frozen=True)
+class Accum:
+    out: str
+    input: str
+    kind: str = "sum"  # "sum"; the field leaves room for max/rescale (online softmax)
+
+
+@dataclass(frozen=True)
+class OutputSaver:
+    input: str
+    output: int
+    omap: tuple[int, int, int]
+
+
+BlockNode = Union[InputIter, BlockOp, Fused, Accum, OutputSaver]
+ACCUM_KINDS = ("sum",)
+
+
+@dataclass(frozen=True)
+class BlockGraph:
+    grid: tuple[int, int, int]
+    threads: int
+    forloop: int
+    ops: tuple[BlockNode, ...]
+
+    @property
+    def num_blocks(self) -> int:
+        return self.grid[0] * self.grid[1] * self.grid[2]
+
+    def iterators(self) -> list[InputIter]:
+        return [o for o in self.ops if isinstance(o, InputIter)]
+
+    def savers(self) -> list[OutputSaver]:
+        return [o for o in self.ops if isinstance(o, OutputSaver)]
+
+
+# ---- kernel level ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class KernelOp:
+    """A pre-defined kernel operator, one launch: matmul, elementwise, sum, rms_norm, reshape,
+    transpose (attrs as in the program IR; rms_norm has ``eps``, over the last axis)."""
+
+    op: str
+    operands: tuple[Operand, ...]
+    output: DTensor
+    attrs: Attrs = ()
+
+    def attr(self, name: str, default: Any = None) -> Any:
+        return dict(self.attrs).get(name, default)
+
+    @property
+    def outputs(self) -> tuple[DTensor, ...]:
+        return (self.output,)
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return tuple(o for o in self.operands if isinstance(o, str))
+
+
+@dataclass(frozen=True)
+class GraphKernel:
+    """A graph-defined kernel: one custom launch whose body is a block graph."""
+
+    inputs: tuple[str, ...]
+    outputs: tuple[DTensor, ...]
+    block: BlockGraph
+
+
+KernelNode = Union[KernelOp, GraphKernel]
+
+
+@dataclass(frozen=True)
+class KernelGraph:
+    name: str
+    inputs: tuple[DTensor, ...]
+    ops: tuple[KernelNode, ...]
+    outputs: tuple[str, ...]
+    _cache: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
+
+    # -- views ----------------------------------------------------------------------------------
+    def tensors(self) -> dict[str, DTensor]:
+        """Every device tensor by name (inputs and op outputs)."""
+        out = {t.name: t for t in self.inputs}
+        for op in self.ops:
+            for t in op.outputs:
+                out[t.name] = t
+        return out
+
+    @property
+    def num_kernels(self) -> int:
+        """Kernel launches (reshape/transpose of contiguous data count too: they copy)."""
+        return len(self.ops)
+
+    def graph_kernels(self) -> list[GraphKernel]:
+        return [o for o in self.ops if isinstance(o, GraphKernel)]
+
+    def producer(self, name: str) -> KernelNode | None:
+        for op in self.ops:
+            if any(t.name == name for t in op.outputs):
+                return op
+        return None
+
+    # -- identity -------------------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        from .serialize import kernel_graph_to_json
+        return kernel_graph_to_json(self)
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), indent=1)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> "KernelGraph":
+        from .serialize import kernel_graph_from_json
+        return kernel_graph_from_json(doc)
+
+    @classmethod
+    def loads(cls, text: str) -> "KernelGraph":
+        from .serialize import loads
+        return loads(text)
+
+    def canonical(self) -> "KernelGraph":
+        """The same graph with intermediates renamed t0, t1, ... and tiles s0, s1, ... in order
+        of definition (input and output names kept), so renamings compare equal."""
+        from .serialize import canonicalize
+        return canonicalize(self)
+
+    def structural_hash(self) -> str:
+        """SHA-256 of the canonical JSON (graph name excluded); equal across processes."""
+        if "hash" not in self._cache:
+            doc = self.canonical().to_json()
+            doc.pop("name")
+            key = json.dumps(doc, sort_keys=True, separators=(",", ":"))
+            self._cache["hash"] = hashlib.sha256(key.encode()).hexdigest()
+        return self._cache["hash"]
+
+    # -- behaviour (thin wrappers; the work lives in sibling modules) ----------------------------
+    def validate(self, target: Any = "h100") -> "KernelGraph":
+        from .validate import validate
+        validate(self, target)
+        return self
+
+    def run(self, inputs: dict[str, Any], precision: str = "float64") -> dict[str, Any]:
+        from .interp import run
+        return run(self, inputs, precision=precision)
+
+    def to_dot(self) -> str:
+        from .dot import to_dot
+        return to_dot(self)
+
+    def __str__(self) -> str:
+        from .printing import format_kernel_graph
+        return format_kernel_graph(self)
+
+
+# ---- shape inference shared by validation and the interpreter ---------------------------------
+
+def iter_tile_shape(shape: tuple[int, ...], grid: tuple[int, int, int], imap: tuple[int, int, int],
+                    fmap: int, forloop: int) -> tuple[int, ...]:
+    """Tile shape an input iterator yields (assumes the splits divide; validate checks)."""
+    tile = list(shape)
+    for a in range(3):
+        if imap[a] >= 0:
+            tile[imap[a]] //= grid[a]
+    if fmap >= 0:
+        tile[fmap] //= forloop
+    return tuple(tile)
+
+
+def matmul_shape(opname: str, a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    from ..errors import ShapeError
+    if len(a) < 2 or len(b) < 2 or a[-1] != b[-2]:
+        raise ShapeError(f"{opname}: cannot multiply {a} @ {b}")
+    return broadcast_shapes(opname, a[:-2], b[:-2]) + (a[-2], b[-1])
+
+
+def sum_shape(shape: tuple[int, ...], axes: tuple[int, ...], keepdims: bool) -> tuple[int, ...]:
+    if keepdims:
+        return tuple(1 if i in axes else d for i, d in enumerate(shape))
+    return tuple(d for i, d in enumerate(shape) if i not in axes)
+
+
+def walk_block_ops(g: BlockGraph) -> Iterator[BlockNode]:
+    yield from g.ops
+
+
+def node_fields(node: Any) -> dict[str, Any]:
+    return {f.name: getattr(node, f.name) for f in fields(node) if f.name != "_cache"}

@@ -1,0 +1,44 @@
+"""Naive lowering: a program -> a kernel graph with one pre-defined kernel per operator.
+
+Constants become scalar operands of the elementwise kernel that uses them. Intermediate tensors
+are named ``t<k>`` after the program node they hold; outputs keep the program's output names.
+This is the baseline every fusion is measured against.
+"""
+
+from __future__ import annotations
+
+from ..errors import ProgramError
+from ..lax.program import Program
+
+from .graph import DTensor, KernelGraph, KernelOp, attrs_of
+
+
+def naive_lowering(program: Program) -> KernelGraph:
+    ids = program.node_ids()
+    out_name: dict[str, str] = {}
+    for name, t in program.output_tensors.items():
+        if t.op == "input":
+            raise ProgramError(f"Program {program.name!r}: output {name!r} is the input "
+                               f"{t.name!r} itself; nothing to compute")
+        out_name.setdefault(t.digest, name)
+    names: dict[str, str] = {}
+    ops = []
+    for t in program.nodes():
+        if t.op == "input":
+            names[t.digest] = t.name
+            continue
+        if t.op == "const":
+            continue
+        operands = tuple(names[i.digest] if i.op != "const" else float(i.attr("value"))
+                         for i in t.inputs)
+        name = out_name.get(t.digest, f"t{ids[t.digest]}")
+        names[t.digest] = name
+        ops.append(KernelOp(t.op, operands, DTensor(name, t.shape, t.dtype), attrs_of(t.attr_dict)))
+    extra = []  # an output that is another output's tensor under a second name
+    for name, t in program.output_tensors.items():
+        if names[t.digest] != name:
+            extra.append(KernelOp("mul", (names[t.digest], 1.0), DTensor(name, t.shape, t.dtype)))
+    inputs = tuple(DTensor(t.name, t.shape, t.dtype) for t in program.inputs)
+    return KernelGraph(program.name, inputs, tuple(ops + extra), tuple(program.output_tensors))
+
+

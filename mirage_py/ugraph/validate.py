@@ -1,0 +1,408 @@
+"""Validity of μGraphs, per level, with one typed error per broken rule.
+
+Rules (the ``rule`` attribute of :class:`~mirage_py.errors.ValidationError`):
+
+``ssa``             every tensor / tile name is defined exactly once and before it is used
+``operator``        the operator is known at that level, with the right number of operands
+``shape``           operand shapes fit the operator; declared output shapes match inferred ones
+``dtype``           device tensors are float16 / bfloat16 / float32; operands' dtypes may combine
+``grid``            grid dims >= 1 and within the target's limits
+``threads``         thread count a multiple of 32, between 32 and the target's maximum
+``forloop``         loop range >= 1
+``imap``            imap / fmap / omap name existing dims, no dim split twice
+``tile-divides``    every split (grid axis or loop) divides the dim evenly
+``phase``           no operator mixes loop-body tiles with accumulated ones; accumulators take
+                    body (or invariant) tiles; per-iteration tiles are saved only when forloop == 1
+``output-coverage`` the blocks together write every output element exactly once; every graph
+                    output has exactly one producer
+``smem``            the tiles live at the same time fit the target's shared memory per block
+``binding``         a graph-defined kernel's iterators and savers refer to existing inputs/outputs
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import MirageError, ShapeError, ValidationError
+from ..lax.ops import DTYPES, OPS
+from ..lax.tensor import broadcast_shapes
+from ..targets import Target, get_target
+from .graph import (ACCUM_KINDS, AXES, Accum, BlockGraph, BlockOp, DTensor, Fused, GraphKernel,
+                    InputIter, KernelGraph, KernelOp, OutputSaver, ThreadGraph, iter_tile_shape,
+                    matmul_shape, sum_shape)
+
+BLOCK_OPS = ("matmul", "sum", "concat")
+KERNEL_OPS = ("matmul", "sum", "rms_norm", "reshape", "transpose")
+
+
+def _err(msg: str, rule: str, op: str | None) -> ValidationError:
+    return ValidationError(f"{op + ': ' if op else ''}{msg} [rule: {rule}]", rule=rule, op=op)
+
+
+@dataclass
+class BlockInfo:
+    """What validation learns about a block graph, reused by the interpreter and codegen."""
+
+    shapes: dict[str, tuple[int, ...]]  # tile shapes
+    dtypes: dict[str, str]  # tile dtypes: device dtype for loaded tiles, float32 otherwise
+    phases: dict[str, str]  # "inv" | "body" | "epi"
+    smem_bytes: int
+
+
+def _elementwise_shape(label: str, shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
+    try:
+        return broadcast_shapes(label, *shapes) if shapes else ()
+    except ShapeError as e:
+        raise _err(str(e), "shape", label) from None
+
+
+def _thread_shape(tg: ThreadGraph, label: str, in_shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
+    if tg.ninputs != len(in_shapes):
+        raise _err(f"thread graph takes {tg.ninputs} inputs, given {len(in_shapes)}",
+                   "operator", label)
+    if not tg.ops:
+        raise _err("thread graph has no operators", "operator", label)
+    env = {f"in{i}": s for i, s in enumerate(in_shapes)}
+    for t in tg.ops:
+        spec = OPS.get(t.op)
+        if spec is None or not spec.elementwise:
+            raise _err(f"thread op {t.out!r}: {t.op!r} is not an elementwise operator",
+                       "operator", label)
+        arity = 1 if spec.category == "unary" else 2
+        if len(t.operands) != arity:
+            raise _err(f"thread op {t.out!r}: {t.op} takes {arity} operand(s)", "operator", label)
+        shapes = []
+        for o in t.operands:
+            if isinstance(o, str):
+                if o not in env:
+                    raise _err(f"thread op {t.out!r} uses undefined value {o!r}", "ssa", label)
+                shapes.append(env[o])
+        if t.out in env:
+            raise _err(f"thread value {t.out!r} defined twice", "ssa", label)
+        env[t.out] = _elementwise_shape(f"{label}/{t.op}", shapes)
+    return env[tg.ops[-1].out]
+
+
+def check_block(bg: BlockGraph, ins: list[DTensor], outs: list[DTensor], target: Target,
+                label: str = "graph kernel") -> BlockInfo:
+    """Validate one block graph against the kernel's input and output tensors."""
+    if len(bg.grid) != 3 or any(not isinstance(g, int) or g < 1 for g in bg.grid):
+        raise _err(f"grid {bg.grid} must be three ints >= 1", "grid", label)
+    for a in range(3):
+        if bg.grid[a] > target.max_grid[a]:
+            raise _err(f"grid.{AXES[a]} = {bg.grid[a]} exceeds {target.name}'s limit "
+                       f"{target.max_grid[a]}", "grid", label)
+    if bg.threads % 32 or not 32 <= bg.threads <= target.max_threads:
+        raise _err(f"{bg.threads} threads: must be a multiple of 32 in [32, {target.max_threads}]",
+                   "threads", label)
+    if not isinstance(bg.forloop, int) or bg.forloop < 1:
+        raise _err(f"forloop range {bg.forloop} must be >= 1", "forloop", label)
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    dtypes: dict[str, str] = {}
+    phases: dict[str, str] = {}
+    saved: dict[int, OutputSaver] = {}
+
+    def use(name: Any, who: str) -> None:
+        if isinstance(name, str) and name not in shapes:
+            raise _err(f"{who} uses undefined tile {name!r}", "ssa", label)
+
+    def define(name: str, shape: tuple[int, ...], dtype: str, phase: str, who: str) -> None:
+        if name in shapes:
+            raise _err(f"{who}: tile {name!r} is defined twice", "ssa", label)
+        shapes[name], dtypes[name], phases[name] = shape, dtype, phase
+
+    def phase_of(operands: tuple[Any, ...], who: str) -> str:
+        ph = {phases[o] for o in operands if isinstance(o, str)} - {"inv"}
+        if ph == {"body", "epi"}:
+            raise _err(f"{who} mixes per-iteration tiles with accumulated tiles", "phase", label)
+        return ph.pop() if ph else "inv"
+
+    for node in bg.ops:
+        if isinstance(node, InputIter):
+            who = f"input iterator {node.out!r}"
+            if not 0 <= node.input < len(ins):
+                raise _err(f"{who} reads input #{node.input}, the kernel has {len(ins)}",
+                           "binding", label)
+            t = ins[node.input]
+            nd = len(t.shape)
+            dims = [d for d in node.imap if d >= 0]
+            if len(node.imap) != 3 or any(d >= nd or d < -1 for d in node.imap) or \
+                    not -1 <= node.fmap < nd:
+                raise _err(f"{who}: imap {node.imap} / fmap {node.fmap} name dims outside "
+                           f"{t.name} {t.shape}", "imap", label)
+            if len(set(dims)) != len(dims) or node.fmap in dims:
+                raise _err(f"{who}: imap {node.imap} / fmap {node.fmap} split one dim of "
+                           f"{t.name} twice", "imap", label)
+            for a in range(3):
+                if node.imap[a] >= 0 and t.shape[node.imap[a]] % bg.grid[a]:
+                    raise _err(f"{who}: dim {node.imap[a]} of {t.name} {t.shape} does not split "
+                               f"evenly over grid.{AXES[a]} = {bg.grid[a]}", "tile-divides", label)
+            tile = iter_tile_shape(t.shape, bg.grid, node.imap, -1, 1)
+            if node.fmap >= 0 and tile[node.fmap] % bg.forloop:
+                raise _err(f"{who}: dim {node.fmap} of {t.name} (tile size {tile[node.fmap]}) "
+                           f"does not split evenly over forloop = {bg.forloop}",
+                           "tile-divides", label)
+            define(node.out, iter_tile_shape(t.shape, bg.grid, node.imap, node.fmap, bg.forloop),
+                   t.dtype, "body" if node.fmap >= 0 else "inv", who)
+        elif isinstance(node, BlockOp):
+            who = f"block op {node.op} -> {node.out!r}"
+            for o in node.operands:
+                use(o, who)
+            spec = OPS.get(node.op)
+            if spec is None or not (spec.elementwise or node.op in BLOCK_OPS):
+                raise _err(f"{who}: {node.op!r} is not a block operator", "operator", label)
+            tiles = [shapes[o] for o in node.operands if isinstance(o, str)]
+            if not tiles:
+                raise _err(f"{who}: needs at least one tile operand", "operator", label)
+            if node.op == "matmul":
+                if len(node.operands) != 2 or len(tiles) != 2:
+                    raise _err(f"{who}: matmul takes two tiles", "operator", label)
+                try:
+                    shape = matmul_shape(who, tiles[0], tiles[1])
+                except ShapeError as e:
+                    raise _err(str(e), "shape", label) from None
+            elif node.op == "sum":
+                axes = tuple(node.attr("axes", ()))
+                if len(node.operands) != 1 or not axes or \
+                        any(not 0 <= a < len(tiles[0]) for a in axes):
+                    raise _err(f"{who}: sum needs one tile and axes within {tiles[0]}",
+                               "shape", label)
+                shape = sum_shape(tiles[0], axes, bool(node.attr("keepdims", True)))
+            elif node.op == "concat":
+                ax = node.attr("axis", -1)
+                if len({len(s) for s in tiles}) != 1 or len(tiles) != len(node.operands) or \
+                        not -len(tiles[0]) <= ax < len(tiles[0]):
+                    raise _err(f"{who}: concat needs tiles of one rank", "shape", label)
+                ax %= len(tiles[0])
+                rest = {tuple(d for i, d in enumerate(s) if i != ax) for s in tiles}
+                if len(rest) != 1:
+                    raise _err(f"{who}: tiles {tiles} differ outside axis {ax}", "shape", label)
+                shape = tuple(sum(s[ax] for s in tiles) if i == ax else d
+                              for i, d in enumerate(tiles[0]))
+            else:
+                arity = 1 if spec.category == "unary" else 2
+                if len(node.operands) != arity:
+                    raise _err(f"{who}: takes {arity} operand(s)", "operator", label)
+                shape = _elementwise_shape(who, tiles)
+            define(node.out, shape, "float32", phase_of(node.operands, who), who)
+        elif isinstance(node, Fused):
+            who = f"fused thread graph -> {node.out!r}"
+            for o in node.operands:
+                use(o, who)
+                if not isinstance(o, str):
+                    raise _err(f"{who}: operands must be tiles (constants go inside the thread "
+                               "graph)", "operator", label)
+            shape = _thread_shape(node.thread, who, [shapes[o] for o in node.operands])
+            define(node.out, shape, "float32", phase_of(node.operands, who), who)
+        elif isinstance(node, Accum):
+            who = f"accumulator {node.kind} -> {node.out!r}"
+            use(node.input, who)
+            if node.kind not in ACCUM_KINDS:
+                raise _err(f"{who}: unknown kind {node.kind!r} (known: {ACCUM_KINDS})",
+                           "operator", label)
+            if phases[node.input] == "epi":
+                raise _err(f"{who}: accumulates {node.input!r}, which is already after the loop",
+                           "phase", label)
+            define(node.out, shapes[node.input], "float32", "epi", who)
+        elif isinstance(node, OutputSaver):
+            who = f"output saver {node.input!r} -> output #{node.output}"
+            use(node.input, who)
+            if not 0 <= node.output < len(outs):
+                raise _err(f"{who}: the kernel has {len(outs)} outputs", "binding", label)
+            if node.output in saved:
+                raise _err(f"{who}: output #{node.output} is saved twice", "output-coverage",
+                           label)
+            saved[node.output] = node
+            if phases[node.input] == "body" and bg.forloop > 1:
+                raise _err(f"{who}: {node.input!r} changes every loop iteration; save an "
+                           "accumulated tile", "phase", label)
+            _check_omap(node, shapes[node.input], outs[node.output], bg.grid, who, label)
+        else:
+            raise _err(f"unknown block node {type(node).__name__}", "operator", label)
+    for j, t in enumerate(outs):
+        if j not in saved:
+            raise _err(f"output #{j} ({t.name}) is never saved", "output-coverage", label)
+    smem = shared_memory_bytes(bg, shapes, dtypes, phases)
+    if smem > target.smem_per_block:
+        raise _err(f"live tiles need {smem} bytes of shared memory, {target.name} allows "
+                   f"{target.smem_per_block} per block", "smem", label)
+    return BlockInfo(shapes, dtypes, phases, smem)
+
+
+def _check_omap(node: OutputSaver, tile: tuple[int, ...], out: DTensor, grid: tuple[int, int, int],
+                who: str, label: str) -> None:
+    nd = len(out.shape)
+    if len(node.omap) != 3 or any(not -1 <= d < nd for d in node.omap):
+        raise _err(f"{who}: omap {node.omap} names dims outside {out.name} {out.shape}",
+                   "imap", label)
+    mapped = [d for d in node.omap if d >= 0]
+    if len(set(mapped)) != len(mapped):
+        raise _err(f"{who}: omap {node.omap} maps two grid axes to one dim", "imap", label)
+    for a in range(3):
+        if grid[a] > 1 and node.omap[a] < 0:
+            raise _err(f"{who}: the {grid[a]} blocks along grid.{AXES[a]} would all write the "
+                       f"same elements of {out.name}", "output-coverage", label)
+    if len(tile) != nd:
+        raise _err(f"{who}: tile {tile} and output {out.name} {out.shape} differ in rank",
+                   "shape", label)
+    want = list(tile)
+    for a in range(3):
+        if node.omap[a] >= 0:
+            want[node.omap[a]] *= grid[a]
+    if tuple(want) != out.shape:
+        raise _err(f"{who}: tiles {tile} over grid {grid} with omap {node.omap} cover "
+                   f"{tuple(want)}, not {out.name} {out.shape}", "output-coverage", label)
+
+
+def _tile_bytes(shape: tuple[int, ...], dtype: str) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n * DTYPES[dtype]
+
+
+def shared_memory_bytes(bg: BlockGraph, shapes: dict[str, tuple[int, ...]],
+                        dtypes: dict[str, str], phases: dict[str, str]) -> int:
+    """Peak bytes of tiles live at once: invariant tiles and accumulators stay for the whole
+    kernel; body and epilogue tiles live from definition to last use (a fused thread graph keeps
+    its intermediates in registers)."""
+    fixed = sum(_tile_bytes(shapes[o.out], dtypes[o.out]) for o in bg.ops
+                if isinstance(o, (InputIter, BlockOp, Fused, Accum)) and
+                (phases[o.out] == "inv" or isinstance(o, Accum)))
+    last: dict[str, int] = {}
+    for i, o in enumerate(bg.ops):
+        for a in _operands(o):
+            last[a] = i
+    peak = 0
+    for phase in ("body", "epi"):
+        live: dict[str, int] = {}
+        for i, o in enumerate(bg.ops):
+            if isinstance(o, (InputIter, BlockOp, Fused)) and phases[o.out] == phase:
+                live[o.out] = _tile_bytes(shapes[o.out], dtypes[o.out])
+                peak = max(peak, sum(live.values()))
+            for name in [n for n in live if last.get(n, -1) <= i]:
+                del live[name]
+    return fixed + peak
+
+
+def _operands(o: Any) -> tuple[str, ...]:
+    if isinstance(o, (BlockOp, Fused)):
+        return tuple(x for x in o.operands if isinstance(x, str))
+    if isinstance(o, (Accum, OutputSaver)):
+        return (o.input,)
+    return ()
+
+
+def kernel_op_shape(op: KernelOp, args: list[DTensor | float]) -> tuple[int, ...]:
+    """Inferred output shape of a pre-defined kernel operator (raises ValidationError)."""
+    who = f"kernel {op.op} -> {op.output.name!r}"
+    tensors = [a for a in args if isinstance(a, DTensor)]
+    spec = OPS.get(op.op)
+    if op.op not in KERNEL_OPS and (spec is None or not spec.elementwise):
+        raise _err(f"{op.op!r} is not a kernel operator", "operator", who)
+    if not tensors:
+        raise _err("needs at least one tensor operand", "operator", who)
+    try:
+        if op.op == "matmul":
+            if len(args) != 2 or len(tensors) != 2:
+                raise _err("matmul takes two tensors", "operator", who)
+            return matmul_shape(who, tensors[0].shape, tensors[1].shape)
+        if op.op == "sum":
+            axes = tuple(op.attr("axes", ()))
+            if len(args) != 1 or any(not 0 <= a < len(tensors[0].shape) for a in axes):
+                raise _err(f"bad axes {axes} for {tensors[0].shape}", "shape", who)
+            return sum_shape(tensors[0].shape, axes, bool(op.attr("keepdims", False)))
+        if op.op == "rms_norm":
+            if len(args) != 1:
+                raise _err("rms_norm takes one tensor", "operator", who)
+            return tensors[0].shape
+        if op.op == "reshape":
+            shape = tuple(op.attr("shape", ()))
+            n = 1
+            for d in shape:
+                n *= d
+            if n != tensors[0].size:
+                raise _err(f"cannot reshape {tensors[0].shape} into {shape}", "shape", who)
+            return shape
+        if op.op == "transpose":
+            perm = tuple(op.attr("perm", ()))
+            if sorted(perm) != list(range(len(tensors[0].shape))):
+                raise _err(f"perm {perm} for {tensors[0].shape}", "shape", who)
+            return tuple(tensors[0].shape[p] for p in perm)
+        arity = 1 if spec.category == "unary" else 2
+        if len(args) != arity:
+            raise _err(f"takes {arity} operand(s)", "operator", who)
+        return broadcast_shapes(who, *[t.shape for t in tensors])
+    except ShapeError as e:
+        raise _err(str(e), "shape", who) from None
+
+
+def validate(graph: KernelGraph, target: Any = "h100") -> dict[int, BlockInfo]:
+    """Check every rule on every level; returns the BlockInfo of each graph-defined kernel
+    (keyed by its position in ``graph.ops``). Raises ValidationError on the first violation."""
+    tgt = get_target(target)
+    env: dict[str, DTensor] = {}
+    for t in graph.inputs:
+        _check_dtensor(t, "graph input")
+        if t.name in env:
+            raise _err(f"input {t.name!r} declared twice", "ssa", None)
+        env[t.name] = t
+    infos: dict[int, BlockInfo] = {}
+    for k, op in enumerate(graph.ops):
+        if isinstance(op, KernelOp):
+            who = f"kernel {op.op} -> {op.output.name!r}"
+            args: list[DTensor | float] = []
+            for o in op.operands:
+                if isinstance(o, str):
+                    if o not in env:
+                        raise _err(f"uses undefined tensor {o!r}", "ssa", who)
+                    args.append(env[o])
+                elif isinstance(o, (int, float)) and not isinstance(o, bool):
+                    args.append(float(o))
+                else:
+                    raise _err(f"operand {o!r} is neither a tensor name nor a number",
+                               "operator", who)
+            shape = kernel_op_shape(op, args)
+            _check_dtensor(op.output, who)
+            dts = {a.dtype for a in args if isinstance(a, DTensor)}
+            if {"float16", "bfloat16"} <= dts:
+                raise _err(f"mixes float16 and bfloat16 operands", "dtype", who)
+            if tuple(shape) != op.output.shape:
+                raise _err(f"output declared {op.output.shape}, operator gives {tuple(shape)}",
+                           "shape", who)
+            outs = [op.output]
+        elif isinstance(op, GraphKernel):
+            who = f"graph kernel #{k}"
+            for n in op.inputs:
+                if n not in env:
+                    raise _err(f"uses undefined tensor {n!r}", "ssa", who)
+            for t in op.outputs:
+                _check_dtensor(t, who)
+            infos[k] = check_block(op.block, [env[n] for n in op.inputs], list(op.outputs), tgt,
+                                   who)
+            outs = list(op.outputs)
+        else:
+            raise _err(f"unknown kernel node {type(op).__name__}", "operator", None)
+        for t in outs:
+            if t.name in env:
+                raise _err(f"tensor {t.name!r} is defined twice", "ssa", who)
+            env[t.name] = t
+    if len(set(graph.outputs)) != len(graph.outputs):
+        raise _err(f"outputs {graph.outputs} repeat a name", "output-coverage", None)
+    for n in graph.outputs:
+        if n not in env:
+            raise _err(f"graph output {n!r} is never produced", "output-coverage", None)
+    return infos
+
+
+def _check_dtensor(t: DTensor, who: str) -> None:
+    if t.dtype not in DTYPES:
+        raise _err(f"tensor {t.name!r} has dtype {t.dtype!r}; allowed: {', '.join(DTYPES)}",
+                   "dtype", who)
+    if not t.shape or any(not isinstance(d, int) or d < 1 for d in t.shape):
+        raise _err(f"tensor {t.name!r} has bad shape {t.shape}", "shape", who)
+
+
+__all__ = ["validate", "check_block", "BlockInfo", "shared_memory_bytes", "MirageError"]

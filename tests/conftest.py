@@ -1,0 +1,8 @@
+"""Shared test setup: make ``benchmarks`` (at the repository root) importable however pytest runs."""
+
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
