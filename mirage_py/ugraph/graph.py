@@ -21,7 +21,8 @@ Block level (what one thread block does; tiles live in shared memory)::
 
 ``imap[a]`` is the tensor dim split evenly over grid axis ``a`` (``-1``: every block sees the
 whole dim, "replicate"); ``fmap`` the dim split over the ``forloop`` iterations (``-1``: the same
-tile each iteration). ``omap[a]`` the output dim that grid axis ``a`` indexes (``-1``: none).
+tile each iteration). A dim may be split by a grid axis and by the loop: the block's part is then
+split again over the iterations (split-K inside a split, as in flash decoding). ``omap[a]`` the output dim that grid axis ``a`` indexes (``-1``: none).
 
 Phases: tiles of iterators with ``fmap == -1`` are *invariant*; ops over a per-iteration tile are
 the loop *body*; ``Accum`` outputs and ops over them are the *epilogue*, run once after the loop.
@@ -89,7 +90,7 @@ class ThreadGraph:
         env = {f"in{i}": f"in{i}" for i in range(self.ninputs)}
         for o in self.ops:
             args = [env.get(a, repr(a)) if isinstance(a, str) else repr(a) for a in o.operands]
-            sym = OPS[o.op].symbol
+            sym = OPS[o.op].symbol if o.op in OPS else ""  # unknown op: still describable
             env[o.out] = f"({args[0]} {sym} {args[1]})" if sym and len(args) == 2 else \
                 f"{o.op}({', '.join(args)})"
         return env[self.ops[-1].out] if self.ops else "in0"
@@ -201,7 +202,8 @@ class KernelGraph:
     inputs: tuple[DTensor, ...]
     ops: tuple[KernelNode, ...]
     outputs: tuple[str, ...]
-    _cache: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
+    # memo (structural hash); init=False so that dataclasses.replace() starts a fresh one
+    _cache: dict = field(default_factory=dict, init=False, compare=False, hash=False, repr=False)
 
     # -- views ----------------------------------------------------------------------------------
     def tensors(self) -> dict[str, DTensor]:
@@ -265,9 +267,10 @@ class KernelGraph:
         validate(self, target)
         return self
 
-    def run(self, inputs: dict[str, Any], precision: str = "float64") -> dict[str, Any]:
+    def run(self, inputs: dict[str, Any], precision: str = "float64", **kw: Any) -> dict[str, Any]:
+        """Execute on the CPU interpreter (see :func:`mirage_py.ugraph.interp.run`)."""
         from .interp import run
-        return run(self, inputs, precision=precision)
+        return run(self, inputs, precision=precision, **kw)
 
     def to_dot(self) -> str:
         from .dot import to_dot

@@ -132,9 +132,9 @@ def check_block(bg: BlockGraph, ins: list[DTensor], outs: list[DTensor], target:
                     not -1 <= node.fmap < nd:
                 raise _err(f"{who}: imap {node.imap} / fmap {node.fmap} name dims outside "
                            f"{t.name} {t.shape}", "imap", label)
-            if len(set(dims)) != len(dims) or node.fmap in dims:
-                raise _err(f"{who}: imap {node.imap} / fmap {node.fmap} split one dim of "
-                           f"{t.name} twice", "imap", label)
+            if len(set(dims)) != len(dims):
+                raise _err(f"{who}: imap {node.imap} splits one dim of {t.name} over two grid "
+                           "axes", "imap", label)
             for a in range(3):
                 if node.imap[a] >= 0 and t.shape[node.imap[a]] % bg.grid[a]:
                     raise _err(f"{who}: dim {node.imap[a]} of {t.name} {t.shape} does not split "
@@ -150,8 +150,8 @@ def check_block(bg: BlockGraph, ins: list[DTensor], outs: list[DTensor], target:
             who = f"block op {node.op} -> {node.out!r}"
             for o in node.operands:
                 use(o, who)
-            spec = OPS.get(node.op)
-            if spec is None or not (spec.elementwise or node.op in BLOCK_OPS):
+            spec = OPS.get(node.op)  # concat is block-level only: no entry in the op table
+            if node.op not in BLOCK_OPS and (spec is None or not spec.elementwise):
                 raise _err(f"{who}: {node.op!r} is not a block operator", "operator", label)
             tiles = [shapes[o] for o in node.operands if isinstance(o, str)]
             if not tiles:
@@ -401,7 +401,8 @@ def _check_dtensor(t: DTensor, who: str) -> None:
     if t.dtype not in DTYPES:
         raise _err(f"tensor {t.name!r} has dtype {t.dtype!r}; allowed: {', '.join(DTYPES)}",
                    "dtype", who)
-    if not t.shape or any(not isinstance(d, int) or d < 1 for d in t.shape):
+    # shape () is a scalar (a full reduction, vector @ vector)
+    if not isinstance(t.shape, tuple) or any(not isinstance(d, int) or d < 1 for d in t.shape):
         raise _err(f"tensor {t.name!r} has bad shape {t.shape}", "shape", who)
 
 
