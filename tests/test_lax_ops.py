@@ -272,6 +272,12 @@ def test_default_output_names_and_multiple_outputs():
     np.testing.assert_array_equal(y["out2"], x["A"] - 1.0)
 
 
+def test_scalar_inputs():
+    y, x, out = run({"s": (), "A": (2, 3)}, lambda s, A: A * s + mp.exp(s), s=np.array(0.5))
+    assert out.shape == (2, 3)
+    np.testing.assert_array_equal(y, x["A"] * 0.5 + np.exp(0.5))
+
+
 def test_output_of_an_input_does_not_alias():
     p = mp.Program("t")
     A = p.input("A", (3,), "float32")

@@ -8,10 +8,13 @@ import sys
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import mirage_py as mp
 import mirage_py.lax.program
 from benchmarks.programs import NAMES, get_program
+from strategies import random_programs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HASHED = ["gqa", "qknorm_gqa", "rmsnorm_linear", "ntrans", "lora"]
@@ -151,6 +154,15 @@ def test_json_roundtrip_all_operators_and_attrs():
     assert {t.op for t in q.nodes()} >= {"neg", "silu", "gelu", "relu", "square", "sqrt", "exp",
                                          "add", "sub", "div", "mul", "transpose", "reshape",
                                          "matmul", "sum", "const", "input"}
+
+
+@settings(max_examples=100, deadline=None)
+@given(p=random_programs(), seed=st.integers(0, 2**16))
+def test_json_roundtrip_random_programs(p, seed):
+    q = _roundtrip_checks(p, p.random_inputs(seed=seed))
+    assert str(q) == str(p)
+    for part in mp.partition(p, uninterpreted=True):
+        _roundtrip_checks(part, None)
 
 
 def test_json_document_shape():

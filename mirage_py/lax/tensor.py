@@ -162,10 +162,10 @@ def make_input(name: str, shape: Sequence[int], dtype: str) -> Tensor:
     if not isinstance(dtype, str) or dtype not in DTYPES:
         raise DTypeError(f"input {name!r} {shape!r}: dtype {dtype!r} is not supported "
                          f"(choose one of {', '.join(DTYPES)})")
-    if not dims or not all(isinstance(d, numbers.Integral) and not isinstance(d, bool) and d > 0
-                           for d in dims):
-        raise ShapeError(f"input {name!r}: shape {shape!r} must be a non-empty tuple of "
-                         "positive ints")
+    # () is a scalar: partition parts receive 0-d values (a full sum, say) as inputs
+    if not all(isinstance(d, numbers.Integral) and not isinstance(d, bool) and d > 0
+               for d in dims):
+        raise ShapeError(f"input {name!r}: shape {shape!r} must be a tuple of positive ints")
     return Tensor("input", (), {"name": name}, tuple(int(d) for d in dims), dtype)
 
 
