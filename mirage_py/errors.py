@@ -38,3 +38,11 @@ class ValidationError(MirageError, ValueError):
 
 class TargetError(MirageError, ValueError):
     """An unknown target name."""
+
+
+class ToolError(MirageError, RuntimeError):
+    """An external program (Graphviz ``dot``, ``nvcc``, ...) failed or cannot do what was asked."""
+
+
+class ToolNotFoundError(ToolError):
+    """An external program is not installed; the message says what to install."""

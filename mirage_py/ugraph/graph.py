@@ -22,7 +22,8 @@ Block level (what one thread block does; tiles live in shared memory)::
 ``imap[a]`` is the tensor dim split evenly over grid axis ``a`` (``-1``: every block sees the
 whole dim, "replicate"); ``fmap`` the dim split over the ``forloop`` iterations (``-1``: the same
 tile each iteration). A dim may be split by a grid axis and by the loop: the block's part is then
-split again over the iterations (split-K inside a split, as in flash decoding). ``omap[a]`` the output dim that grid axis ``a`` indexes (``-1``: none).
+split again over the iterations (split-K inside a split, as in flash decoding). ``omap[a]`` the
+output dim that grid axis ``a`` indexes (``-1``: none).
 
 Phases: tiles of iterators with ``fmap == -1`` are *invariant*; ops over a per-iteration tile are
 the loop *body*; ``Accum`` outputs and ops over them are the *epilogue*, run once after the loop.

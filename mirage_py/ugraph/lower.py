@@ -1,7 +1,8 @@
 """Naive lowering: a program -> a kernel graph with one pre-defined kernel per operator.
 
 Constants become scalar operands of the elementwise kernel that uses them. Intermediate tensors
-are named ``t<k>`` after the program node they hold; outputs keep the program's output names.
+are named ``t<k>`` after the program node they hold (``t<k>_`` ... where that is an input or
+output name); outputs keep the program's output names.
 This is the baseline every fusion is measured against.
 """
 
@@ -21,6 +22,7 @@ def naive_lowering(program: Program) -> KernelGraph:
             raise ProgramError(f"Program {program.name!r}: output {name!r} is the input "
                                f"{t.name!r} itself; nothing to compute")
         out_name.setdefault(t.digest, name)
+    taken = {t.name for t in program.inputs} | set(program.output_tensors)
     names: dict[str, str] = {}
     ops = []
     for t in program.nodes():
@@ -31,7 +33,11 @@ def naive_lowering(program: Program) -> KernelGraph:
             continue
         operands = tuple(names[i.digest] if i.op != "const" else float(i.attr("value"))
                          for i in t.inputs)
-        name = out_name.get(t.digest, f"t{ids[t.digest]}")
+        name = out_name.get(t.digest)
+        if name is None:
+            name = f"t{ids[t.digest]}"
+            while name in taken:
+                name += "_"
         names[t.digest] = name
         ops.append(KernelOp(t.op, operands, DTensor(name, t.shape, t.dtype), attrs_of(t.attr_dict)))
     extra = []  # an output that is another output's tensor under a second name

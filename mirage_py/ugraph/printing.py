@@ -4,13 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..lax.ops import OPS
 from .graph import (AXES, Accum, BlockGraph, BlockOp, Fused, InputIter, KernelGraph, KernelOp,
                     OutputSaver)
 
 
 def _operand(o: Any) -> str:
     return o if isinstance(o, str) else repr(o)
+
+
+def _name(names: tuple[str, ...], i: Any) -> str:
+    # an invalid graph must still print (validation errors are read next to the text)
+    return names[i] if isinstance(i, int) and 0 <= i < len(names) else f"<#{i}?>"
 
 
 def _map(m: tuple[int, int, int]) -> str:
@@ -24,17 +28,18 @@ def format_block(bg: BlockGraph, inputs: tuple[str, ...], outputs: tuple[str, ..
     for n in bg.ops:
         if isinstance(n, InputIter):
             f = f" fmap={n.fmap}" if n.fmap >= 0 else ""
-            lines.append(f"{indent}{n.out} = iter {inputs[n.input]} imap={_map(n.imap)}{f}")
+            lines.append(f"{indent}{n.out} = iter {_name(inputs, n.input)} imap={_map(n.imap)}{f}")
         elif isinstance(n, BlockOp):
             attrs = "".join(f" {k}={v}" for k, v in n.attrs)
             lines.append(f"{indent}{n.out} = {n.op}({', '.join(map(_operand, n.operands))}){attrs}")
         elif isinstance(n, Fused):
             lines.append(f"{indent}{n.out} = thread[{n.thread.describe()}]"
-                         f"({', '.join(n.operands)})")
+                         f"({', '.join(map(_operand, n.operands))})")
         elif isinstance(n, Accum):
             lines.append(f"{indent}{n.out} = accum.{n.kind}({n.input})")
         elif isinstance(n, OutputSaver):
-            lines.append(f"{indent}save {n.input} -> {outputs[n.output]} omap={_map(n.omap)}")
+            lines.append(f"{indent}save {n.input} -> {_name(outputs, n.output)} "
+                         f"omap={_map(n.omap)}")
     return lines
 
 
@@ -45,7 +50,6 @@ def format_kernel_graph(g: KernelGraph) -> str:
     for op in g.ops:
         if isinstance(op, KernelOp):
             attrs = "".join(f", {k}={v}" for k, v in op.attrs)
-            sym = OPS.get(op.op).symbol if op.op in OPS else ""
             lines.append(f"  {op.output.name} = {op.op}({', '.join(map(_operand, op.operands))}"
                          f"{attrs}) : {op.output.shape} {op.output.dtype}")
         else:

@@ -50,37 +50,45 @@ class BlockInfo:
     smem_bytes: int
 
 
-def _elementwise_shape(label: str, shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
+def _elementwise_shape(who: str, label: str, shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
+    # ``who`` (the block node) goes into the message, ``label`` (the kernel) is the error's op,
+    # as for every other block-level error
     try:
-        return broadcast_shapes(label, *shapes) if shapes else ()
+        return broadcast_shapes(who, *shapes) if shapes else ()
     except ShapeError as e:
         raise _err(str(e), "shape", label) from None
 
 
-def _thread_shape(tg: ThreadGraph, label: str, in_shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
+def _thread_shape(tg: ThreadGraph, who: str, label: str,
+                  in_shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
     if tg.ninputs != len(in_shapes):
-        raise _err(f"thread graph takes {tg.ninputs} inputs, given {len(in_shapes)}",
+        raise _err(f"{who}: thread graph takes {tg.ninputs} inputs, given {len(in_shapes)}",
                    "operator", label)
     if not tg.ops:
-        raise _err("thread graph has no operators", "operator", label)
+        raise _err(f"{who}: thread graph has no operators", "operator", label)
     env = {f"in{i}": s for i, s in enumerate(in_shapes)}
     for t in tg.ops:
         spec = OPS.get(t.op)
         if spec is None or not spec.elementwise:
-            raise _err(f"thread op {t.out!r}: {t.op!r} is not an elementwise operator",
+            raise _err(f"{who}: thread op {t.out!r}: {t.op!r} is not an elementwise operator",
                        "operator", label)
         arity = 1 if spec.category == "unary" else 2
         if len(t.operands) != arity:
-            raise _err(f"thread op {t.out!r}: {t.op} takes {arity} operand(s)", "operator", label)
+            raise _err(f"{who}: thread op {t.out!r}: {t.op} takes {arity} operand(s)",
+                       "operator", label)
         shapes = []
         for o in t.operands:
             if isinstance(o, str):
                 if o not in env:
-                    raise _err(f"thread op {t.out!r} uses undefined value {o!r}", "ssa", label)
+                    raise _err(f"{who}: thread op {t.out!r} uses undefined value {o!r}", "ssa",
+                               label)
                 shapes.append(env[o])
+            elif not isinstance(o, (int, float)) or isinstance(o, bool):
+                raise _err(f"{who}: thread op {t.out!r}: operand {o!r} is neither a value name "
+                           "nor a number", "operator", label)
         if t.out in env:
-            raise _err(f"thread value {t.out!r} defined twice", "ssa", label)
-        env[t.out] = _elementwise_shape(f"{label}/{t.op}", shapes)
+            raise _err(f"{who}: thread value {t.out!r} defined twice", "ssa", label)
+        env[t.out] = _elementwise_shape(f"{who}: thread op {t.out!r} = {t.op}", label, shapes)
     return env[tg.ops[-1].out]
 
 
@@ -185,7 +193,7 @@ def check_block(bg: BlockGraph, ins: list[DTensor], outs: list[DTensor], target:
                 arity = 1 if spec.category == "unary" else 2
                 if len(node.operands) != arity:
                     raise _err(f"{who}: takes {arity} operand(s)", "operator", label)
-                shape = _elementwise_shape(who, tiles)
+                shape = _elementwise_shape(who, label, tiles)
             define(node.out, shape, "float32", phase_of(node.operands, who), who)
         elif isinstance(node, Fused):
             who = f"fused thread graph -> {node.out!r}"
@@ -194,7 +202,7 @@ def check_block(bg: BlockGraph, ins: list[DTensor], outs: list[DTensor], target:
                 if not isinstance(o, str):
                     raise _err(f"{who}: operands must be tiles (constants go inside the thread "
                                "graph)", "operator", label)
-            shape = _thread_shape(node.thread, who, [shapes[o] for o in node.operands])
+            shape = _thread_shape(node.thread, who, label, [shapes[o] for o in node.operands])
             define(node.out, shape, "float32", phase_of(node.operands, who), who)
         elif isinstance(node, Accum):
             who = f"accumulator {node.kind} -> {node.out!r}"
