@@ -1,0 +1,245 @@
+"""Abstract expressions and the subexpression oracle that prunes the search.
+
+An abstract expression forgets indices and keeps the algebra: every tensor of a candidate (and of
+the target program) gets one, built bottom-up (input -> variable, matmul over k -> sum(k, a*b),
+sum over n -> sum(n, x), for-loop accumulation over F iterations -> sum(F, x), elementwise ops as
+themselves).
+
+Normal form (the canonical form we decide by, instead of asking a solver each time):
+
+* a **polynomial** is a set of monomials (coefficients are dropped: constants like 1/n, eps or a
+  softmax scale never decide whether a value is useful);
+* a **monomial** is ``(S, factors)``: ``S`` a sorted tuple with one entry per *independent* sum
+  it sits under, each entry the total size of that (possibly nested) sum, and ``factors`` a
+  sorted tuple of ``(atom, power)`` with non-zero integer powers. Nested sums merge into one
+  entry (sum(a, sum(b, x)) = sum(a*b, x): a sum over a split range equals the full sum), while a
+  product of two sums keeps two entries, so (sum x)^2 and sum(x^2) stay apart;
+* an **atom** is a variable, ``exp(P)``, an uninterpreted function ``f(P)`` (sqrt, silu, ...), or
+  ``inv(P)`` for the reciprocal of a polynomial that is not a plain product.
+
+The axioms behind it: + and * are associative and commutative; * distributes over +; sums of sums
+merge (sum(a, sum(b, x)) = sum(a*b, x)); sums distribute over + and commute with * and / by terms
+that do not depend on the summed index (index-free, so applied everywhere: an over-approximation,
+which only keeps more candidates, never loses one); x/y = x * y^-1 for plain products.
+
+``is_subexpression(e, target)`` holds when e's polynomial embeds in a polynomial of the target
+(the target's own, an atom's argument, or an atom by itself): there is one cofactor monomial C with
+every monomial m of e mapped to a distinct monomial m*C of that polynomial, where m is a "part" of
+m*C (each atom's power has the same sign and no larger magnitude, and S divides). A useful value
+must pass; a complete candidate needs its outputs' normal forms equal to the target's.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Iterable
+
+# Atom: ("var", name) | ("exp", Poly) | ("uf", name, Poly) | ("inv", Poly)
+# Mono: (S, ((atom, power), ...)) with factors sorted by atom
+# Poly: frozenset of Mono
+Atom = tuple
+Mono = tuple
+Poly = frozenset
+
+ONE: Poly = frozenset({((), ())})
+
+
+def _prod(s: tuple) -> int:
+    n = 1
+    for x in s:
+        n *= x
+    return n
+
+
+def var(name: str) -> Poly:
+    return frozenset({((), ((("var", name), 1),))})
+
+
+def const() -> Poly:
+    return ONE
+
+
+def _key(atom: Atom) -> str:
+    return repr(atom)
+
+
+def _mono_mul(a: Mono, b: Mono) -> Mono:
+    powers: dict[Atom, int] = {}
+    for at, p in a[1] + b[1]:
+        powers[at] = powers.get(at, 0) + p
+    factors = tuple(sorted(((at, p) for at, p in powers.items() if p), key=lambda f: _key(f[0])))
+    return (tuple(sorted(a[0] + b[0])), factors)
+
+
+def add(a: Poly, b: Poly) -> Poly:
+    return a | b
+
+
+def mul(a: Poly, b: Poly) -> Poly:
+    return frozenset(_mono_mul(x, y) for x in a for y in b)
+
+
+def div(a: Poly, b: Poly) -> Poly:
+    if len(b) == 1:
+        (s, factors), = b
+        if not s:
+            return mul(a, frozenset({((), tuple((at, -p) for at, p in factors))}))
+    return mul(a, frozenset({((), ((("inv", b), 1),))}))
+
+
+def exp(a: Poly) -> Poly:
+    return frozenset({((), ((("exp", a), 1),))})
+
+
+def uf(name: str, a: Poly) -> Poly:
+    return frozenset({((), ((("uf", name, a), 1),))})
+
+
+def summed(n: int, a: Poly) -> Poly:
+    if n == 1:
+        return a
+    return frozenset(((n * _prod(s),), f) for s, f in a)
+
+
+def apply(op: str, args: list[Poly], reduce_size: int = 1) -> Poly:
+    """Abstract expression of operator ``op`` (the op-table names) on argument expressions;
+    ``reduce_size`` is the contracted size for matmul or the summed size for sum."""
+    if op in ("add", "sub"):
+        return add(args[0], args[1])
+    if op == "mul":
+        return mul(args[0], args[1])
+    if op == "div":
+        return div(args[0], args[1])
+    if op == "neg":
+        return args[0]
+    if op == "square":
+        return mul(args[0], args[0])
+    if op == "exp":
+        return exp(args[0])
+    if op == "matmul":
+        return summed(reduce_size, mul(args[0], args[1]))
+    if op == "sum":
+        return summed(reduce_size, args[0])
+    if op in ("reshape", "transpose", "concat"):
+        out = args[0]
+        for a in args[1:]:
+            out = add(out, a)
+        return out
+    return uf(op, args[0])  # sqrt, silu, gelu, relu, ... as uninterpreted functions
+
+
+# ---- the oracle -----------------------------------------------------------------------------
+
+def _atoms(p: Poly) -> Iterable[Atom]:
+    for _, factors in p:
+        for at, _ in factors:
+            yield at
+
+
+@lru_cache(maxsize=None)
+def subpolys(target: Poly) -> frozenset:
+    """Every polynomial a useful value may embed into: the target, atom arguments, atoms alone."""
+    out = {target}
+    for at in _atoms(target):
+        out.add(frozenset({((), ((at, 1),))}))
+        if at[0] != "var":
+            out |= subpolys(at[-1])
+    return frozenset(out)
+
+
+def _part_of(m: Mono, big: Mono) -> bool:
+    if len(m[0]) > len(big[0]) or _prod(big[0]) % _prod(m[0]):
+        return False
+    bp = dict(big[1])
+    for at, p in m[1]:
+        q = bp.get(at, 0)
+        if q == 0 or (p > 0) != (q > 0) or abs(p) > abs(q):
+            return False
+    return True
+
+
+def _embeds(e: Poly, p: Poly) -> bool:
+    if len(e) > len(p):
+        return False
+    monos = sorted(e, key=repr)
+    first = monos[0]
+    for cand in p:
+        if not _part_of(first, cand):
+            continue
+        ratio = _prod(cand[0]) // _prod(first[0])
+        cof = _mono_mul(cand, ((), tuple((at, -q) for at, q in first[1])))[1]
+        used = {cand}
+        ok = True
+        for m in monos[1:]:
+            factors = _mono_mul(m, ((), cof))[1]
+            img = next((c for c in p if c[1] == factors and c not in used and
+                        _prod(c[0]) == _prod(m[0]) * ratio and _part_of(m, c)), None)
+            if img is None:
+                ok = False
+                break
+            used.add(img)
+        if ok:
+            return True
+    return False
+
+
+class Oracle:
+    """Memoised subexpression test against fixed target expressions."""
+
+    def __init__(self, targets: Iterable[Poly]):
+        self.targets = tuple(targets)
+        self._pool = frozenset().union(*(subpolys(t) for t in self.targets)) \
+            if self.targets else frozenset()
+        self._memo: dict[Poly, bool] = {}
+        self.queries = 0
+
+    def __call__(self, e: Poly) -> bool:
+        self.queries += 1
+        r = self._memo.get(e)
+        if r is None:
+            r = any(_embeds(e, p) for p in self._pool)
+            self._memo[e] = r
+        return r
+
+    def is_target(self, e: Poly) -> bool:
+        return e in self.targets
+
+
+def is_subexpression(e: Poly, target: Poly) -> bool:
+    return Oracle([target])(e)
+
+
+def of_program(program) -> dict[str, Poly]:
+    """Abstract expression of every node of a program, keyed by node digest."""
+    out: dict[str, Poly] = {}
+    for t in program.nodes():
+        if t.op == "input":
+            out[t.digest] = var(t.name)
+        elif t.op == "const":
+            out[t.digest] = ONE
+        else:
+            n = 1
+            if t.op == "matmul":
+                n = t.inputs[0].shape[-1]
+            elif t.op == "sum":
+                for a in t.attr("axes"):
+                    n *= t.inputs[0].shape[a]
+            out[t.digest] = apply(t.op, [out[i.digest] for i in t.inputs], n)
+    return out
+
+
+def to_text(p: Poly) -> str:
+    """Readable form, e.g. ``sum4096(X*W*sqrt(...)^-1)``."""
+    def atom(at: Atom) -> str:
+        if at[0] == "var":
+            return at[1]
+        if at[0] == "exp":
+            return f"exp({to_text(at[1])})"
+        if at[0] == "uf":
+            return f"{at[1]}({to_text(at[2])})"
+        return f"1/({to_text(at[1])})"
+
+    def mono(m: Mono) -> str:
+        body = "*".join(atom(a) + (f"^{p}" if p != 1 else "") for a, p in m[1]) or "1"
+        return f"sum{'x'.join(map(str, m[0]))}({body})" if m[0] else body
+    return " + ".join(sorted(mono(m) for m in p))

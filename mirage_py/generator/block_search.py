@@ -1,0 +1,470 @@
+"""Block-level search: given the device tensors available and a grid/loop plan, find the tiles a
+graph-defined kernel can compute, and the kernels worth building from them.
+
+A plan assigns dimension labels (see :mod:`labels`) to grid axes with a part count each, and a
+label to the for-loop with an iteration count. Every available tensor gets an input iterator
+(imap/fmap follow the labels), and then block operators are added one at a time -- tile matmuls,
+sums over a tile dim, for-loop accumulators and elementwise templates taken from the target
+(fused thread graphs) -- each kept only if its abstract expression is a subexpression of the
+target's (the oracle), its labels line up, and it is new. A value is identified by (abstract
+expression, dim labels, phase), so every distinct value is built once: the enumeration saturates
+instead of exploring orderings, and is cheap.
+
+Values become kernel outputs through output savers: a final output when its expression and labels
+equal a target output's, otherwise a partial result (a split reduction saved with the split
+concatenated along the last dim) that a later kernel can finish.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+
+from ..errors import MirageError
+from ..ugraph.graph import (Accum, BlockGraph, BlockOp, DTensor, Fused, GraphKernel, InputIter,
+                            OutputSaver, ThreadGraph, ThreadOp, attrs_of)
+from ..ugraph.validate import check_block
+from . import absexpr as ae
+
+Dim = tuple  # tuple of (label, size) components, outermost first; () is a size-1 dim
+
+
+def dim_size(d: Dim) -> int:
+    n = 1
+    for _, s in d:
+        n *= s
+    return n
+
+
+def _outer(d: Dim) -> str | None:
+    return d[0][0] if d else None
+
+
+@dataclass(frozen=True)
+class Avail:
+    """A device tensor available to later kernels."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    expr: ae.Poly
+    dims: tuple[Dim, ...]
+
+
+@dataclass(frozen=True)
+class Plan:
+    grid: tuple[tuple[str | None, int], ...]  # three (label, parts)
+    loop: tuple[str | None, int]  # (label, iterations)
+
+    @property
+    def sizes(self) -> tuple[int, int, int]:
+        return tuple(p for _, p in self.grid)  # type: ignore[return-value]
+
+    def describe(self) -> str:
+        g = ", ".join(f"{l}/{p}" for l, p in self.grid if l)
+        return f"grid[{g}] loop[{self.loop[0]}/{self.loop[1]}]"
+
+
+@dataclass
+class Val:
+    vid: int
+    dims: tuple[Dim, ...]
+    expr: ae.Poly
+    phase: str
+    consumed: frozenset
+    node: tuple  # ("iter", i, imap, fmap) | ("op", name, operands, attrs) | ("fused", tpl, operands) | ("accum", a)
+    cost: int = 0
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(dim_size(d) for d in self.dims)
+
+    @property
+    def key(self) -> tuple:
+        return (self.expr, self.dims, self.phase)
+
+
+@dataclass
+class Context:
+    oracle: ae.Oracle
+    templates: list
+    target_exprs: dict  # output name -> Poly
+    target_labels: dict  # output name -> tuple of labels
+    target_shapes: dict
+    target_dtypes: dict
+    reduced: frozenset
+    max_values: int = 400
+    max_rounds: int = 10
+    max_template_combos: int = 64
+    deadline: float | None = None
+    stats: dict = field(default_factory=lambda: {"states": 0, "pruned": 0})
+
+
+def _phase(*ps: str) -> str | None:
+    s = set(ps) - {"inv"}
+    if len(s) > 1:
+        return None
+    return s.pop() if s else "inv"
+
+
+def _bcast(a: tuple[Dim, ...], b: tuple[Dim, ...]) -> tuple[Dim, ...] | None:
+    n = max(len(a), len(b))
+    out = []
+    for j in range(n):
+        da = a[j - n + len(a)] if j - n + len(a) >= 0 else ()
+        db = b[j - n + len(b)] if j - n + len(b) >= 0 else ()
+        if dim_size(da) == 1 and dim_size(db) == 1:
+            out.append(da or db)
+        elif dim_size(da) == 1:
+            out.append(db)
+        elif dim_size(db) == 1:
+            out.append(da)
+        elif da == db:
+            out.append(da)
+        else:
+            return None
+    return tuple(out)
+
+
+def make_iterator(t: Avail, plan: Plan, forloop: int) -> tuple[tuple, int, tuple[Dim, ...]] | None:
+    dims = [list(d) for d in t.dims]
+    imap = [-1, -1, -1]
+    for a, (label, parts) in enumerate(plan.grid):
+        if label is None or parts == 1:
+            continue
+        for j, d in enumerate(dims):
+            if d and d[0][0] == label and d[0][1] % parts == 0:
+                imap[a] = j
+                d[0] = (label, d[0][1] // parts)
+                break
+    fmap = -1
+    label, f = plan.loop
+    if label is not None and f > 1:
+        for j, d in enumerate(dims):
+            if d and d[0][0] == label and d[0][1] % f == 0:
+                fmap = j
+                d[0] = (label, d[0][1] // f)
+                break
+    return tuple(imap), fmap, tuple(tuple(d) for d in dims)
+
+
+def saturate(plan: Plan, avail: list[Avail], ctx: Context) -> list[Val]:
+    """All useful values one block can compute under ``plan`` (in creation order)."""
+    pool: list[Val] = []
+    seen: set = set()
+    F = plan.loop[1] if plan.loop[0] is not None else 1
+
+    def add(v: Val) -> bool:
+        ctx.stats["states"] += 1
+        if v.key in seen:
+            return False
+        if v.node[0] != "iter" and not ctx.oracle(v.expr):
+            ctx.stats["pruned"] += 1
+            return False
+        seen.add(v.key)
+        pool.append(v)
+        return True
+
+    for i, t in enumerate(avail):
+        imap, fmap, dims = make_iterator(t, plan, F)
+        add(Val(len(pool), dims, t.expr, "body" if fmap >= 0 else "inv", frozenset(),
+                ("iter", i, imap, fmap)))
+    new_from = 0
+    for _ in range(ctx.max_rounds):
+        if ctx.deadline is not None and time.perf_counter() > ctx.deadline:
+            break
+        start = len(pool)
+        if new_from >= start or len(pool) >= ctx.max_values:
+            break
+        _round(pool, new_from, add, ctx, F)
+        new_from = start
+        if len(pool) == start:
+            break
+    return pool
+
+
+def _round(pool: list[Val], new_from: int, add, ctx: Context, F: int) -> None:
+    cur = list(pool)
+    n = len(cur)
+    # tile matmuls
+    for i in range(n):
+        for j in range(n):
+            if max(i, j) < new_from:
+                continue
+            a, b = cur[i], cur[j]
+            if len(a.dims) < 2 or len(b.dims) < 2 or a.dims[-1] != b.dims[-2] or \
+                    dim_size(a.dims[-1]) == 1:
+                continue
+            ph = _phase(a.phase, b.phase)
+            batch = _bcast(a.dims[:-2], b.dims[:-2])
+            if ph is None or batch is None:
+                continue
+            k = dim_size(a.dims[-1])
+            add(Val(len(pool), batch + (a.dims[-2], b.dims[-1]),
+                    ae.apply("matmul", [a.expr, b.expr], k), ph,
+                    a.consumed | b.consumed | {c[0] for c in a.dims[-1]},
+                    ("op", "matmul", (a.vid, b.vid), ()), a.cost + b.cost + 1))
+    # sums over one tile dim (kept as a size-1 dim)
+    for i in range(new_from, n):
+        a = cur[i]
+        for j, d in enumerate(a.dims):
+            if dim_size(d) == 1:
+                continue
+            dims = a.dims[:j] + ((),) + a.dims[j + 1:]
+            add(Val(len(pool), dims, ae.summed(dim_size(d), a.expr), a.phase,
+                    a.consumed | {c[0] for c in d},
+                    ("op", "sum", (a.vid,), attrs_of(axes=(j,), keepdims=True)), a.cost + 1))
+    # for-loop accumulators
+    if F > 1:
+        for i in range(new_from, n):
+            a = cur[i]
+            if a.phase != "body":
+                continue
+            add(Val(len(pool), a.dims, ae.summed(F, a.expr), "epi", a.consumed | {"__loop__"},
+                    ("accum", a.vid), a.cost + 1))
+    # elementwise templates from the target, as fused thread graphs
+    for tp in ctx.templates:
+        # leaves are filled by values with the same expression first, then by values that
+        # contain it (x / r applied to x @ w: scaling commutes with the contraction)
+        cands = []
+        for le in tp.leaf_exprs:
+            exact = [v for v in cur if v.expr == le]
+            part = [v for v in cur if v.expr != le and ae._embeds(le, v.expr)]
+            cands.append(exact + part)
+        if any(not c for c in cands):
+            continue
+        tried = 0
+        for combo in itertools.product(*cands):
+            if tried >= ctx.max_template_combos:
+                break
+            if max(v.vid for v in combo) < new_from:
+                continue
+            tried += 1
+            ph = _phase(*(v.phase for v in combo))
+            if ph is None:
+                continue
+            dims = combo[0].dims
+            for v in combo[1:]:
+                dims = _bcast(dims, v.dims)
+                if dims is None:
+                    break
+            if dims is None:
+                continue
+            expr = tp.expr([v.expr for v in combo])
+            add(Val(len(pool), dims, expr, ph, frozenset().union(*(v.consumed for v in combo)),
+                    ("fused", tp, tuple(v.vid for v in combo)),
+                    sum(v.cost for v in combo) + len(tp.thread.ops)))
+
+
+# ---- turning values into kernels ------------------------------------------------------------
+
+def save_layout(v: Val, plan: Plan) -> tuple[tuple[int, int, int], tuple[Dim, ...]] | None:
+    """omap and saved-tensor dims for value ``v``, or None when it cannot be saved."""
+    dims = [list(d) for d in v.dims]
+    omap = [-1, -1, -1]
+    concat_axis = None
+    for a, (label, parts) in enumerate(plan.grid):
+        if label is None or parts == 1:
+            continue
+        for j, d in enumerate(dims):
+            if d and d[0][0] == label:
+                omap[a] = j
+                d[0] = (label, d[0][1] * parts)
+                break
+        else:
+            if label not in v.consumed or concat_axis is not None or not dims:
+                return None
+            concat_axis = a
+            omap[a] = len(dims) - 1
+    if concat_axis is not None:
+        # the split parts get a label of their own: "<label>/<parts>" (a reduction a later
+        # kernel finishes by looping over it)
+        label, parts = plan.grid[concat_axis]
+        dims[-1] = [(f"{label}/{parts}", parts)] + [c for c in dims[-1]]
+    return tuple(omap), tuple(tuple(d) for d in dims)
+
+
+@dataclass
+class KernelCandidate:
+    kernel: GraphKernel
+    outputs: list[Avail]
+    finals: list[str]  # target outputs it produces
+    plan: Plan
+
+
+def build_kernel(plan: Plan, avail: list[Avail], pool: list[Val], saves: list[tuple[Val, str, str]],
+                 threads: int = 128) -> tuple[GraphKernel, list[Avail]]:
+    """Emit the block graph for the cones of ``saves`` = [(value, tensor name, dtype)]."""
+    by_id = {v.vid: v for v in pool}
+    need: set[int] = set()
+    stack = [v.vid for v, _, _ in saves]
+    while stack:
+        k = stack.pop()
+        if k in need:
+            continue
+        need.add(k)
+        node = by_id[k].node
+        if node[0] in ("op", "fused"):
+            stack.extend(node[2])
+        elif node[0] == "accum":
+            stack.append(node[1])
+    used_inputs = sorted({by_id[k].node[1] for k in need if by_id[k].node[0] == "iter"})
+    remap = {old: new for new, old in enumerate(used_inputs)}
+    F = plan.loop[1] if plan.loop[0] is not None else 1
+    ops: list = []
+    name = {}
+    for k in sorted(need):
+        v = by_id[k]
+        nm = f"v{k}"
+        name[k] = nm
+        node = v.node
+        if node[0] == "iter":
+            ops.append(InputIter(nm, remap[node[1]], node[2], node[3]))
+        elif node[0] == "op":
+            ops.append(BlockOp(nm, node[1], tuple(name[x] for x in node[2]), node[3]))
+        elif node[0] == "fused":
+            ops.append(Fused(nm, tuple(name[x] for x in node[2]), node[1].thread))
+        else:
+            ops.append(Accum(nm, name[node[1]]))
+    outs: list[Avail] = []
+    for j, (v, tname, dtype) in enumerate(saves):
+        omap, dims = save_layout(v, plan)
+        ops.append(OutputSaver(name[v.vid], j, omap))
+        outs.append(Avail(tname, tuple(dim_size(d) for d in dims), dtype, v.expr, dims))
+    ops = fuse_thread_chains(ops)
+    bg = BlockGraph(plan.sizes, threads, F, tuple(ops))
+    gk = GraphKernel(tuple(avail[i].name for i in used_inputs),
+                     tuple(DTensor(o.name, o.shape, o.dtype) for o in outs), bg)
+    return gk, outs
+
+
+def fuse_thread_chains(ops: list) -> list:
+    """Inline a Fused node into its only consumer when that consumer is Fused too (thread-level
+    fusion: the intermediate stays in registers)."""
+    changed = True
+    while changed:
+        changed = False
+        uses: dict[str, int] = {}
+        for o in ops:
+            for a in _operand_names(o):
+                uses[a] = uses.get(a, 0) + 1
+        producers = {o.out: o for o in ops if isinstance(o, Fused)}
+        for idx, o in enumerate(ops):
+            if not isinstance(o, Fused):
+                continue
+            for pos, a in enumerate(o.operands):
+                p = producers.get(a)
+                if p is None or uses.get(a, 0) != 1:
+                    continue
+                ops[idx] = _inline(o, pos, p)
+                ops.remove(p)
+                changed = True
+                break
+            if changed:
+                break
+    return ops
+
+
+def _operand_names(o) -> tuple[str, ...]:
+    if isinstance(o, (BlockOp, Fused)):
+        return tuple(x for x in o.operands if isinstance(x, str))
+    if isinstance(o, (Accum, OutputSaver)):
+        return (o.input,)
+    return ()
+
+
+def _inline(consumer: Fused, pos: int, producer: Fused) -> Fused:
+    """consumer(.., producer(p_args), ..) as one thread graph over the union of operands."""
+    operands = list(consumer.operands[:pos]) + list(consumer.operands[pos + 1:])
+    cmap: dict[str, str] = {}
+    k = 0
+    for i in range(consumer.thread.ninputs):
+        if i == pos:
+            continue
+        cmap[f"in{i}"] = f"in{k}"
+        k += 1
+    pmap: dict[str, str] = {}
+    for i, a in enumerate(producer.operands):
+        if a in operands:
+            pmap[f"in{i}"] = f"in{operands.index(a)}"
+        else:
+            operands.append(a)
+            pmap[f"in{i}"] = f"in{len(operands) - 1}"
+    tops: list[ThreadOp] = []
+    for t in producer.thread.ops:
+        tops.append(ThreadOp("p_" + t.out, t.op, tuple(
+            pmap[o] if isinstance(o, str) and o in pmap else ("p_" + o if isinstance(o, str) else o)
+            for o in t.operands)))
+    cmap[f"in{pos}"] = "p_" + producer.thread.ops[-1].out
+    for t in consumer.thread.ops:
+        tops.append(ThreadOp("c_" + t.out, t.op, tuple(
+            cmap[o] if isinstance(o, str) and o in cmap else ("c_" + o if isinstance(o, str) else o)
+            for o in t.operands)))
+    return Fused(consumer.out, tuple(operands), ThreadGraph(len(operands), tuple(tops)))
+
+
+def kernels_for_plan(plan: Plan, avail: list[Avail], ctx: Context, target, counter: list[int],
+                     max_partials: int = 4) -> list[KernelCandidate]:
+    """Saturate under ``plan`` and return the kernels worth building: one producing every final
+    output it can, else one saving the partial results (sinks) for a later kernel."""
+    pool = saturate(plan, avail, ctx)
+    have = {a.expr for a in avail}
+    finals: list[tuple[Val, str, str]] = []
+    for name, texpr in ctx.target_exprs.items():
+        if any(a.name == name for a in avail):
+            continue
+        for v in pool:
+            if v.expr != texpr or v.node[0] == "iter":
+                continue
+            if v.phase == "body" and plan.loop[0] is not None and plan.loop[1] > 1:
+                continue
+            lay = save_layout(v, plan)
+            if lay is None:
+                continue
+            _, dims = lay
+            if tuple(dim_size(d) for d in dims) != ctx.target_shapes[name]:
+                continue
+            if tuple(_outer(d) for d in dims) != ctx.target_labels[name]:
+                continue
+            finals.append((v, name, ctx.target_dtypes[name]))
+            break
+    out: list[KernelCandidate] = []
+    if finals:
+        try:
+            gk, outs = build_kernel(plan, avail, pool, finals)
+            check_block(gk.block, [_dt(avail, n) for n in gk.inputs], list(gk.outputs), target)
+            out.append(KernelCandidate(gk, outs, [n for _, n, _ in finals], plan))
+        except MirageError:
+            pass
+        return out
+    # partial results: sinks of the epilogue that later kernels could finish
+    used = set()
+    for v in pool:
+        node = v.node
+        if node[0] in ("op", "fused"):
+            used.update(node[2])
+        elif node[0] == "accum":
+            used.add(node[1])
+    epi = "epi" if plan.loop[0] is not None and plan.loop[1] > 1 else None
+    sinks = [v for v in pool if v.node[0] != "iter" and v.vid not in used and
+             (v.phase == epi or (epi is None)) and v.expr not in have and
+             save_layout(v, plan) is not None]
+    if not sinks or len(sinks) > max_partials:
+        return out
+    saves = []
+    for v in sinks:
+        counter[0] += 1
+        saves.append((v, f"part{counter[0]}", "float32"))
+    try:
+        gk, outs = build_kernel(plan, avail, pool, saves)
+        check_block(gk.block, [_dt(avail, n) for n in gk.inputs], list(gk.outputs), target)
+        out.append(KernelCandidate(gk, outs, [], plan))
+    except MirageError:
+        pass
+    return out
+
+
+def _dt(avail: list[Avail], name: str) -> DTensor:
+    a = next(a for a in avail if a.name == name)
+    return DTensor(a.name, a.shape, a.dtype)
