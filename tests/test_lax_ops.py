@@ -20,6 +20,7 @@ def run(shapes, build, dtype="float32", **arrays):
     xs = {n: arrays.get(n, RNG.standard_normal(s)) for n, s in shapes.items()}
     res = p.evaluate(xs)
     assert list(res) == ["out0"]
+    assert isinstance(res["out0"], np.ndarray)
     assert res["out0"].shape == out.shape
     assert res["out0"].dtype == np.float64
     return res["out0"], xs, out

@@ -155,8 +155,16 @@ class Program:
             out[n] = a
         return out
 
-    def evaluate(self, inputs: Mapping[str, Any], dtype: Any = np.float64) -> dict[str, np.ndarray]:
-        """Reference semantics: evaluate in ``dtype`` (float64 by default) with NumPy."""
+    def evaluate(self, inputs: Mapping[str, Any], dtype: Any = np.float64, *,
+                 backend: Any = None) -> dict[str, Any]:
+        """Reference semantics: evaluate in ``dtype`` (float64 by default) with NumPy.
+
+        ``backend`` (a :class:`mirage_py.lax.backend.Backend`) evaluates the same operators with
+        other arithmetic -- the verifier's finite field, degree bounds -- instead; ``inputs`` are
+        then values of that backend (anything with a ``shape``) and ``dtype`` is ignored.
+        """
+        if backend is not None:
+            return self._evaluate_on(backend, inputs)
         arrays = self.check_inputs(inputs)
         vals: dict[str, np.ndarray] = {}
         for t in self.nodes():
@@ -165,11 +173,36 @@ class Program:
             elif t.op == "const":
                 vals[t.digest] = np.asarray(t.attr("value"), dtype=dtype)
             else:
-                vals[t.digest] = _ops.compute(t.op, [vals[i.digest] for i in t.inputs],
-                                              t.attr_dict).astype(dtype, copy=False)
+                # np.asarray: a full reduction gives a NumPy scalar; keep every value an array
+                vals[t.digest] = np.asarray(_ops.compute(t.op, [vals[i.digest] for i in t.inputs],
+                                                         t.attr_dict)).astype(dtype, copy=False)
         # an output that is an input would otherwise alias the caller's array
         return {n: vals[t.digest].copy() if t.op == "input" else vals[t.digest]
                 for n, t in self._outputs.items()}
+
+    def _evaluate_on(self, backend: Any, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        if not isinstance(inputs, Mapping):
+            raise ProgramError(f"Program {self.name!r}: inputs must be a dict name -> value")
+        missing = [n for n in self._inputs if n not in inputs]
+        extra = [n for n in inputs if n not in self._inputs]
+        if missing or extra:
+            raise ProgramError(f"Program {self.name!r}: inputs {sorted(map(str, inputs))} do not "
+                               f"match the declared {list(self._inputs)}")
+        vals: dict[str, Any] = {}
+        for t in self.nodes():
+            backend.annotate(f"program {self.name!r}: {t.op} {_fmt(t.shape)}")
+            if t.op == "input":
+                v = inputs[t.name]
+                if tuple(v.shape) != t.shape:
+                    raise ShapeError(f"Program {self.name!r}: input {t.name!r} has shape "
+                                     f"{_fmt(tuple(v.shape))}, declared {_fmt(t.shape)}")
+                vals[t.digest] = backend.input(v, t.dtype)
+            elif t.op == "const":
+                vals[t.digest] = backend.scalar(float(t.attr("value")))
+            else:
+                vals[t.digest] = backend.compute(t.op, [vals[i.digest] for i in t.inputs],
+                                                 t.attr_dict)
+        return {n: vals[t.digest] for n, t in self._outputs.items()}
 
     def random_inputs(self, seed: int = 0, scale: float = 1.0) -> dict[str, np.ndarray]:
         """Normal random float64 inputs of the declared shapes (``scale`` times N(0,1))."""
