@@ -21,7 +21,7 @@ import numpy as np
 
 from . import ops as _ops
 from .program import Program
-from .tensor import Tensor, topo_order
+from .tensor import Tensor
 
 
 class Partition(list):
