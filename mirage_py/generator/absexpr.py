@@ -7,14 +7,16 @@ themselves).
 
 Normal form (the canonical form we decide by, instead of asking a solver each time):
 
-* a **polynomial** is a set of monomials (coefficients are dropped: constants like 1/n, eps or a
-  softmax scale never decide whether a value is useful);
-* a **monomial** is ``(S, factors)``: ``S`` a sorted tuple with one entry per *independent* sum
-  it sits under, each entry the total size of that (possibly nested) sum, and ``factors`` a
-  sorted tuple of ``(atom, power)`` with non-zero integer powers. Nested sums merge into one
-  entry (sum(a, sum(b, x)) = sum(a*b, x): a sum over a split range equals the full sum), while a
-  product of two sums keeps two entries, so (sum x)^2 and sum(x^2) stay apart;
-* an **atom** is a variable, ``exp(P)``, an uninterpreted function ``f(P)`` (sqrt, silu, ...), or
+* a **polynomial** is a set of monomials (numeric coefficients from repeated terms are dropped,
+  constants are atoms);
+* a **monomial** is ``(S, factors)``: ``S`` a sorted tuple of ``(label, size)``, one entry per
+  *independent* sum the monomial sits under, labelled with the dimension label it sums over (see
+  :mod:`labels`), and ``factors`` a sorted tuple of ``(atom, power)`` with non-zero integer
+  powers. A sum over a label the monomial already sums over exactly once merges into that entry
+  (sum(a, sum(b, x)) = sum(a*b, x): a sum over a split range equals the full sum); a product of
+  sums keeps separate entries, so (sum x)^2 and sum(x^2) stay apart, and a sum over a label the
+  target never sums over is told apart from the target's sums;
+* an **atom** is a variable, a constant (other than 1), ``exp(P)``, an uninterpreted function ``f(P)`` (sqrt, silu, ...), or
   ``inv(P)`` for the reciprocal of a polynomial that is not a plain product.
 
 The axioms behind it: + and * are associative and commutative; * distributes over +; sums of sums
@@ -46,17 +48,26 @@ ONE: Poly = frozenset({((), ())})
 
 def _prod(s: tuple) -> int:
     n = 1
-    for x in s:
+    for _, x in s:
         n *= x
     return n
+
+
+def _base(label: str) -> str:
+    # "l3/32" (the parts of a split reduction) sums over the same index as "l3"
+    return label.split("/")[0]
 
 
 def var(name: str) -> Poly:
     return frozenset({((), ((("var", name), 1),))})
 
 
-def const() -> Poly:
-    return ONE
+def const(value: float | None = None) -> Poly:
+    """A constant: an atom of its own, so that templates differing only in a constant (a softmax
+    scale, 1/n of a mean) stay apart; 1.0 is the empty product."""
+    if value is None or value == 1.0:
+        return ONE
+    return frozenset({((), ((("const", float(value)), 1),))})
 
 
 def _key(atom: Atom) -> str:
@@ -95,15 +106,27 @@ def uf(name: str, a: Poly) -> Poly:
     return frozenset({((), ((("uf", name, a), 1),))})
 
 
-def summed(n: int, a: Poly) -> Poly:
+def _sum_mono(label: str, n: int, m: Mono) -> Mono:
+    s = list(m[0])
+    same = [i for i, (l, _) in enumerate(s) if l == label]
+    if len(same) == 1:
+        s[same[0]] = (label, s[same[0]][1] * n)
+    else:
+        s.append((label, n))
+    return (tuple(sorted(s)), m[1])
+
+
+def summed(n: int, a: Poly, label: str = "_") -> Poly:
+    """sum over ``n`` elements of dimension label ``label``."""
     if n == 1:
         return a
-    return frozenset(((n * _prod(s),), f) for s, f in a)
+    label = _base(label)
+    return frozenset(_sum_mono(label, n, m) for m in a)
 
 
-def apply(op: str, args: list[Poly], reduce_size: int = 1) -> Poly:
+def apply(op: str, args: list[Poly], reduce: tuple = ()) -> Poly:
     """Abstract expression of operator ``op`` (the op-table names) on argument expressions;
-    ``reduce_size`` is the contracted size for matmul or the summed size for sum."""
+    ``reduce`` lists ``(label, size)`` of the contracted dim (matmul) or summed dims (sum)."""
     if op in ("add", "sub"):
         return add(args[0], args[1])
     if op == "mul":
@@ -117,9 +140,15 @@ def apply(op: str, args: list[Poly], reduce_size: int = 1) -> Poly:
     if op == "exp":
         return exp(args[0])
     if op == "matmul":
-        return summed(reduce_size, mul(args[0], args[1]))
+        out = mul(args[0], args[1])
+        for label, n in reduce:
+            out = summed(n, out, label)
+        return out
     if op == "sum":
-        return summed(reduce_size, args[0])
+        out = args[0]
+        for label, n in reduce:
+            out = summed(n, out, label)
+        return out
     if op in ("reshape", "transpose", "concat"):
         out = args[0]
         for a in args[1:]:
@@ -136,20 +165,30 @@ def _atoms(p: Poly) -> Iterable[Atom]:
             yield at
 
 
+def _has_args(at: Atom) -> bool:
+    return at[0] in ("exp", "uf", "inv")
+
+
 @lru_cache(maxsize=None)
 def subpolys(target: Poly) -> frozenset:
     """Every polynomial a useful value may embed into: the target, atom arguments, atoms alone."""
     out = {target}
     for at in _atoms(target):
         out.add(frozenset({((), ((at, 1),))}))
-        if at[0] != "var":
+        if _has_args(at):
             out |= subpolys(at[-1])
     return frozenset(out)
 
 
 def _part_of(m: Mono, big: Mono) -> bool:
-    if len(m[0]) > len(big[0]) or _prod(big[0]) % _prod(m[0]):
+    if len(m[0]) > len(big[0]):
         return False
+    for label in {l for l, _ in m[0]}:
+        mine = [n for l, n in m[0] if l == label]
+        theirs = [n for l, n in big[0] if l == label]
+        if len(mine) > len(theirs) or _prod((("", x) for x in theirs)) % \
+                _prod((("", x) for x in mine)):
+            return False
     bp = dict(big[1])
     for at, p in m[1]:
         q = bp.get(at, 0)
@@ -209,22 +248,27 @@ def is_subexpression(e: Poly, target: Poly) -> bool:
     return Oracle([target])(e)
 
 
-def of_program(program) -> dict[str, Poly]:
-    """Abstract expression of every node of a program, keyed by node digest."""
+def of_program(program, dims: dict | None = None) -> dict[str, Poly]:
+    """Abstract expression of every node of a program, keyed by node digest; ``dims`` gives the
+    label of each node dim (from :func:`labels.infer_labels`), unlabeled sums use "_"."""
+    if dims is None:
+        from .labels import infer_labels
+        dims = infer_labels(program).node_dims
     out: dict[str, Poly] = {}
     for t in program.nodes():
         if t.op == "input":
             out[t.digest] = var(t.name)
         elif t.op == "const":
-            out[t.digest] = ONE
+            out[t.digest] = const(t.attr("value"))
         else:
-            n = 1
+            red: tuple = ()
             if t.op == "matmul":
-                n = t.inputs[0].shape[-1]
+                a = t.inputs[0]
+                red = ((dims[a.digest][-1] or "_", a.shape[-1]),)
             elif t.op == "sum":
-                for a in t.attr("axes"):
-                    n *= t.inputs[0].shape[a]
-            out[t.digest] = apply(t.op, [out[i.digest] for i in t.inputs], n)
+                a = t.inputs[0]
+                red = tuple((dims[a.digest][ax] or "_", a.shape[ax]) for ax in t.attr("axes"))
+            out[t.digest] = apply(t.op, [out[i.digest] for i in t.inputs], red)
     return out
 
 
@@ -233,6 +277,8 @@ def to_text(p: Poly) -> str:
     def atom(at: Atom) -> str:
         if at[0] == "var":
             return at[1]
+        if at[0] == "const":
+            return repr(at[1])
         if at[0] == "exp":
             return f"exp({to_text(at[1])})"
         if at[0] == "uf":
@@ -241,5 +287,6 @@ def to_text(p: Poly) -> str:
 
     def mono(m: Mono) -> str:
         body = "*".join(atom(a) + (f"^{p}" if p != 1 else "") for a, p in m[1]) or "1"
-        return f"sum{'x'.join(map(str, m[0]))}({body})" if m[0] else body
+        sums = "".join(f"sum[{l}:{n}]" for l, n in m[0])
+        return f"{sums}({body})" if m[0] else body
     return " + ".join(sorted(mono(m) for m in p))

@@ -177,14 +177,14 @@ def saturate(plan: Plan, avail: list[Avail], ctx: Context) -> list[Val]:
         start = len(pool)
         if new_from >= start or len(pool) >= ctx.max_values:
             break
-        _round(pool, new_from, add, ctx, F)
+        _round(pool, new_from, add, ctx, F, plan.loop[0])
         new_from = start
         if len(pool) == start:
             break
     return pool
 
 
-def _round(pool: list[Val], new_from: int, add, ctx: Context, F: int) -> None:
+def _round(pool: list[Val], new_from: int, add, ctx: Context, F: int, loop: str) -> None:
     cur = list(pool)
     n = len(cur)
     # tile matmuls
@@ -200,9 +200,8 @@ def _round(pool: list[Val], new_from: int, add, ctx: Context, F: int) -> None:
             batch = _bcast(a.dims[:-2], b.dims[:-2])
             if ph is None or batch is None:
                 continue
-            k = dim_size(a.dims[-1])
             add(Val(len(pool), batch + (a.dims[-2], b.dims[-1]),
-                    ae.apply("matmul", [a.expr, b.expr], k), ph,
+                    ae.apply("matmul", [a.expr, b.expr], a.dims[-1]), ph,
                     a.consumed | b.consumed | {c[0] for c in a.dims[-1]},
                     ("op", "matmul", (a.vid, b.vid), ()), a.cost + b.cost + 1))
     # sums over one tile dim (kept as a size-1 dim)
@@ -212,7 +211,7 @@ def _round(pool: list[Val], new_from: int, add, ctx: Context, F: int) -> None:
             if dim_size(d) == 1:
                 continue
             dims = a.dims[:j] + ((),) + a.dims[j + 1:]
-            add(Val(len(pool), dims, ae.summed(dim_size(d), a.expr), a.phase,
+            add(Val(len(pool), dims, ae.apply("sum", [a.expr], d), a.phase,
                     a.consumed | {c[0] for c in d},
                     ("op", "sum", (a.vid,), attrs_of(axes=(j,), keepdims=True)), a.cost + 1))
     # for-loop accumulators
@@ -221,7 +220,7 @@ def _round(pool: list[Val], new_from: int, add, ctx: Context, F: int) -> None:
             a = cur[i]
             if a.phase != "body":
                 continue
-            add(Val(len(pool), a.dims, ae.summed(F, a.expr), "epi", a.consumed | {"__loop__"},
+            add(Val(len(pool), a.dims, ae.summed(F, a.expr, loop), "epi", a.consumed | {loop},
                     ("accum", a.vid), a.cost + 1))
     # elementwise templates from the target, as fused thread graphs
     for tp in ctx.templates:
@@ -438,7 +437,9 @@ def kernels_for_plan(plan: Plan, avail: list[Avail], ctx: Context, target, count
         except MirageError:
             pass
         return out
-    # partial results: sinks of the epilogue that later kernels could finish
+    epi = "epi" if plan.loop[0] is not None and plan.loop[1] > 1 else None
+    saveable = [v for v in pool if v.node[0] != "iter" and (v.phase == epi or epi is None) and
+                v.expr not in have and save_layout(v, plan) is not None]
     used = set()
     for v in pool:
         node = v.node
@@ -446,23 +447,48 @@ def kernels_for_plan(plan: Plan, avail: list[Avail], ctx: Context, target, count
             used.update(node[2])
         elif node[0] == "accum":
             used.add(node[1])
-    epi = "epi" if plan.loop[0] is not None and plan.loop[1] > 1 else None
-    sinks = [v for v in pool if v.node[0] != "iter" and v.vid not in used and
-             (v.phase == epi or (epi is None)) and v.expr not in have and
-             save_layout(v, plan) is not None]
-    if not sinks or len(sinks) > max_partials:
-        return out
-    saves = []
-    for v in sinks:
-        counter[0] += 1
-        saves.append((v, f"part{counter[0]}", "float32"))
-    try:
-        gk, outs = build_kernel(plan, avail, pool, saves)
-        check_block(gk.block, [_dt(avail, n) for n in gk.inputs], list(gk.outputs), target)
-        out.append(KernelCandidate(gk, outs, [], plan))
-    except MirageError:
-        pass
+    groups: list[list[Val]] = []
+    # (a) complete intermediates: values equal to a polynomial of the target (an exp(...) or a
+    # norm, say), each its own kernel; the largest ones only
+    exact = [v for v in saveable if v.expr in ctx.oracle._pool and not _needs_concat(v, plan)]
+    exact_ids = {v.vid for v in exact}
+    for v in exact:
+        if not any(v.vid in _operands(w) for w in exact if w.vid in exact_ids):
+            groups.append([v])
+    # (b) partial results of a reduction split over the grid: the sinks, saved together
+    partial = [v for v in saveable if v.vid not in used and _needs_concat(v, plan)]
+    if partial and len(partial) <= max_partials:
+        groups.append(partial)
+    for group in groups:
+        saves = []
+        for v in group:
+            counter[0] += 1
+            saves.append((v, f"part{counter[0]}", "float32"))
+        try:
+            gk, outs = build_kernel(plan, avail, pool, saves)
+            check_block(gk.block, [_dt(avail, n) for n in gk.inputs], list(gk.outputs), target)
+            out.append(KernelCandidate(gk, outs, [], plan))
+        except MirageError:
+            pass
     return out
+
+
+def _operands(v: Val) -> tuple:
+    if v.node[0] in ("op", "fused"):
+        return tuple(v.node[2])
+    if v.node[0] == "accum":
+        return (v.node[1],)
+    return ()
+
+
+def _needs_concat(v: Val, plan: Plan) -> bool:
+    """True when saving ``v`` concatenates the blocks of a split reduction."""
+    for label, parts in plan.grid:
+        if label is None or parts == 1:
+            continue
+        if not any(d and d[0][0] == label for d in v.dims):
+            return True
+    return False
 
 
 def _dt(avail: list[Avail], name: str) -> DTensor:

@@ -92,7 +92,9 @@ def plans_for(avail: list[Avail], reduced: frozenset, parallel: frozenset, targe
                     continue
                 if loop is not None:
                     rest = sizes[loop] // dict(grid).get(loop, 1)
-                    f = rest // _largest_divisor_at_most(rest, 64)
+                    # chunks of up to 64 per iteration; a short range (the parts of a split
+                    # reduction) is walked one element at a time
+                    f = rest if rest <= 64 else rest // _largest_divisor_at_most(rest, 64)
                     if f <= 1:
                         continue
                     lp = (loop, f)
@@ -122,8 +124,8 @@ def search(program, target: Target, *, max_kernels: int = 3, deadline: float | N
     is i modulo n (one worker's share)."""
     stats = stats or SearchStats()
     t0 = time.perf_counter()
-    exprs = ae.of_program(program)
     labels = infer_labels(program)
+    exprs = ae.of_program(program, labels.node_dims)
     outs = program.output_tensors
     ctx = Context(
         oracle=ae.Oracle([exprs[t.digest] for t in outs.values()]),

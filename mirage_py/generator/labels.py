@@ -49,6 +49,7 @@ class Labels:
     sizes: dict[str, int]
     parallel: frozenset[str]
     reduced: frozenset[str]
+    node_dims: dict  # node digest -> tuple of labels (None for size-1 dims)
 
 
 def infer_labels(program) -> Labels:
@@ -133,4 +134,5 @@ def infer_labels(program) -> Labels:
     label_sizes = {name(k): sizes[k] for k in sizes}
     parallel = frozenset(x for o in outputs.values() for x in o if x is not None)
     reduced = frozenset(name(k) for k in reduced_ids) - parallel
-    return Labels(inputs, outputs, label_sizes, parallel, reduced)
+    node_dims = {d: tuple(name(k) for k in ks) for d, ks in dims.items()}
+    return Labels(inputs, outputs, label_sizes, parallel, reduced, node_dims)

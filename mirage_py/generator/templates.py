@@ -29,7 +29,7 @@ class Template:
     def expr(self, args: list) -> ae.Poly:
         env = {f"in{i}": a for i, a in enumerate(args)}
         for t in self.thread.ops:
-            vals = [env[o] if isinstance(o, str) else ae.ONE for o in t.operands]
+            vals = [env[o] if isinstance(o, str) else ae.const(o) for o in t.operands]
             env[t.out] = ae.apply(t.op, vals)
         return env[self.thread.ops[-1].out]
 

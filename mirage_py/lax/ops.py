@@ -32,7 +32,8 @@ _erf = np.frompyfunc(math.erf, 1, 1)
 
 def _gelu(x: np.ndarray) -> np.ndarray:
     # exact (erf-based) GELU, the default of PyTorch
-    return 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)).astype(x.dtype))
+    x = np.asarray(x)
+    return 0.5 * x * (1.0 + np.asarray(_erf(x / math.sqrt(2.0)), dtype=x.dtype))
 
 
 def _silu(x: np.ndarray) -> np.ndarray:
