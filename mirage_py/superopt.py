@@ -27,7 +27,8 @@ import numpy as np
 
 from .cost_model import estimate_us
 from .errors import MirageError, SerializationError
-from .generator.kernel_search import SearchStats, search
+from .generator.kernel_search import (Candidate, Searcher, SearchStats, search,
+                                      trace_from_json)
 from .lax.partition import partition
 from .lax.program import Program
 from .targets import get_target
@@ -65,19 +66,20 @@ def _search_worker(args: tuple) -> None:
     try:
         search(program, get_target(target_name), max_kernels=max_kernels, deadline=deadline,
                stats=stats, share=(share, nshares),
-               on_candidate=lambda g: q.put(("cand", g.dumps())))
+               on_candidate=lambda c: q.put(("cand", json.dumps(
+                   {"graph": c.graph.to_json(), "trace": c.trace_json()}))))
     except KeyboardInterrupt:
         stats.interrupted = True
     q.put(("done", json.dumps(stats.__dict__)))
 
 
 def _parallel_search(program: Program, target, max_kernels: int, deadline: float | None,
-                     workers: int, progress) -> tuple[list[KernelGraph], SearchStats]:
+                     workers: int, progress) -> tuple[list[Candidate], SearchStats]:
     stats = SearchStats()
-    found: list[KernelGraph] = []
+    found: list[Candidate] = []
     if workers <= 1:
-        def keep(g: KernelGraph) -> None:
-            found.append(g)
+        def keep(c: Candidate) -> None:
+            found.append(c)
             progress(len(found))
         search(program, target, max_kernels=max_kernels, deadline=deadline, stats=stats,
                on_candidate=keep)
@@ -100,7 +102,7 @@ def _parallel_search(program: Program, target, max_kernels: int, deadline: float
                     break
                 continue
             if kind == "cand":
-                found.append(KernelGraph.loads(payload))
+                found.append(_cand(payload))
                 progress(len(found))
             else:
                 done += 1
@@ -117,7 +119,7 @@ def _parallel_search(program: Program, target, max_kernels: int, deadline: float
             except _queue.Empty:
                 break
             if kind == "cand":
-                found.append(KernelGraph.loads(payload))
+                found.append(_cand(payload))
     finally:
         for p in procs:
             if p.is_alive():
@@ -125,6 +127,11 @@ def _parallel_search(program: Program, target, max_kernels: int, deadline: float
             p.join(timeout=1)
     stats.seconds = time.perf_counter() - t0
     return found, stats
+
+
+def _cand(payload: str) -> Candidate:
+    d = json.loads(payload)
+    return Candidate(KernelGraph.from_json(d["graph"]), trace_from_json(d["trace"]))
 
 
 class _Progress:
@@ -152,7 +159,7 @@ class _Progress:
 
 def superopt(program: Program, *, target: Any = "h100", time_budget_s: float | None = None,
              seed: int = 0, workers: int | None = None, max_kernels: int = 3,
-             verify_tests: int | None = None, max_verify: int = 16,
+             verify_tests: int | None = None, max_verify: int = 16, tune_top: int = 4,
              progress: bool | None = None) -> "OptimizedProgram":
     """Superoptimise ``program`` for ``target`` (see module docstring)."""
     from .verifier import verify
@@ -181,6 +188,7 @@ def superopt(program: Program, *, target: Any = "h100", time_budget_s: float | N
             res.stats = stats
             ranked = _rank(found, tgt)
             res.candidates = len(ranked)
+            ranked = _tune(part, tgt, ranked, tune_top, deadline)
             for cost, g in ranked[:max_verify]:
                 if cost >= naive_us:
                     break
@@ -195,13 +203,23 @@ def superopt(program: Program, *, target: Any = "h100", time_budget_s: float | N
     return OptimizedProgram(program, tgt.name, results, time.perf_counter() - t0)
 
 
-def _rank(graphs: list[KernelGraph], target) -> list[tuple[float, KernelGraph]]:
+def _rank(cands: list[Candidate], target) -> list[tuple[float, Candidate]]:
+    """Candidates by (estimated time, structural hash), duplicates dropped: deterministic."""
     out = {}
-    for g in graphs:
-        h = g.structural_hash()
+    for c in cands:
+        h = c.graph.structural_hash()
         if h not in out:
-            out[h] = (estimate_us(g, target), h, g)
-    return [(c, g) for c, _, g in sorted(out.values(), key=lambda x: (x[0], x[1]))]
+            out[h] = (estimate_us(c.graph, target), h, c)
+    return [(cost, c) for cost, _, c in sorted(out.values(), key=lambda x: (x[0], x[1]))]
+
+
+def _tune(part: Program, target, ranked: list[tuple[float, Candidate]], top: int,
+          deadline: float | None) -> list[tuple[float, KernelGraph]]:
+    """Tune the part counts of the best ``top`` candidates; all candidates re-ranked."""
+    searcher = Searcher(part, target, deadline)
+    cost = lambda g: estimate_us(g, target)  # noqa: E731
+    tuned = [searcher.tune(c, cost) for _, c in ranked[:top]] + [c for _, c in ranked[top:]]
+    return [(cost, c.graph) for cost, c in _rank(tuned, target)]
 
 
 def join_parts(program: Program, graphs: list[KernelGraph], parts) -> KernelGraph:

@@ -145,6 +145,8 @@ def make_iterator(t: Avail, plan: Plan, forloop: int) -> tuple[tuple, int, tuple
             if d and d[0][0] == label and d[0][1] % f == 0:
                 fmap = j
                 d[0] = (label, d[0][1] // f)
+                if d[0][1] == 1 and len(d) > 1:
+                    del d[0]  # one split part per iteration: the dim is the inner label again
                 break
     return tuple(imap), fmap, tuple(tuple(d) for d in dims)
 

@@ -107,87 +107,193 @@ def plans_for(avail: list[Avail], reduced: frozenset, parallel: frozenset, targe
     return plans
 
 
-@dataclass
-class Target_:
-    exprs: dict
-    labels: dict
-    shapes: dict
-    dtypes: dict
+@dataclass(frozen=True)
+class Candidate:
+    """A complete kernel graph and the trace of decisions that rebuilds it: one (plan, group)
+    per kernel, where group picks among the kernels a plan yields."""
+
+    graph: KernelGraph
+    trace: tuple
+
+    def trace_json(self) -> list:
+        return [[[list(g) for g in plan.grid], list(plan.loop), grp] for plan, grp in self.trace]
+
+
+def trace_from_json(doc: list) -> tuple:
+    return tuple((Plan(tuple((g[0], g[1]) for g in grid), (loop[0], loop[1])), grp)
+                 for grid, loop, grp in doc)
+
+
+class Searcher:
+    """The search space of one program on one target: its oracle, labels and templates."""
+
+    def __init__(self, program, target: Target, deadline: float | None = None):
+        self.program = program
+        self.target = target
+        self.deadline = deadline
+        self.labels = infer_labels(program)
+        exprs = ae.of_program(program, self.labels.node_dims)
+        outs = program.output_tensors
+        self.outputs = set(outs)
+        self.ctx = Context(
+            oracle=ae.Oracle([exprs[t.digest] for t in outs.values()]),
+            templates=templates_of(program, exprs),
+            target_exprs={n: exprs[t.digest] for n, t in outs.items()},
+            target_labels=self.labels.outputs,
+            target_shapes={n: t.shape for n, t in outs.items()},
+            target_dtypes={n: t.dtype for n, t in outs.items()},
+            reduced=self.labels.reduced, deadline=deadline)
+        self.avail0 = [Avail(t.name, t.shape, t.dtype, exprs[t.digest],
+                             self.labels.inputs[t.name]) for t in program.inputs]
+
+    def plans(self, avail: list[Avail]) -> list[Plan]:
+        return plans_for(avail, self.labels.reduced | _split_labels(avail), self.labels.parallel,
+                         self.target)
+
+    def _expired(self) -> bool:
+        return self.deadline is not None and time.perf_counter() > self.deadline
+
+    def search(self, *, max_kernels: int = 3, stats: SearchStats | None = None,
+               on_candidate=None, share: tuple[int, int] = (0, 1)) -> list[Candidate]:
+        stats = stats or SearchStats()
+        t0 = time.perf_counter()
+        found: list[Candidate] = []
+        seen_states: set = set()
+        counter = [0]
+
+        def rec(avail, kernels, done, trace) -> None:
+            if self._expired():
+                stats.timed_out = True
+                return
+            if done >= self.outputs:
+                c = Candidate(_assemble(self.program, kernels), tuple(trace))
+                found.append(c)
+                stats.candidates += 1
+                if on_candidate:
+                    on_candidate(c)
+                return
+            if len(kernels) >= max_kernels:
+                return
+            key = frozenset((a.expr, a.dims) for a in avail)
+            if key in seen_states:
+                return
+            seen_states.add(key)
+            for idx, plan in enumerate(self.plans(avail)):
+                if not kernels and idx % share[1] != share[0]:
+                    continue
+                if self._expired():
+                    stats.timed_out = True
+                    return
+                stats.plans += 1
+                for grp, kc in enumerate(kernels_for_plan(plan, avail, self.ctx, self.target,
+                                                          counter)):
+                    stats.kernels += 1
+                    rec(avail + kc.outputs, kernels + [kc.kernel], done | set(kc.finals),
+                        trace + [(plan, grp)])
+
+        try:
+            rec(self.avail0, [], set(), [])
+        except KeyboardInterrupt:
+            stats.interrupted = True
+        stats.states = self.ctx.stats["states"]
+        stats.pruned = self.ctx.stats["pruned"]
+        stats.seconds = time.perf_counter() - t0
+        return found
+
+    def replay(self, trace: tuple) -> KernelGraph | None:
+        """Rebuild the kernel graph a trace describes (None if a step no longer applies)."""
+        avail = list(self.avail0)
+        kernels: list[GraphKernel] = []
+        done: set[str] = set()
+        counter = [0]
+        for plan, grp in trace:
+            kcs = kernels_for_plan(plan, avail, self.ctx, self.target, counter)
+            if grp >= len(kcs):
+                return None
+            kc = kcs[grp]
+            kernels.append(kc.kernel)
+            avail = avail + kc.outputs
+            done |= set(kc.finals)
+        if not done >= self.outputs:
+            return None
+        return _assemble(self.program, kernels)
+
+    def alternatives(self, plan: Plan, avail: list[Avail]) -> list[Plan]:
+        """The same structure with other part counts: each grid axis and the loop count moved
+        to neighbouring divisors (x1/4 .. x4)."""
+        sizes: dict[str, int] = {}
+        for a in avail:
+            for d in a.dims:
+                if d:
+                    sizes[d[0][0]] = max(sizes.get(d[0][0], 0), d[0][1])
+        out = []
+        for a, (label, parts) in enumerate(plan.grid):
+            if label is None:
+                continue
+            for g in _divisors(sizes.get(label, parts)):
+                if g != parts and 2 <= g and parts / 4 <= g <= parts * 4:
+                    grid = list(plan.grid)
+                    grid[a] = (label, g)
+                    out.append(Plan(tuple(grid), plan.loop))
+        label, f = plan.loop
+        if label is not None:
+            rest = sizes.get(label, f) // dict(plan.grid).get(label, 1)
+            for g in _divisors(max(rest, 1)):
+                if g != f and g >= 2 and f / 4 <= g <= f * 4:
+                    out.append(Plan(plan.grid, (label, g)))
+        return out
+
+    def tune(self, cand: Candidate, cost, max_rounds: int = 3) -> Candidate:
+        """Coordinate descent over the part counts of each step of ``cand``'s trace, keeping a
+        change when the cost model says it is faster (the annotation tuner's simple form)."""
+        best, best_cost = cand, cost(cand.graph)
+        for _ in range(max_rounds):
+            improved = False
+            for step in range(len(best.trace)):
+                avail = self._avail_before(best.trace, step)
+                if avail is None:
+                    break
+                plan, grp = best.trace[step]
+                for alt in self.alternatives(plan, avail):
+                    if self._expired():
+                        return best
+                    trace = best.trace[:step] + ((alt, grp),) + best.trace[step + 1:]
+                    g = self.replay(trace)
+                    if g is None:
+                        continue
+                    c = cost(g)
+                    if c < best_cost:
+                        best, best_cost, improved = Candidate(g, trace), c, True
+                        break
+            if not improved:
+                break
+        return best
+
+    def _avail_before(self, trace: tuple, step: int) -> list[Avail] | None:
+        avail = list(self.avail0)
+        counter = [0]
+        for plan, grp in trace[:step]:
+            kcs = kernels_for_plan(plan, avail, self.ctx, self.target, counter)
+            if grp >= len(kcs):
+                return None
+            avail = avail + kcs[grp].outputs
+        return avail
 
 
 def search(program, target: Target, *, max_kernels: int = 3, deadline: float | None = None,
            stats: SearchStats | None = None, on_candidate=None,
-           share: tuple[int, int] = (0, 1)) -> list[KernelGraph]:
-    """All complete kernel graphs found for ``program`` (a verifiable subprogram), in the order
-    found. ``on_candidate(graph)`` is called as each is found, so an interrupted or timed-out
+           share: tuple[int, int] = (0, 1)) -> list[Candidate]:
+    """All complete candidates found for ``program`` (a verifiable subprogram), in the order
+    found. ``on_candidate(candidate)`` is called as each is found, so an interrupted or timed-out
     search keeps what it had. ``share=(i, n)`` explores only the first-level plans whose index
     is i modulo n (one worker's share)."""
-    stats = stats or SearchStats()
-    t0 = time.perf_counter()
-    labels = infer_labels(program)
-    exprs = ae.of_program(program, labels.node_dims)
-    outs = program.output_tensors
-    ctx = Context(
-        oracle=ae.Oracle([exprs[t.digest] for t in outs.values()]),
-        templates=templates_of(program, exprs),
-        target_exprs={n: exprs[t.digest] for n, t in outs.items()},
-        target_labels=labels.outputs,
-        target_shapes={n: t.shape for n, t in outs.items()},
-        target_dtypes={n: t.dtype for n, t in outs.items()},
-        reduced=labels.reduced, deadline=deadline)
-    avail0 = [Avail(t.name, t.shape, t.dtype, exprs[t.digest], labels.inputs[t.name])
-              for t in program.inputs]
-    found: list[KernelGraph] = []
-    seen_states: set = set()
-    counter = [0]
-
-    def rec(avail: list[Avail], kernels: list[GraphKernel], done: set[str]) -> None:
-        if deadline is not None and time.perf_counter() > deadline:
-            stats.timed_out = True
-            return
-        if done >= set(outs):
-            g = _assemble(program, kernels)
-            found.append(g)
-            stats.candidates += 1
-            if on_candidate:
-                on_candidate(g)
-            return
-        if len(kernels) >= max_kernels:
-            return
-        key = frozenset((a.expr, a.dims) for a in avail)
-        if key in seen_states:
-            return
-        seen_states.add(key)
-        plans = plans_for(avail, labels.reduced | _split_labels(avail), labels.parallel, target)
-        for idx, plan in enumerate(plans):
-            if not kernels and idx % share[1] != share[0]:
-                continue
-            if deadline is not None and time.perf_counter() > deadline:
-                stats.timed_out = True
-                return
-            stats.plans += 1
-            for kc in kernels_for_plan(plan, avail, ctx, target, counter):
-                stats.kernels += 1
-                rec(avail + kc.outputs, kernels + [kc.kernel], done | set(kc.finals))
-
-    try:
-        rec(avail0, [], set())
-    except KeyboardInterrupt:
-        stats.interrupted = True
-    stats.states = ctx.stats["states"]
-    stats.pruned = ctx.stats["pruned"]
-    stats.seconds = time.perf_counter() - t0
-    return found
+    return Searcher(program, target, deadline).search(
+        max_kernels=max_kernels, stats=stats, on_candidate=on_candidate, share=share)
 
 
 def _split_labels(avail: list[Avail]) -> frozenset:
-    """Labels of split reductions saved as partial results (outer component of a compound dim)."""
-    out = set()
-    for a in avail:
-        for d in a.dims:
-            if len(d) > 1:
-                out.add(d[0][0])
-    return frozenset(out)
+    """Labels of the parts of split reductions saved as partial results ("l3/32")."""
+    return frozenset(d[0][0] for a in avail for d in a.dims if d and "/" in d[0][0])
 
 
 def _assemble(program, kernels: list[GraphKernel]) -> KernelGraph:
