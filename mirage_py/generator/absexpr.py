@@ -63,15 +63,32 @@ def var(name: str) -> Poly:
 
 
 def const(value: float | None = None) -> Poly:
-    """A constant: an atom of its own, so that templates differing only in a constant (a softmax
+    """A constant: an atom of its own, so that templates differing only in a constant (a scale
     scale, 1/n of a mean) stay apart; 1.0 is the empty product."""
     if value is None or value == 1.0:
         return ONE
     return frozenset({((), ((("const", float(value)), 1),))})
 
 
+@lru_cache(maxsize=None)
+def canon(p: Poly) -> str:
+    """A canonical string for a polynomial: equal polynomials give equal strings in every
+    process (frozenset iteration order is not canonical, so nothing may depend on it)."""
+    return "+".join(sorted(_mono_key(m) for m in p))
+
+
+def _mono_key(m: Mono) -> str:
+    sums = ",".join(f"{l}:{n}" for l, n in m[0])
+    return f"[{sums}]" + "*".join(f"{_key(a)}^{k}" for a, k in m[1])
+
+
+@lru_cache(maxsize=None)
 def _key(atom: Atom) -> str:
-    return repr(atom)
+    if atom[0] in ("var", "const"):
+        return f"{atom[0]}:{atom[1]!r}"
+    if atom[0] == "uf":
+        return f"uf:{atom[1]}({canon(atom[2])})"
+    return f"{atom[0]}({canon(atom[1])})"
 
 
 def _mono_mul(a: Mono, b: Mono) -> Mono:
@@ -200,7 +217,7 @@ def _part_of(m: Mono, big: Mono) -> bool:
 def _embeds(e: Poly, p: Poly) -> bool:
     if len(e) > len(p):
         return False
-    monos = sorted(e, key=repr)
+    monos = sorted(e, key=_mono_key)
     first = monos[0]
     for cand in p:
         if not _part_of(first, cand):
