@@ -63,8 +63,8 @@ def var(name: str) -> Poly:
 
 
 def const(value: float | None = None) -> Poly:
-    """A constant: an atom of its own, so that templates differing only in a constant (a scale
-    scale, 1/n of a mean) stay apart; 1.0 is the empty product."""
+    """A constant: an atom of its own, so that templates differing only in a constant (a scaling
+    factor, 1/n of a mean) stay apart; 1.0 is the empty product."""
     if value is None or value == 1.0:
         return ONE
     return frozenset({((), ((("const", float(value)), 1),))})
@@ -290,7 +290,7 @@ def of_program(program, dims: dict | None = None) -> dict[str, Poly]:
 
 
 def to_text(p: Poly) -> str:
-    """Readable form, e.g. ``sum4096(X*W*sqrt(...)^-1)``."""
+    """Readable form, e.g. ``sum[l1:512](X*W*sqrt(...)^-1)``."""
     def atom(at: Atom) -> str:
         if at[0] == "var":
             return at[1]
