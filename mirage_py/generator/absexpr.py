@@ -99,14 +99,17 @@ def _mono_mul(a: Mono, b: Mono) -> Mono:
     return (tuple(sorted(a[0] + b[0])), factors)
 
 
+@lru_cache(maxsize=1 << 16)
 def add(a: Poly, b: Poly) -> Poly:
     return a | b
 
 
+@lru_cache(maxsize=1 << 16)
 def mul(a: Poly, b: Poly) -> Poly:
     return frozenset(_mono_mul(x, y) for x in a for y in b)
 
 
+@lru_cache(maxsize=1 << 16)
 def div(a: Poly, b: Poly) -> Poly:
     if len(b) == 1:
         (s, factors), = b
@@ -115,10 +118,12 @@ def div(a: Poly, b: Poly) -> Poly:
     return mul(a, frozenset({((), ((("inv", b), 1),))}))
 
 
+@lru_cache(maxsize=1 << 16)
 def exp(a: Poly) -> Poly:
     return frozenset({((), ((("exp", a), 1),))})
 
 
+@lru_cache(maxsize=1 << 16)
 def uf(name: str, a: Poly) -> Poly:
     return frozenset({((), ((("uf", name, a), 1),))})
 
@@ -133,6 +138,7 @@ def _sum_mono(label: str, n: int, m: Mono) -> Mono:
     return (tuple(sorted(s)), m[1])
 
 
+@lru_cache(maxsize=1 << 16)
 def summed(n: int, a: Poly, label: str = "_") -> Poly:
     """sum over ``n`` elements of dimension label ``label``."""
     if n == 1:
@@ -214,10 +220,16 @@ def _part_of(m: Mono, big: Mono) -> bool:
     return True
 
 
+@lru_cache(maxsize=None)
+def _sorted_monos(e: Poly) -> tuple:
+    return tuple(sorted(e, key=_mono_key))
+
+
+@lru_cache(maxsize=1 << 18)
 def _embeds(e: Poly, p: Poly) -> bool:
     if len(e) > len(p):
         return False
-    monos = sorted(e, key=_mono_key)
+    monos = _sorted_monos(e)
     first = monos[0]
     for cand in p:
         if not _part_of(first, cand):

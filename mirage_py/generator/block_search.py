@@ -189,14 +189,16 @@ def saturate(plan: Plan, avail: list[Avail], ctx: Context) -> list[Val]:
 def _round(pool: list[Val], new_from: int, add, ctx: Context, F: int, loop: str) -> None:
     cur = list(pool)
     n = len(cur)
-    # tile matmuls
-    for i in range(n):
-        for j in range(n):
-            if max(i, j) < new_from:
-                continue
-            a, b = cur[i], cur[j]
-            if len(a.dims) < 2 or len(b.dims) < 2 or a.dims[-1] != b.dims[-2] or \
-                    dim_size(a.dims[-1]) == 1:
+    # tile matmuls: pair values whose contracted dims carry the same labels
+    by_rows: dict = {}
+    for b in cur:
+        if len(b.dims) >= 2:
+            by_rows.setdefault(b.dims[-2], []).append(b)
+    for a in cur:
+        if len(a.dims) < 2 or dim_size(a.dims[-1]) == 1:
+            continue
+        for b in by_rows.get(a.dims[-1], ()):
+            if a.vid < new_from and b.vid < new_from:
                 continue
             ph = _phase(a.phase, b.phase)
             batch = _bcast(a.dims[:-2], b.dims[:-2])
@@ -236,11 +238,9 @@ def _round(pool: list[Val], new_from: int, add, ctx: Context, F: int, loop: str)
         if any(not c for c in cands):
             continue
         tried = 0
-        for combo in itertools.product(*cands):
+        for combo in _new_combos(cands, new_from):
             if tried >= ctx.max_template_combos:
                 break
-            if max(v.vid for v in combo) < new_from:
-                continue
             tried += 1
             ph = _phase(*(v.phase for v in combo))
             if ph is None:
@@ -256,6 +256,17 @@ def _round(pool: list[Val], new_from: int, add, ctx: Context, F: int, loop: str)
             add(Val(len(pool), dims, expr, ph, frozenset().union(*(v.consumed for v in combo)),
                     ("fused", tp, tuple(v.vid for v in combo)),
                     sum(v.cost for v in combo) + len(tp.thread.ops)))
+
+
+def _new_combos(cands: list[list[Val]], new_from: int):
+    """Tuples with one value per leaf and at least one value new in this round (semi-naive
+    evaluation: tuples of old values were all tried in earlier rounds)."""
+    old = [[v for v in c if v.vid < new_from] for c in cands]
+    new = [[v for v in c if v.vid >= new_from] for c in cands]
+    for i in range(len(cands)):  # leaf i holds the first new value
+        if not new[i]:
+            continue
+        yield from itertools.product(*old[:i], new[i], *cands[i + 1:])
 
 
 # ---- turning values into kernels ------------------------------------------------------------

@@ -15,7 +15,7 @@ import itertools
 import time
 from dataclasses import dataclass, field
 
-from ..lax.tensor import Tensor
+from ..cost_model import estimate_us
 from ..targets import Target
 from ..ugraph.graph import DTensor, GraphKernel, KernelGraph
 from . import absexpr as ae
@@ -127,8 +127,10 @@ def trace_from_json(doc: list) -> tuple:
 class Searcher:
     """The search space of one program on one target: its oracle, labels and templates."""
 
-    def __init__(self, program, target: Target, deadline: float | None = None):
+    def __init__(self, program, target: Target, deadline: float | None = None,
+                 bound_slack: float = 1.5):
         self.program = program
+        self.bound_slack = bound_slack
         self.target = target
         self.deadline = deadline
         self.labels = infer_labels(program)
@@ -161,14 +163,18 @@ class Searcher:
         seen_states: set = set()
         counter = [0]
 
-        def rec(avail, kernels, done, trace) -> None:
+        best = [float("inf")]
+
+        def rec(avail, kernels, done, trace, cost_so_far) -> None:
             if self._expired():
                 stats.timed_out = True
                 return
             if done >= self.outputs:
-                c = Candidate(_assemble(self.program, kernels), tuple(trace))
+                g = _assemble(self.program, kernels)
+                c = Candidate(g, tuple(trace))
                 found.append(c)
                 stats.candidates += 1
+                best[0] = min(best[0], estimate_us(g, self.target))
                 if on_candidate:
                     on_candidate(c)
                 return
@@ -178,6 +184,7 @@ class Searcher:
             if key in seen_states:
                 return
             seen_states.add(key)
+            children = []
             for idx, plan in enumerate(self.plans(avail)):
                 if not kernels and idx % share[1] != share[0]:
                     continue
@@ -188,11 +195,20 @@ class Searcher:
                 for grp, kc in enumerate(kernels_for_plan(plan, avail, self.ctx, self.target,
                                                           counter)):
                     stats.kernels += 1
-                    rec(avail + kc.outputs, kernels + [kc.kernel], done | set(kc.finals),
-                        trace + [(plan, grp)])
+                    kcost = _kernel_cost(kc.kernel, avail, self.target)
+                    children.append((not kc.finals, cost_so_far + kcost, idx, grp, plan, kc))
+            # kernels that finish outputs first, then the cheapest; branch and bound: a partial
+            # sequence already slower than the best complete one (with some slack, so that
+            # alternatives remain should verification reject the best) is not extended
+            children.sort(key=lambda c: c[:4])
+            for _, c_cost, _, grp, plan, kc in children:
+                if c_cost > best[0] * self.bound_slack:
+                    continue
+                rec(avail + kc.outputs, kernels + [kc.kernel], done | set(kc.finals),
+                    trace + [(plan, grp)], c_cost)
 
         try:
-            rec(self.avail0, [], set(), [])
+            rec(self.avail0, [], set(), [], 0.0)
         except KeyboardInterrupt:
             stats.interrupted = True
         stats.states = self.ctx.stats["states"]
@@ -289,6 +305,12 @@ def search(program, target: Target, *, max_kernels: int = 3, deadline: float | N
     is i modulo n (one worker's share)."""
     return Searcher(program, target, deadline).search(
         max_kernels=max_kernels, stats=stats, on_candidate=on_candidate, share=share)
+
+
+def _kernel_cost(kernel: GraphKernel, avail: list[Avail], target: Target) -> float:
+    g = KernelGraph("k", tuple(DTensor(a.name, a.shape, a.dtype) for a in avail
+                               if a.name in kernel.inputs), (kernel,), ())
+    return estimate_us(g, target)
 
 
 def _split_labels(avail: list[Avail]) -> frozenset:

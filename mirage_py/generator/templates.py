@@ -11,6 +11,7 @@ This is how a chain like ``x / sqrt(ss / n + eps)`` is placed in one step instea
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from ..lax.ops import OPS
 from ..ugraph.graph import ThreadGraph, ThreadOp
@@ -26,12 +27,17 @@ class Template:
     def ninputs(self) -> int:
         return self.thread.ninputs
 
-    def expr(self, args: list) -> ae.Poly:
-        env = {f"in{i}": a for i, a in enumerate(args)}
-        for t in self.thread.ops:
-            vals = [env[o] if isinstance(o, str) else ae.const(o) for o in t.operands]
-            env[t.out] = ae.apply(t.op, vals)
-        return env[self.thread.ops[-1].out]
+    def expr(self, args) -> ae.Poly:
+        return _template_expr(self.thread, tuple(args))
+
+
+@lru_cache(maxsize=1 << 16)
+def _template_expr(thread: ThreadGraph, args: tuple) -> ae.Poly:
+    env = {f"in{i}": a for i, a in enumerate(args)}
+    for t in thread.ops:
+        vals = [env[o] if isinstance(o, str) else ae.const(o) for o in t.operands]
+        env[t.out] = ae.apply(t.op, vals)
+    return env[thread.ops[-1].out]
 
 
 def _build(root, exprs, full: bool) -> Template:
