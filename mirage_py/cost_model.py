@@ -5,8 +5,9 @@ Used to rank candidates where no GPU measures them. Per kernel launch::
     time = launch_us + max(bytes / bw_eff, tc_flops / tc_rate, simt_flops / fp32_rate)
 
 * ``bytes``: every input tile each block loads (a tile re-read every loop iteration when the
-  iterator follows the loop; replicated iterators are read by every block that uses them -- the
-  model charges them at full price), plus every output element written once. Pre-defined
+  iterator follows the loop; replicated iterators are read by every block that uses them): the
+  first read of each element at DRAM price, re-reads at 1/``L2_SPEEDUP`` of it when the tensor
+  fits in L2; plus every output element written once. Pre-defined
   operators read each operand once and write their output, and are assumed to keep every SM
   busy (library kernels split their work well).
 * ``tc_flops``: 2*m*n*k of every tile matmul (all blocks, all iterations) at the measured
@@ -33,6 +34,9 @@ from .targets import Target, get_target
 from .ugraph.graph import (Accum, BlockOp, Fused, GraphKernel, InputIter, KernelGraph, KernelOp,
                            )
 from .ugraph.validate import validate
+
+
+L2_SPEEDUP = 3.0
 
 
 @dataclass(frozen=True)
@@ -96,7 +100,14 @@ def kernel_costs(graph: KernelGraph, target: Any = "h100") -> list[KernelCost]:
             reps = bg.forloop if info.phases.get(getattr(n, "out", ""), "") == "body" else 1
             if isinstance(n, InputIter):
                 src = tensors[op.inputs[n.input]]
-                nbytes += _size(shapes[n.out]) * DTYPES[src.dtype] * reps * blocks
+                loads = _size(shapes[n.out]) * DTYPES[src.dtype] * reps * blocks
+                unique = min(loads, src.size * DTYPES[src.dtype])
+                # the first read of each element comes from DRAM; re-reads by other blocks hit
+                # L2 when the tensor fits in it (L2 bandwidth ~ L2_SPEEDUP x DRAM)
+                again = loads - unique
+                if src.size * DTYPES[src.dtype] <= t.l2_bytes:
+                    again /= L2_SPEEDUP
+                nbytes += unique + again
             elif isinstance(n, BlockOp):
                 if n.op == "matmul":
                     a = shapes[n.operands[0]]

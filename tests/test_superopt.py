@@ -1,0 +1,148 @@
+"""mp.superopt end to end: every benchmark, determinism, budgets, interrupts, persistence, fuzz."""
+
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import mirage_py as mp
+from benchmarks.fixtures import hand_built
+from benchmarks.programs import NAMES, get_inputs, get_program
+from mirage_py.cost_model import estimate_us
+
+
+@pytest.fixture(scope="module")
+def results():
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            cache[name] = mp.superopt(get_program(name, 1), workers=2, progress=False)
+        return cache[name]
+    return get
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_benchmark_found_verified_and_no_worse_than_the_fixture(name, results):
+    opt = results(name)
+    assert all(v.equivalent and v.bound <= 1e-9 for v in opt.verification)
+    assert opt.num_kernels < opt.naive_num_kernels
+    fixture_us = estimate_us(hand_built(name, 1), "h100")
+    assert opt.estimated_time_us <= fixture_us * 1.0001, (opt.estimated_time_us, fixture_us)
+    x = get_inputs(name, 1, seed=3)
+    ref = get_program(name, 1).evaluate(x)
+    out = opt.run_numpy(x)
+    for k in ref:
+        assert np.linalg.norm(out[k] - ref[k]) <= 2e-2 * np.linalg.norm(ref[k])
+    out64 = opt.run_numpy(x, precision="float64")
+    for k in ref:
+        assert np.abs(out64[k] - ref[k]).max() <= 1e-9 * np.abs(ref[k]).max()
+
+
+def test_summary_and_save_load_roundtrip(results, tmp_path):
+    opt = results("lora")
+    text = opt.summary()
+    assert "lora" in text and "naive ->" in text and "bound" in text
+    path = tmp_path / "lora.json"
+    opt.save(str(path))
+    back = mp.load(str(path))
+    assert back.graph.structural_hash() == opt.graph.structural_hash()
+    assert back.num_kernels == opt.num_kernels
+    assert back.verification[0].bound == opt.verification[0].bound
+    x = get_inputs("lora", 1)
+    assert np.array_equal(back.run_numpy(x)["Y"], opt.run_numpy(x)["Y"])
+
+
+def test_load_rejects_foreign_files(tmp_path):
+    f = tmp_path / "x.json"
+    f.write_text('{"format": "something else"}')
+    with pytest.raises(mp.SerializationError):
+        mp.load(str(f))
+    f.write_text("not json")
+    with pytest.raises(mp.SerializationError):
+        mp.load(str(f))
+
+
+def test_same_seed_same_result():
+    p = get_program("gqa", 1)
+    a = mp.superopt(p, workers=2, seed=0, progress=False)
+    b = mp.superopt(p, workers=1, seed=0, progress=False)
+    assert a.graph.structural_hash() == b.graph.structural_hash()
+
+
+def test_time_budget_returns_best_so_far():
+    p = get_program("qknorm_gqa", 1)
+    t0 = time.perf_counter()
+    opt = mp.superopt(p, workers=1, time_budget_s=2.0, progress=False)
+    assert time.perf_counter() - t0 < 60
+    assert opt.parts[0].stats.timed_out
+    # whatever it returns is verified and correct
+    assert all(v.equivalent for v in opt.verification)
+    x = get_inputs("qknorm_gqa", 1)
+    ref = p.evaluate(x)["O"]
+    assert np.linalg.norm(opt.run_numpy(x)["O"] - ref) <= 2e-2 * np.linalg.norm(ref)
+
+
+def test_interrupt_keeps_what_was_found():
+    """Ctrl-C during the search: candidates found before it are kept and verified."""
+    p = get_program("qknorm_gqa", 1)
+    timer = threading.Timer(4.0, lambda: signal.raise_signal(signal.SIGINT))
+    timer.start()
+    try:
+        opt = mp.superopt(p, workers=1, progress=False)
+    finally:
+        timer.cancel()
+    assert all(v.equivalent for v in opt.verification)
+    stats = opt.parts[0].stats
+    assert stats.interrupted or stats.seconds < 4.0
+
+
+def test_non_verifiable_part_falls_back_to_naive():
+    p = mp.Program("nested")
+    X = p.input("X", (4, 8), dtype="float32")
+    p.output(mp.exp(mp.exp(X) @ mp.transpose(mp.exp(X))))
+    opt = mp.superopt(p, workers=1, progress=False)
+    x = p.random_inputs(0, scale=0.1)
+    ref = p.evaluate(x)["out0"]
+    np.testing.assert_allclose(opt.run_numpy(x, precision="float64")["out0"], ref, rtol=1e-9)
+
+
+UNARY = [mp.exp, mp.silu, mp.sqrt, mp.relu]
+
+
+@st.composite
+def small_programs(draw):
+    m = draw(st.sampled_from([4, 8, 16]))
+    k = draw(st.sampled_from([16, 32, 64, 128]))
+    n = draw(st.sampled_from([8, 32, 64]))
+    p = mp.Program("fuzz")
+    X = p.input("X", (m, k), dtype="float32")
+    W = p.input("W", (k, n), dtype="float32")
+    y = X @ W
+    kind = draw(st.sampled_from(["plain", "unary", "norm", "scale", "sum"]))
+    if kind == "unary":
+        f = draw(st.sampled_from([mp.silu, mp.relu, mp.exp]))
+        y = f(y) if f is not mp.exp else mp.exp(y * 0.01)
+    elif kind == "norm":
+        y = mp.rms_norm(X) @ W
+    elif kind == "scale":
+        y = (X * 0.5) @ W + y
+    elif kind == "sum":
+        y = y / mp.sum(mp.square(X), axis=-1, keepdims=True)
+    p.output(y)
+    return p
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
+@given(small_programs(), st.integers(0, 3))
+def test_fuzz_results_verify_and_match(p, seed):
+    opt = mp.superopt(p, workers=1, seed=seed, progress=False)
+    assert all(v.equivalent for v in opt.verification)
+    x = p.random_inputs(seed)
+    ref = p.evaluate(x)["out0"]
+    got = opt.run_numpy(x, precision="float64")["out0"]
+    np.testing.assert_allclose(got, ref, rtol=1e-8, atol=1e-8)
