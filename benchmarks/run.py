@@ -86,12 +86,54 @@ def run_one(name: str, bs: int, target: str, workers: int | None, check: bool) -
     return rec
 
 
+def measure_gpu(name: str, bs: int, opt, rec: dict, seed: int = 0) -> None:
+    """Median CUDA-event times (us) of ours and the PyTorch baselines, in this process, on fresh
+    inputs, with every output checked against PyTorch eager (norm-wise relative error)."""
+    import cupy
+    import torch
+
+    from benchmarks.programs import get_inputs, get_program
+    from benchmarks.torch_baselines import (copy_bandwidth, rel_err, sdpa_fn, time_cuda,
+                                            torch_fn)
+
+    p = get_program(name, bs)
+    dt = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+    x = get_inputs(name, bs, seed=seed)
+    tx = {t.name: torch.from_numpy(x[t.name]).to("cuda", dt[t.dtype]) for t in p.inputs}
+    cx = {k: cupy.from_dlpack(v) for k, v in tx.items()}
+    eager = torch_fn(p)
+    ref = eager(tx)
+    ours = opt(cx)
+    rec["check_rel_err"] = {"ours": max(rel_err(torch.from_dlpack(ours[k]), ref[k]) for k in ref)}
+    times = {"ours": time_cuda(lambda: opt(cx)), "torch_eager": time_cuda(lambda: eager(tx))}
+    try:
+        compiled = torch.compile(eager)
+        out = compiled(tx)
+        rec["check_rel_err"]["torch_compile"] = max(rel_err(out[k], ref[k]) for k in ref)
+        times["torch_compile"] = time_cuda(lambda: compiled(tx))
+    except Exception as e:  # a compiler failure is a result too
+        rec["torch_compile_error"] = f"{type(e).__name__}: {e}"[:300]
+    sd = sdpa_fn(name)
+    if sd is not None:
+        out = sd(tx)
+        rec["check_rel_err"]["sdpa"] = rel_err(out["O"], ref["O"])
+        times["sdpa"] = time_cuda(lambda: sd(tx))
+    rec["measured_us"] = times
+    best = min(v for k, v in times.items() if k != "ours")
+    rec["speedup_vs_best_baseline"] = best / times["ours"]
+    rec["speedup_vs_eager"] = times["torch_eager"] / times["ours"]
+    bw = copy_bandwidth()
+    rec["copy_bandwidth"] = bw
+    rec["bandwidth_fraction"] = rec["bytes_found"] / (times["ours"] * 1e-6) / bw
+
+
 def markdown(records: list[dict], device: str) -> str:
     lines = [f"Results on {device}. Predicted times come from mirage_py's analytic cost model "
              "(same model and target for naive, found and fixture).", "",
              "| benchmark | bs | search s | states | candidates | verified | kernels naive -> "
              "found (fixture) | predicted us naive -> found (fixture) | speed-up | bound |",
              "|---|---|---|---|---|---|---|---|---|---|"]
+    gpu_rows = [r for r in records if "measured_us" in r]
     for r in records:
         sp = r["predicted_us_naive"] / r["predicted_us_found"]
         bound = f"{r['bound']:.0e}" if r["bound"] is not None else "-"
@@ -102,6 +144,17 @@ def markdown(records: list[dict], device: str) -> str:
             f"({r['kernels_fixture']}) | {r['predicted_us_naive']:.1f} -> "
             f"{r['predicted_us_found']:.1f} ({r['predicted_us_fixture']:.1f}) | {sp:.2f}x | "
             f"{bound} |")
+    if gpu_rows:
+        lines += ["", "Measured (CUDA events, median, us):", "",
+                  "| benchmark | bs | ours | torch eager | torch.compile | sdpa | vs best | "
+                  "% of copy bandwidth |", "|---|---|---|---|---|---|---|---|"]
+        for r in gpu_rows:
+            m = r["measured_us"]
+            cell = lambda k: f"{m[k]:.1f}" if k in m else "-"  # noqa: E731
+            lines.append(f"| {r['name']} | {r['bs']} | {cell('ours')} | {cell('torch_eager')} | "
+                         f"{cell('torch_compile')} | {cell('sdpa')} | "
+                         f"{r['speedup_vs_best_baseline']:.2f}x | "
+                         f"{100 * r['bandwidth_fraction']:.0f}% |")
     return "\n".join(lines) + "\n"
 
 
@@ -143,6 +196,15 @@ def main(argv: list[str] | None = None) -> int:
     for bs in args.bs:
         for name in args.names:
             rec = run_one(name, bs, args.target, args.workers, not args.no_check)
+            if gpu:
+                import mirage_py as mp
+                from benchmarks.programs import get_program
+                opt = mp.superopt(get_program(name, bs), target=args.target,
+                                  workers=args.workers, progress=False)
+                try:
+                    measure_gpu(name, bs, opt, rec)
+                except Exception as e:  # record the failure, keep going
+                    rec["gpu_error"] = f"{type(e).__name__}: {e}"[:500]
             records.append(rec)
             print(f"{name:15s} bs={bs:<3d} {rec['search_seconds']:6.1f}s  kernels "
                   f"{rec['kernels_naive']:>2d} -> {rec['kernels_found']}  predicted "
