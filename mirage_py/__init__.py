@@ -9,10 +9,11 @@ from .errors import (DTypeError, MirageError, ProgramError, SerializationError, 
                      TargetError, ValidationError)
 from .lax import (Output, Partition, Program, Tensor, exp, gelu, matmul, mean, partition, relu,
                   reshape, rms_norm, silu, sqrt, square, sum, transpose)
+from .verifier import check_numerics, verify
 
 __version__ = "0.1.0"
 
 __all__ = ["DTypeError", "MirageError", "ProgramError", "SerializationError", "ShapeError",
            "TargetError", "ValidationError", "Output", "Partition", "Program", "Tensor", "exp",
            "gelu", "matmul", "mean", "partition", "relu", "reshape", "rms_norm", "silu", "sqrt",
-           "square", "sum", "transpose", "__version__"]
+           "square", "sum", "transpose", "verify", "check_numerics", "__version__"]

@@ -50,8 +50,10 @@ class OpSpec:
     """One operator: its category, Lax class and float semantics.
 
     ``compute(*arrays, **attrs)`` evaluates it on NumPy arrays in whatever float dtype they have.
-    ``field`` is filled by the verifier with the finite-field version (same signature plus a
-    field context as first argument).
+    ``field`` is filled by :mod:`mirage_py.verifier.field` (``register()``, run when the verifier
+    is imported) with the finite-field version: ``field["compute"](backend, *values, **attrs)``
+    on field values, and ``field["uninterpreted"] = True`` for the non-Lax elementwise operators,
+    which the field models as random functions (docs/verifier.md).
     """
 
     name: str

@@ -8,6 +8,11 @@ Two precisions:
   rounded to their storage dtype (float16 / bfloat16 / float32), loaded tiles keep those values,
   and block intermediates and accumulators are float32.
 
+All arithmetic goes through a backend object (:mod:`mirage_py.lax.backend`): the two precisions
+are :class:`~mirage_py.lax.backend.NumpyBackend`; ``run(..., backend=...)`` runs the same walk on
+any other backend, e.g. the verifier's finite-field one (this package never imports the
+verifier: the caller passes the backend in). The interpreter itself only moves data.
+
 Blocks of a graph-defined kernel are independent and run the same operators on different tiles,
 so by default all blocks execute at once: a tensor is viewed as an array of tiles with three
 leading grid axes ``(gx, gy, gz, *tile)`` (size 1 where an iterator replicates), every block
@@ -23,19 +28,13 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..errors import ProgramError, ShapeError, ValidationError
-from ..lax.ops import OPS, storage_round
+from ..lax.backend import Backend, NumpyBackend
 from .graph import (Accum, BlockGraph, BlockOp, DTensor, Fused, GraphKernel, InputIter,
-                    KernelGraph, KernelOp, OutputSaver, ThreadGraph)
+                    KernelGraph, KernelOp, ThreadGraph)
 from .validate import check_block
 from ..targets import get_target
 
 PRECISIONS = ("float64", "gpu")
-
-
-def _store(x: np.ndarray, dtype: str, precision: str) -> np.ndarray:
-    if precision == "gpu":
-        return storage_round(x, dtype)
-    return np.asarray(x, dtype=np.float64)
 
 
 def blocked_view(arr: np.ndarray, imap: tuple[int, int, int],
@@ -75,177 +74,238 @@ def assemble(blocks: np.ndarray, omap: tuple[int, int, int], grid: tuple[int, in
     return blocks.transpose(order).reshape(out_shape)
 
 
-def _align(args: list[Any]) -> list[Any]:
+def _align(args: list[Any], be: Backend) -> list[Any]:
     """Give batched tiles of lower rank size-1 dims after the grid axes, so that NumPy's
-    right-aligned broadcasting matches broadcasting of the tiles themselves."""
-    ranks = [a.ndim for a in args if isinstance(a, np.ndarray)]
+    right-aligned broadcasting matches broadcasting of the tiles themselves. Scalars (rank 0)
+    are left alone; batched tiles always have the three grid axes."""
+    ranks = [a.ndim for a in args if _is_tile(a)]
     top = max(ranks) if ranks else 0
     out = []
     for a in args:
-        if isinstance(a, np.ndarray) and a.ndim < top:
-            a = a.reshape(a.shape[:3] + (1,) * (top - a.ndim) + a.shape[3:])
+        if _is_tile(a) and a.ndim < top:
+            shape = a.shape[:3] + (1,) * (top - a.ndim) + a.shape[3:]
+            a = be.layout(a, lambda x, s=shape: x.reshape(s))
         out.append(a)
     return out
 
 
-def _scalar(v: float, precision: str) -> Any:
-    return np.float32(v) if precision == "gpu" else float(v)
+def _is_tile(a: Any) -> bool:
+    return getattr(a, "ndim", 0) >= 3
 
 
-def _eval_thread(tg: ThreadGraph, args: list[np.ndarray], precision: str) -> np.ndarray:
-    env: dict[str, Any] = {f"in{i}": a for i, a in enumerate(_align(args))}
+def _operand(o: Any, env: Mapping[str, Any], be: Backend) -> Any:
+    return env[o] if isinstance(o, str) else be.scalar(o)
+
+
+def _eval_thread(tg: ThreadGraph, args: list[Any], be: Backend) -> Any:
+    env: dict[str, Any] = {f"in{i}": a for i, a in enumerate(_align(args, be))}
     for t in tg.ops:
-        vals = [env[o] if isinstance(o, str) else _scalar(o, precision) for o in t.operands]
-        env[t.out] = _compute(t.op, vals, {})
+        env[t.out] = be.elementwise(t.op, [_operand(o, env, be) for o in t.operands])
     return env[tg.ops[-1].out]
 
 
-def _compute(op: str, args: list[Any], attrs: dict[str, Any]) -> np.ndarray:
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        return OPS[op].compute(*args, **attrs)
-
-
-def _block_op(node: BlockOp, env: dict[str, Any], precision: str) -> np.ndarray:
-    args = [env[o] if isinstance(o, str) else _scalar(o, precision) for o in node.operands]
+def _block_op(node: BlockOp, env: dict[str, Any], be: Backend) -> Any:
+    args = [_operand(o, env, be) for o in node.operands]
     if node.op == "sum":
         axes = tuple(3 + a for a in node.attr("axes"))
-        return np.sum(args[0], axis=axes, keepdims=bool(node.attr("keepdims", True)))
+        return be.sum(args[0], axes, bool(node.attr("keepdims", True)))
     if node.op == "concat":
-        arrs = _align(args)
-        lead = np.broadcast_shapes(*[a.shape[:3] for a in arrs])
-        arrs = [np.broadcast_to(a, lead + a.shape[3:]) for a in arrs]
-        ax = node.attr("axis", -1)
-        ax = ax % (arrs[0].ndim - 3)
-        return np.concatenate(arrs, axis=3 + ax)
+        arrs = _align(args, be)
+        lead = tuple(np.broadcast_shapes(*[a.shape[:3] for a in arrs]))
+        arrs = [be.layout(a, lambda x: np.broadcast_to(x, lead + x.shape[3:])) for a in arrs]
+        ax = node.attr("axis", -1) % (arrs[0].ndim - 3)
+        return be.concat(arrs, 3 + ax)
     if node.op == "matmul":
-        a, b = _align(args)
-        return np.matmul(a, b)
-    return _compute(node.op, _align(args), {})
+        a, b = _align(args, be)
+        return be.matmul(a, b)
+    return be.elementwise(node.op, _align(args, be))
 
 
-def _run_block(bg: BlockGraph, views: dict[str, np.ndarray], phases: dict[str, str],
-               precision: str) -> dict[str, np.ndarray]:
+def _slice_iteration(v: Any, fmap: int, forloop: int, it: int, be: Backend) -> Any:
+    c = v.shape[3 + fmap] // forloop
+    sl = [slice(None)] * v.ndim
+    sl[3 + fmap] = slice(it * c, (it + 1) * c)
+    key = tuple(sl)
+    return be.layout(v, lambda x: x[key])
+
+
+def _labels(bg: BlockGraph, label: str) -> dict[str, str]:
+    """Where each block node sits, for diagnostics (``Backend.annotate``)."""
+    out = {}
+    for n in bg.ops:
+        if isinstance(n, BlockOp):
+            out[n.out] = f"{label}block op {n.op} -> {n.out!r}"
+        elif isinstance(n, Fused):
+            out[n.out] = f"{label}fused {n.thread.describe()} -> {n.out!r}"
+        elif isinstance(n, Accum):
+            out[n.out] = f"{label}accumulator {n.kind} -> {n.out!r}"
+    return out
+
+
+def _run_block(bg: BlockGraph, views: dict[str, Any], phases: dict[str, str],
+               be: Backend, label: str = "") -> dict[str, Any]:
     """Run the loop and epilogue on batched tiles; returns every tile by name (last iteration's
     value for body tiles)."""
-    ft = np.float32 if precision == "gpu" else np.float64
     env: dict[str, Any] = {}
+    where = _labels(bg, label)
 
-    def step(node: Any, local: dict[str, Any]) -> None:
+    def step(node: Any, local: dict[str, Any], it: int) -> None:
         if isinstance(node, InputIter):
             v = views[node.out]
             if node.fmap >= 0:
-                c = v.shape[3 + node.fmap] // bg.forloop
-                sl = [slice(None)] * v.ndim
-                sl[3 + node.fmap] = slice(it * c, (it + 1) * c)
-                v = v[tuple(sl)]
+                v = _slice_iteration(v, node.fmap, bg.forloop, it, be)
             local[node.out] = v
         elif isinstance(node, BlockOp):
-            local[node.out] = _block_op(node, local, precision).astype(ft, copy=False)
+            be.annotate(where[node.out])
+            local[node.out] = be.tile(_block_op(node, local, be))
         elif isinstance(node, Fused):
-            local[node.out] = _eval_thread(node.thread, [local[o] for o in node.operands],
-                                           precision).astype(ft, copy=False)
+            be.annotate(where[node.out])
+            local[node.out] = be.tile(_eval_thread(node.thread, [local[o] for o in node.operands],
+                                                   be))
 
     compute_nodes = [n for n in bg.ops if isinstance(n, (InputIter, BlockOp, Fused))]
-    it = 0
     for n in compute_nodes:
         if phases[n.out] == "inv":
-            step(n, env)
+            step(n, env, 0)
     accums = [n for n in bg.ops if isinstance(n, Accum)]
-    acc: dict[str, np.ndarray] = {}
+    acc: dict[str, Any] = {}
     local = dict(env)
     for it in range(bg.forloop):
         local = dict(env)
         for n in compute_nodes:
             if phases[n.out] == "body":
-                step(n, local)
+                step(n, local, it)
         for a in accums:
-            v = np.asarray(local[a.input], dtype=ft)
-            acc[a.out] = v.copy() if a.out not in acc else acc[a.out] + v
+            be.annotate(where[a.out])
+            acc[a.out] = be.accumulate(acc.get(a.out), local[a.input])
     local.update(acc)
     for n in compute_nodes:
         if phases[n.out] == "epi":
-            step(n, local)
+            step(n, local, 0)
     return local
 
 
-def run_graph_kernel(gk: GraphKernel, args: list[np.ndarray], in_tensors: list[DTensor],
+def run_graph_kernel(gk: GraphKernel, args: list[Any], in_tensors: list[DTensor],
                      precision: str = "float64", literal: bool = False,
-                     target: Any = "h100") -> list[np.ndarray]:
-    """Execute one graph-defined kernel; ``args`` are its input arrays (already stored)."""
+                     target: Any = "h100", backend: Backend | None = None,
+                     label: str = "graph kernel") -> list[Any]:
+    """Execute one graph-defined kernel; ``args`` are its input values (already stored)."""
+    be = backend if backend is not None else NumpyBackend(precision)
     bg = gk.block
     info = check_block(bg, in_tensors, list(gk.outputs), get_target(target))
-    views = {n.out: blocked_view(args[n.input], n.imap, bg.grid) for n in bg.iterators()}
+    prefix = f"{label}: "
+    views = {n.out: be.layout(args[n.input], lambda a, n=n: blocked_view(a, n.imap, bg.grid))
+             for n in bg.iterators()}
     savers = bg.savers()
     if not literal:
-        tiles = _run_block(bg, views, info.phases, precision)
+        tiles = _run_block(bg, views, info.phases, be, prefix)
         results = {s.output: tiles[s.input] for s in savers}
     else:
-        results = {}
+        per_block: dict[int, list[Any]] = {s.output: [] for s in savers}
         gx, gy, gz = bg.grid
         for bx in range(gx):
             for by in range(gy):
                 for bz in range(gz):
                     idx = (bx, by, bz)
-                    one = {k: v[tuple(slice(i, i + 1) if v.shape[a] > 1 else slice(0, 1)
-                                      for a, i in enumerate(idx))]
-                           for k, v in views.items()}
-                    tiles = _run_block(bg, one, info.phases, precision)
+                    one = {}
+                    for k, v in views.items():
+                        key = tuple(slice(i, i + 1) if v.shape[a] > 1 else slice(0, 1)
+                                    for a, i in enumerate(idx))
+                        one[k] = be.layout(v, lambda x, key=key: x[key])
+                    tiles = _run_block(bg, one, info.phases, be, prefix)
                     for s in savers:
                         t = tiles[s.input]
-                        buf = results.setdefault(
-                            s.output, np.empty(tuple(bg.grid) + t.shape[3:], dtype=t.dtype))
-                        buf[bx, by, bz] = np.broadcast_to(t, (1, 1, 1) + t.shape[3:])[0, 0, 0]
+                        per_block[s.output].append(be.layout(
+                            t, lambda x: np.broadcast_to(x, (1, 1, 1) + x.shape[3:])[0, 0, 0]))
+        grid = tuple(bg.grid)
+        results = {j: be.combine(lambda xs: np.stack(xs).reshape(grid + xs[0].shape), ts)
+                   for j, ts in per_block.items()}
     outs = []
     for j, t in enumerate(gk.outputs):
         s = next(s for s in savers if s.output == j)
-        outs.append(_store(assemble(results[j], s.omap, bg.grid, t.shape), t.dtype, precision))
+        be.annotate(f"{prefix}output saver {s.input!r} -> {t.name!r}")
+        placed = be.layout(results[j], lambda x, s=s, t=t: assemble(x, s.omap, bg.grid, t.shape))
+        outs.append(be.store(placed, t.dtype))
     return outs
 
 
-def _rms_norm(x: np.ndarray, eps: float) -> np.ndarray:
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        return x / np.sqrt(np.mean(np.square(x), axis=-1, keepdims=True) + eps)
-
-
-def run_kernel_op(op: KernelOp, env: Mapping[str, np.ndarray], precision: str) -> np.ndarray:
-    args = [env[o] if isinstance(o, str) else _scalar(o, precision) for o in op.operands]
+def run_kernel_op(op: KernelOp, env: Mapping[str, Any], precision: str = "float64",
+                  backend: Backend | None = None) -> Any:
+    """Execute one pre-defined kernel operator on stored operands."""
+    be = backend if backend is not None else NumpyBackend(precision)
+    be.annotate(f"kernel {op.op} -> {op.output.name!r}")
+    args = [_operand(o, env, be) for o in op.operands]
     if op.op == "rms_norm":
-        y = _rms_norm(args[0], _scalar(op.attr("eps", 1e-6), precision))
+        y = be.rms_norm(args[0], float(op.attr("eps", 1e-6)))
     else:
-        attrs = {k: v for k, v in op.attrs}
-        y = _compute(op.op, args, attrs)
-    y = np.asarray(y)
-    if y.shape != op.output.shape:
-        raise ValidationError(f"kernel {op.op} -> {op.output.name!r}: computed shape {y.shape}, "
-                              f"declared {op.output.shape}", rule="shape", op=op.op)
-    return _store(y, op.output.dtype, precision)
+        y = be.compute(op.op, args, {k: v for k, v in op.attrs})
+    if tuple(y.shape) != op.output.shape:
+        raise ValidationError(f"kernel {op.op} -> {op.output.name!r}: computed shape "
+                              f"{tuple(y.shape)}, declared {op.output.shape}", rule="shape",
+                              op=op.op)
+    return be.store(y, op.output.dtype)
+
+
+MEMO_ENTRIES = 64
 
 
 def run(graph: KernelGraph, inputs: Mapping[str, Any], precision: str = "float64",
-        literal: bool = False, target: Any = "h100") -> dict[str, np.ndarray]:
-    """Execute ``graph`` on NumPy ``inputs`` (dict name -> array); returns outputs by name
-    (float64 arrays in "float64" precision, float32 arrays holding device-dtype values in "gpu")."""
-    if precision not in PRECISIONS:
-        raise ProgramError(f"run: precision {precision!r} must be one of {PRECISIONS}")
-    env: dict[str, np.ndarray] = {}
+        literal: bool = False, target: Any = "h100", backend: Backend | None = None,
+        memo: dict | None = None) -> dict[str, Any]:
+    """Execute ``graph`` on ``inputs`` (dict name -> array); returns outputs by name (float64
+    arrays in "float64" precision, float32 arrays holding device-dtype values in "gpu").
+
+    ``backend`` replaces the float arithmetic (``precision`` is then ignored); inputs are whatever
+    that backend's ``input`` accepts, outputs are its values.
+
+    ``memo``: a dict kept by the caller across runs of *related graphs on the same input
+    objects with the same arithmetic* (e.g. the mutants of one graph, or a search's candidates):
+    a kernel that is structurally identical and reads the very same values (by identity) as in
+    an earlier run is not executed again. Values are never mutated, so this is safe; at most
+    ``MEMO_ENTRIES`` kernels are kept.
+    """
+    if backend is None:
+        if precision not in PRECISIONS:
+            raise ProgramError(f"run: precision {precision!r} must be one of {PRECISIONS}")
+        be: Backend = NumpyBackend(precision)
+    else:
+        be = backend
+    env: dict[str, Any] = {}
     tensors = graph.tensors()
     for t in graph.inputs:
         if t.name not in inputs:
             raise ProgramError(f"μGraph {graph.name!r}: missing input {t.name!r}")
-        a = np.asarray(inputs[t.name])
-        if a.shape != t.shape:
-            raise ShapeError(f"μGraph {graph.name!r}: input {t.name!r} has shape {a.shape}, "
-                             f"declared {t.shape}")
-        env[t.name] = _store(a, t.dtype, precision)
+        a = inputs[t.name]
+        if backend is None:
+            a = np.asarray(a)
+        if tuple(a.shape) != t.shape:
+            raise ShapeError(f"μGraph {graph.name!r}: input {t.name!r} has shape "
+                             f"{tuple(a.shape)}, declared {t.shape}")
+        be.annotate(f"input {t.name!r}")
+        env[t.name] = be.input(a, t.dtype)
     extra = set(inputs) - {t.name for t in graph.inputs}
     if extra:
         raise ProgramError(f"μGraph {graph.name!r}: unknown input(s) {sorted(extra)}")
-    for op in graph.ops:
+    for k, op in enumerate(graph.ops):
+        if memo is not None:
+            args = tuple(env[n] if isinstance(n, str) else n
+                         for n in (op.operands if isinstance(op, KernelOp) else op.inputs))
+            key = (op, tuple(id(a) for a in args))
+            hit = memo.get(key)
+            if hit is not None:
+                for t, v in zip(op.outputs, hit[1]):
+                    env[t.name] = v
+                continue
         if isinstance(op, KernelOp):
-            env[op.output.name] = run_kernel_op(op, env, precision)
+            outs = [run_kernel_op(op, env, backend=be)]
         else:
             outs = run_graph_kernel(op, [env[n] for n in op.inputs],
-                                    [tensors[n] for n in op.inputs], precision, literal, target)
-            for t, v in zip(op.outputs, outs):
-                env[t.name] = v
+                                    [tensors[n] for n in op.inputs], literal=literal,
+                                    target=target, backend=be, label=f"graph kernel #{k}")
+        for t, v in zip(op.outputs, outs):
+            env[t.name] = v
+        if memo is not None:
+            while len(memo) >= MEMO_ENTRIES:
+                memo.pop(next(iter(memo)))
+            memo[key] = (args, tuple(outs))  # args kept alive: their ids stay theirs
     return {n: env[n] for n in graph.outputs}

@@ -1,0 +1,175 @@
+"""Arithmetic backends: what a value is and how operators combine values.
+
+The program reference (:meth:`Program.evaluate`) and the μGraph interpreter
+(:func:`mirage_py.ugraph.interp.run`) walk their graphs and leave every piece of arithmetic to a
+small *backend* object, so the same walk runs in floating point, in a finite field (the verifier's
+:class:`~mirage_py.verifier.field.FieldBackend`) or on degree bounds
+(:class:`~mirage_py.verifier.degree.DegreeBackend`). A backend answers:
+
+=================================  ===========================================================
+``input(array, dtype)``            a graph input, stored as a device tensor of ``dtype``
+``store(x, dtype)``                round a value to what a device tensor of ``dtype`` holds
+``tile(x)``                        round a block intermediate to the tile precision
+``scalar(v)``                      a Python float constant
+``compute(op, args, attrs)``       any operator of the table (:mod:`mirage_py.lax.ops`) by name
+``elementwise(op, args)``          a unary / binary elementwise operator by name
+``matmul(a, b)``                   NumPy ``matmul`` semantics (batch dims broadcast)
+``sum(x, axes, keepdims)``         sum over ``axes``
+``accumulate(acc, v)``             for-loop accumulator step (``acc`` is None on the first one)
+``layout(x, fn)``                  apply a pure data-movement NumPy function (reshape, slice,
+                                   transpose, broadcast) to a value
+``combine(fn, xs)``                the same for a function of several values (stack, concat)
+``rms_norm(x, eps)``               the pre-defined rms_norm kernel (``x / sqrt(mean(x^2) + eps)``)
+``annotate(where)``                which operator is computed next (for diagnostics)
+=================================  ===========================================================
+
+Values need ``shape`` and ``ndim``; data movement is expressed as functions of NumPy arrays so a
+backend whose value holds several arrays (the field's value mod p and mod q) applies them to each.
+:class:`NumpyBackend` is the float behaviour: ``"float64"`` (exact meaning) and ``"gpu"`` (device
+storage dtypes, float32 intermediates).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from . import ops as _ops
+
+
+class Backend:
+    """Base class: generic dispatch and the decompositions shared by every backend."""
+
+    name = "abstract"
+    where: str = ""
+
+    # -- values ---------------------------------------------------------------------------------
+    def input(self, value: Any, dtype: str) -> Any:
+        raise NotImplementedError
+
+    def store(self, x: Any, dtype: str) -> Any:
+        return x
+
+    def tile(self, x: Any) -> Any:
+        return x
+
+    def scalar(self, v: float) -> Any:
+        raise NotImplementedError
+
+    # -- arithmetic -----------------------------------------------------------------------------
+    def compute(self, op: str, args: Sequence[Any], attrs: dict[str, Any]) -> Any:
+        """Any operator of the table, dispatched on its category."""
+        cat = _ops.OPS[op].category
+        if cat == "matmul":
+            return self.matmul(args[0], args[1])
+        if op == "sum":
+            return self.sum(args[0], tuple(attrs["axes"]), bool(attrs.get("keepdims", False)))
+        if op == "reshape":
+            shape = tuple(attrs["shape"])
+            return self.layout(args[0], lambda a: a.reshape(shape))
+        if op == "transpose":
+            perm = tuple(attrs["perm"])
+            return self.layout(args[0], lambda a: a.transpose(perm))
+        return self.elementwise(op, list(args))
+
+    def elementwise(self, op: str, args: list[Any]) -> Any:
+        raise NotImplementedError
+
+    def matmul(self, a: Any, b: Any) -> Any:
+        raise NotImplementedError
+
+    def sum(self, x: Any, axes: tuple[int, ...], keepdims: bool) -> Any:
+        raise NotImplementedError
+
+    def accumulate(self, acc: Any, v: Any) -> Any:
+        return v if acc is None else self.elementwise("add", [acc, v])
+
+    # -- data movement --------------------------------------------------------------------------
+    def layout(self, x: Any, fn: Callable[[np.ndarray], np.ndarray]) -> Any:
+        return self.combine(lambda xs: fn(xs[0]), [x])
+
+    def combine(self, fn: Callable[[list[np.ndarray]], np.ndarray], xs: list[Any]) -> Any:
+        raise NotImplementedError
+
+    def concat(self, xs: list[Any], axis: int) -> Any:
+        return self.combine(lambda arrs: np.concatenate(arrs, axis=axis), xs)
+
+    # -- composite kernels ----------------------------------------------------------------------
+    def rms_norm(self, x: Any, eps: float) -> Any:
+        """``x / sqrt(sum(x^2, -1) / n + eps)``, the same operators :func:`lax.rms_norm` records."""
+        n = x.shape[-1]
+        ss = self.sum(self.elementwise("square", [x]), (x.ndim - 1,), True)
+        v = self.elementwise("add", [self.elementwise("div", [ss, self.scalar(float(n))]),
+                                     self.scalar(eps)])
+        return self.elementwise("div", [x, self.elementwise("sqrt", [v])])
+
+    def annotate(self, where: str) -> None:
+        self.where = where
+
+
+class NumpyBackend(Backend):
+    """Float arithmetic with NumPy.
+
+    ``"float64"``: every value float64 -- the exact meaning of a graph. ``"gpu"``: device tensors
+    rounded to their storage dtype (returned as float32 arrays), block intermediates, accumulators
+    and constants float32.
+    """
+
+    def __init__(self, precision: str = "float64"):
+        if precision not in ("float64", "gpu"):
+            raise ValueError(f"precision {precision!r}")
+        self.precision = precision
+        self.name = precision
+        self.ft = np.float32 if precision == "gpu" else np.float64
+
+    def input(self, value: Any, dtype: str) -> np.ndarray:
+        return self.store(np.asarray(value), dtype)
+
+    def store(self, x: Any, dtype: str) -> np.ndarray:
+        if self.precision == "gpu":
+            return _ops.storage_round(x, dtype)
+        return np.asarray(x, dtype=np.float64)
+
+    def tile(self, x: Any) -> np.ndarray:
+        return np.asarray(x).astype(self.ft, copy=False)
+
+    def scalar(self, v: float) -> Any:
+        return np.float32(v) if self.precision == "gpu" else float(v)
+
+    def compute(self, op: str, args: Sequence[Any], attrs: dict[str, Any]) -> Any:
+        return _ops.compute(op, list(args), attrs)
+
+    def elementwise(self, op: str, args: list[Any]) -> Any:
+        return _ops.compute(op, args, {})
+
+    def matmul(self, a: Any, b: Any) -> np.ndarray:
+        return np.matmul(a, b)
+
+    def sum(self, x: Any, axes: tuple[int, ...], keepdims: bool) -> np.ndarray:
+        return np.sum(x, axis=axes, keepdims=keepdims)
+
+    def accumulate(self, acc: Any, v: Any) -> np.ndarray:
+        v = np.asarray(v, dtype=self.ft)
+        return v.copy() if acc is None else acc + v
+
+    def layout(self, x: Any, fn: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+        return fn(x)
+
+    def combine(self, fn: Callable[[list[np.ndarray]], np.ndarray], xs: list[Any]) -> np.ndarray:
+        return fn(xs)
+
+    def rms_norm(self, x: Any, eps: float) -> np.ndarray:
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            return x / np.sqrt(np.mean(np.square(x), axis=-1, keepdims=True) +
+                               self.scalar(eps))
+
+
+def get_backend(precision: str | Backend) -> Backend:
+    """A backend object for a precision name, or the backend itself."""
+    if isinstance(precision, Backend):
+        return precision
+    return NumpyBackend(precision)
+
+
+__all__ = ["Backend", "NumpyBackend", "get_backend"]

@@ -1,0 +1,334 @@
+"""Degree bounds for the false-acceptance bound, computed by running the graph on a backend
+whose values are degree records instead of numbers.
+
+Every value a program or μGraph computes is, element by element, a rational function ``N / M``
+of the *variables*: the inputs, the results of exp (under the model of docs/verifier.md: each a
+uniform element of the order-q subgroup) and the results of uninterpreted functions (uniform
+field elements). A :class:`Deg` record bounds, for every element of a tensor at once:
+
+* ``dn``   -- the total degree of ``N``;
+* ``den``  -- the factors of ``M``: each a :class:`Factor` (a divisor's numerator polynomial),
+  with its degree and an *instance map* ``idx`` (an integer array broadcastable to the tensor's
+  shape: two elements with the same ``(uid, idx)`` have literally the same factor);
+* ``risk`` -- denominators that no longer show in ``M`` (hidden inside an exp or uninterpreted
+  function argument, or moved to the numerator by a division) but whose vanishing would still
+  change the value (``0^-1 = 0`` in the field).
+
+The instance maps make sums exact where it matters: in ``sum_k X[i,k] * W[k,j] / r[i]`` every
+summand has the *same* factor ``r[i]`` (its map is constant along ``k``), so the sum keeps
+degree ``(2, 1)`` instead of growing a common denominator of degree ``K``. Factors whose map does
+vary along a summed axis are combined conservatively: ``n`` distinct instances of a degree-f
+factor give a common denominator of degree ``n f`` and raise the numerator by ``(n-1) f``.
+
+Data movement (tiling, slicing, broadcasting, assembling) is applied to the instance maps with
+the same NumPy functions the interpreter applies to values, on zero-stride views, so it costs
+next to nothing; nothing here allocates arrays the size of the tensors unless a factor really
+varies along every axis.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ..lax import ops as _ops
+from ..lax.backend import Backend
+from .errors import UnsupportedOperatorError
+
+_uids = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class Factor:
+    uid: int
+    idx: np.ndarray  # compact instance map, same rank as the value
+    deg: int
+    vanish: bool = True  # False: provably never 0 in the field (e.g. a product of exp values)
+
+
+def _compact(a: np.ndarray) -> np.ndarray:
+    """Drop the repetition along zero-stride axes (keeps the rank)."""
+    key = tuple(slice(0, 1) if (st == 0 and n > 1) else slice(None)
+                for st, n in zip(a.strides, a.shape))
+    return a[key]
+
+
+def _dummy(shape: tuple[int, ...]) -> np.ndarray:
+    return np.broadcast_to(np.zeros((), dtype=np.int8), shape)
+
+
+def _rank(idx: np.ndarray, nd: int) -> np.ndarray:
+    return idx.reshape((1,) * (nd - idx.ndim) + idx.shape) if idx.ndim < nd else idx
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and (a is b or np.array_equal(a, b))
+
+
+class Deg:
+    """Degree record of a tensor (see module docstring)."""
+
+    __slots__ = ("shape", "dn", "den", "risk", "nonzero", "serial")
+
+    def __init__(self, shape: tuple[int, ...], dn: int, den: tuple[Factor, ...] = (),
+                 risk: tuple[Factor, ...] = (), nonzero: bool = False):
+        self.shape = tuple(int(d) for d in shape)
+        self.dn = int(dn)
+        self.den = den
+        self.risk = tuple(f for f in risk if f.vanish)
+        self.nonzero = nonzero  # every element provably nonzero in the field
+        self.serial = next(_uids)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def dd(self) -> int:
+        return sum(f.deg for f in self.den)
+
+    @property
+    def vanishing_dd(self) -> int:
+        """Degree of the denominator factors that can vanish."""
+        return sum(f.deg for f in self.den if f.vanish)
+
+    @property
+    def risk_deg(self) -> int:
+        return sum(f.deg for f in self.risk)
+
+    def __repr__(self) -> str:
+        return (f"Deg(shape={self.shape}, dn={self.dn}, dd={self.dd}, risk={self.risk_deg}, "
+                f"factors={len(self.den)})")
+
+
+class Shaped:
+    """A stand-in input for the degree backend: only a shape."""
+
+    def __init__(self, shape: tuple[int, ...]):
+        self.shape = tuple(shape)
+
+
+def _merge(fa: Sequence[Factor], fb: Sequence[Factor], nd: int,
+           multiply: bool) -> tuple[list[Factor], int, int]:
+    """Union of two factor lists (ranks normalised to nd). Matching instances are shared
+    (``multiply``: their degrees add, as in F * F). Returns the list and the degrees present
+    only in a / only in b."""
+    out = [Factor(f.uid, _rank(f.idx, nd), f.deg, f.vanish) for f in fa]
+    used = [False] * len(out)
+    only_b = 0
+    for f in fb:
+        idx = _rank(f.idx, nd)
+        for i, g in enumerate(out):
+            if not used[i] and g.uid == f.uid and _same(g.idx, idx):
+                used[i] = True
+                if multiply:
+                    out[i] = Factor(g.uid, g.idx, g.deg + f.deg, g.vanish)
+                break
+        else:
+            out.append(Factor(f.uid, idx, f.deg, f.vanish))
+            used.append(True)
+            only_b += f.deg
+    only_a = sum(g.deg for g, u in zip(out[:len(fa)], used) if not u)
+    return out, only_a, only_b
+
+
+def _union(fa: Sequence[Factor], fb: Sequence[Factor], nd: int) -> tuple[Factor, ...]:
+    return tuple(_merge(fa, fb, nd, False)[0])
+
+
+class DegreeBackend(Backend):
+    """Runs a program or μGraph on degree records; collects the exp-argument degree.
+
+    ``primes``: the moduli the field tests use; a constant is *nonzero* when it is nonzero
+    modulo all of them (it then never makes a zero divisor).
+    """
+
+    name = "degree"
+
+    def __init__(self, primes: Sequence[int] = ()) -> None:
+        self.primes = tuple(primes)
+        self.max_exp_arg = 0  # numerator + denominator degree of the largest exp argument
+        self.max_uf_arg = 0
+        self.exp_count = 0
+        self.uf_count = 0
+
+    # values ---------------------------------------------------------------------------------
+    def input(self, value: Any, dtype: str) -> Deg:
+        return Deg(tuple(value.shape), 1)
+
+    def scalar(self, v: float) -> Deg:
+        f = Fraction(v)
+        nonzero = f != 0 and all(f.numerator % m for m in self.primes)
+        return Deg((), 0, nonzero=nonzero)
+
+    # arithmetic -----------------------------------------------------------------------------
+    def elementwise(self, op: str, args: list[Any]) -> Deg:
+        spec = _ops.OPS.get(op)
+        if spec is None or not spec.elementwise:
+            raise UnsupportedOperatorError(f"{self.where or op}: {op!r} is not an elementwise "
+                                           "operator")
+        if op in ("add", "sub"):
+            return self._add(args[0], args[1])
+        if op == "mul":
+            return self._mul(args[0], args[1])
+        if op == "square":
+            return self._mul(args[0], args[0])
+        if op == "div":
+            return self._div(args[0], args[1])
+        if op == "neg":
+            a = args[0]
+            return Deg(a.shape, a.dn, a.den, a.risk, a.nonzero)
+        if op == "exp":
+            a = args[0]
+            self.exp_count += 1
+            self.max_exp_arg = max(self.max_exp_arg, a.dn + a.dd)
+            return self._fresh(a)
+        if spec.lax == "uf":
+            a = args[0]
+            self.uf_count += 1
+            self.max_uf_arg = max(self.max_uf_arg, a.dn + a.dd)
+            return self._fresh(a)
+        raise UnsupportedOperatorError(f"{self.where or op}: no degree rule for {op!r}")
+
+    def _fresh(self, a: Deg) -> Deg:
+        # a new variable: an exp value (a power of g) or a function value (drawn from the
+        # nonzero residues) -- never 0; a's denominators become risks
+        return Deg(a.shape, 1, (), _union(a.risk, a.den, a.ndim), nonzero=True)
+
+    def _add(self, a: Deg, b: Deg) -> Deg:
+        shape = np.broadcast_shapes(a.shape, b.shape)
+        nd = len(shape)
+        den, only_a, only_b = _merge(a.den, b.den, nd, False)
+        dn = max(a.dn + only_b, b.dn + only_a)
+        return Deg(shape, dn, tuple(den), _union(a.risk, b.risk, nd))
+
+    def _mul(self, a: Deg, b: Deg) -> Deg:
+        shape = np.broadcast_shapes(a.shape, b.shape)
+        nd = len(shape)
+        den, _, _ = _merge(a.den, b.den, nd, True)
+        return Deg(shape, a.dn + b.dn, tuple(den), _union(a.risk, b.risk, nd),
+                   a.nonzero and b.nonzero)
+
+    def _div(self, a: Deg, b: Deg) -> Deg:
+        shape = np.broadcast_shapes(a.shape, b.shape)
+        nd = len(shape)
+        new: tuple[Factor, ...] = ()
+        if b.dn > 0:
+            # the instance of b's numerator an element divides by: b's own element position
+            pos = np.arange(int(np.prod(b.shape, dtype=np.int64))).reshape(b.shape)
+            new = (Factor(b.serial, _rank(pos, nd), b.dn, not b.nonzero),)
+        den, _, _ = _merge(a.den, new, nd, True)
+        risk = _union(_union(a.risk, b.risk, nd), b.den, nd)
+        return Deg(shape, a.dn + b.dd, tuple(den), risk, a.nonzero and b.nonzero)
+
+    def sum(self, x: Deg, axes: tuple[int, ...], keepdims: bool) -> Deg:
+        axes = tuple(sorted(a % x.ndim for a in axes)) if x.ndim else ()
+        dn = x.dn
+
+        def reduce(fs: Sequence[Factor], raise_dn: bool) -> tuple[Factor, ...]:
+            nonlocal dn
+            out = []
+            for f in fs:
+                idx = _rank(f.idx, x.ndim)
+                varying = [a for a in axes if idx.shape[a] > 1]
+                n = int(np.prod([x.shape[a] for a in varying], dtype=np.int64)) if varying else 1
+                if n == 1:
+                    kept = idx[tuple(slice(0, 1) if a in axes else slice(None)
+                                     for a in range(x.ndim))]
+                    uid, deg = f.uid, f.deg
+                else:
+                    # n distinct instances: a new combined factor per remaining position
+                    rest = tuple(1 if a in axes else idx.shape[a] for a in range(x.ndim))
+                    kept = np.arange(int(np.prod(rest, dtype=np.int64))).reshape(rest)
+                    uid, deg = next(_uids), n * f.deg
+                    if raise_dn:
+                        dn += (n - 1) * f.deg
+                if not keepdims:
+                    kept = kept.reshape(tuple(d for a, d in enumerate(kept.shape)
+                                              if a not in axes))
+                out.append(Factor(uid, kept, deg, f.vanish))
+            return tuple(out)
+
+        den = reduce(x.den, True)
+        risk = reduce(x.risk, False)
+        shape = tuple(1 if a in axes else d for a, d in enumerate(x.shape)) if keepdims else \
+            tuple(d for a, d in enumerate(x.shape) if a not in axes)
+        return Deg(shape, dn, den, risk)
+
+    def matmul(self, a: Deg, b: Deg) -> Deg:
+        a2 = self.layout(a, lambda v: v[..., :, :, None])
+        b2 = self.layout(b, lambda v: v[..., None, :, :])
+        prod = self._mul(a2, b2)
+        return self.sum(prod, (prod.ndim - 2,), False)
+
+    # data movement --------------------------------------------------------------------------
+    def _move(self, f: Factor, shape: tuple[int, ...], fn: Callable[[np.ndarray], np.ndarray]
+              ) -> Factor:
+        moved = fn(np.broadcast_to(_rank(f.idx, len(shape)), shape))
+        return Factor(f.uid, _compact(np.asarray(moved)), f.deg, f.vanish)
+
+    def layout(self, x: Deg, fn: Callable[[np.ndarray], np.ndarray]) -> Deg:
+        shape = fn(_dummy(x.shape)).shape
+        return Deg(shape, x.dn, tuple(self._move(f, x.shape, fn) for f in x.den),
+                   tuple(self._move(f, x.shape, fn) for f in x.risk), x.nonzero)
+
+    def combine(self, fn: Callable[[list[np.ndarray]], np.ndarray], xs: list[Any]) -> Deg:
+        """Several values into one (concat, stack): every element is given every factor that
+        any part has (a valid, conservative representation); a part that lacks a factor gets
+        instances of its own."""
+        shape = fn([_dummy(x.shape) for x in xs]).shape
+
+        def merged(attr: str) -> tuple[list[Factor], dict[int, int]]:
+            by_uid: dict[int, Factor] = {}
+            for x in xs:
+                for f in getattr(x, attr):
+                    g = by_uid.get(f.uid)
+                    if g is None or f.deg > g.deg:
+                        by_uid[f.uid] = f
+            out = []
+            offset = 0
+            for uid, top in by_uid.items():
+                parts = []
+                everywhere = True
+                for x in xs:
+                    mine = [f for f in getattr(x, attr) if f.uid == uid]
+                    if mine:
+                        parts.append(np.broadcast_to(_rank(mine[0].idx, x.ndim), x.shape))
+                    else:
+                        everywhere = False
+                        n = int(np.prod(x.shape, dtype=np.int64))
+                        offset += n
+                        parts.append(-offset + np.arange(n).reshape(x.shape))
+                out.append(Factor(uid if everywhere else next(_uids),
+                                  _compact(np.asarray(fn(parts))), top.deg, top.vanish))
+            return out, {u: f.deg for u, f in by_uid.items()}
+
+        den, degs = merged("den")
+        risk, _ = merged("risk")
+        total = sum(degs.values())
+        dn = max(x.dn + total - x.dd for x in xs)
+        return Deg(shape, dn, tuple(den), tuple(risk), all(x.nonzero for x in xs))
+
+
+@dataclass
+class DegreeSummary:
+    """Degrees of one graph's outputs."""
+
+    outputs: dict[str, Deg]
+    max_exp_arg: int
+    exp_count: int
+    uf_count: int
+
+
+def pair_degree(ref: Deg, cand: Deg) -> int:
+    """Degree bound of the polynomial whose vanishing lets the pair agree at a random point:
+    the numerator of ``ref - cand`` plus every denominator (shown or hidden) that can vanish."""
+    d_num = max(ref.dn + cand.dd, cand.dn + ref.dd)
+    return d_num + ref.vanishing_dd + cand.vanishing_dd + ref.risk_deg + cand.risk_deg
+
+
+__all__ = ["Deg", "Factor", "DegreeBackend", "DegreeSummary", "Shaped", "pair_degree"]

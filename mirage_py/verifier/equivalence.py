@@ -1,0 +1,321 @@
+"""``verify(program, ugraph)``: random testing over finite fields with a false-acceptance bound.
+
+Each test draws a field (a safe prime ``p = 2q + 1`` from :data:`~.field.SAFE_PRIMES`, a random
+generator ``g`` of the order-q subgroup, fresh uninterpreted functions) and fresh uniformly random
+inputs, evaluates the program (``Program.evaluate``) and the μGraph (``ugraph.run``) on the same
+field backend and compares every output element exactly.
+
+The per-test bound comes from degrees (:mod:`.degree`): both graphs are run once on degree
+records, giving for each output the degree ``d`` of the polynomial that must vanish for a
+non-equivalent pair to agree (numerator of ``ref - cand`` plus every denominator that a zero
+divisor could hit), and ``d_E``, the largest exp-argument degree. Schwartz--Zippel then gives
+
+    eps = (d + d_E) / q_min     if either graph uses exp
+    eps = d / p_min             otherwise
+
+per test, and ``eps ** n`` after n independent passing tests. By default n is the smallest with
+``eps ** n <= 1e-9``. The derivation and its assumptions (the exp model especially) are in
+docs/verifier.md.
+
+A test where the graphs disagree but some division hit a zero divisor is *inconclusive* (the
+disagreement may come from ``0^-1 = 0``) and is replaced by a fresh test; passing tests count
+whether or not a zero divisor occurred (the bound already charges for denominators vanishing).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+
+from ..lax.ops import OPS
+from ..lax.program import Program
+from ..ugraph.graph import KernelGraph
+from ..ugraph.interp import run
+from ..ugraph.validate import validate
+from .degree import DegreeBackend, Shaped, pair_degree
+from .errors import InterfaceMismatchError, NestedExpError, UnsupportedOperatorError
+from .field import SAFE_PRIMES, FieldBackend, FieldParams, FieldValue, random_input
+
+DEFAULT_BOUND = 1e-9
+_MODULI = tuple(SAFE_PRIMES) + tuple((p - 1) // 2 for p in SAFE_PRIMES)
+MAX_TESTS = 64
+
+
+@dataclass
+class Mismatch:
+    """Where a candidate disagreed with the program in a conclusive test."""
+
+    output: str
+    index: tuple[int, ...]
+    expected: int  # the program's value there, canonical residue mod p
+    got: int  # the μGraph's value
+    count: int  # elements that differ in this output
+    size: int
+    test: int
+    p: int
+
+    def __str__(self) -> str:
+        return (f"output {self.output!r} differs at {self.index} (program {self.expected}, "
+                f"μGraph {self.got} mod p={self.p}; {self.count} of {self.size} elements differ; "
+                f"test {self.test})")
+
+
+@dataclass
+class VerifyResult:
+    """Outcome of :func:`verify`.
+
+    ``bound`` is an upper bound on the probability that a non-equivalent candidate passes every
+    test that was run (``per_test_bound ** tests_passed``; 1.0 when no test passed or the
+    per-test bound is vacuous); it is meaningful when ``equivalent`` is True. On rejection
+    ``mismatch`` says which output and where, or ``reason`` why.
+    """
+
+    equivalent: bool
+    bound: float
+    tests_run: int
+    seconds: float
+    per_test_bound: float
+    tests_needed: int
+    degree: int
+    exp_degree: int
+    uses_exp: bool
+    primes: list[int] = field(default_factory=list)
+    inconclusive: int = 0
+    zero_divisor_tests: int = 0
+    mismatch: Mismatch | None = None
+    reason: str = ""
+
+    def __bool__(self) -> bool:
+        return self.equivalent
+
+    def __str__(self) -> str:
+        head = "equivalent" if self.equivalent else "NOT equivalent"
+        s = (f"{head}: {self.tests_run} test(s) in {self.seconds:.3f}s, bound {self.bound:.3g} "
+             f"(per test {self.per_test_bound:.3g}; degree {self.degree}"
+             f"{f', exp-argument degree {self.exp_degree}' if self.uses_exp else ''})")
+        if self.inconclusive:
+            s += f"; {self.inconclusive} inconclusive test(s) replaced"
+        if self.mismatch is not None:
+            s += f"\n  {self.mismatch}"
+        elif self.reason:
+            s += f"\n  {self.reason}"
+        return s
+
+
+def check_interface(program: Program, graph: KernelGraph) -> None:
+    """Raise :class:`InterfaceMismatchError` unless inputs and outputs agree in names and shapes."""
+    if not isinstance(program, Program):
+        raise InterfaceMismatchError(f"expected a Program, got {type(program).__name__}")
+    if not isinstance(graph, KernelGraph):
+        raise InterfaceMismatchError(f"expected a KernelGraph, got {type(graph).__name__}")
+    p_in = {t.name: t.shape for t in program.inputs}
+    g_in = {t.name: t.shape for t in graph.inputs}
+    problems = []
+    for n in p_in:
+        if n not in g_in:
+            problems.append(f"input {n!r} {p_in[n]} of the program is not an input of the μGraph")
+        elif g_in[n] != p_in[n]:
+            problems.append(f"input {n!r}: program {p_in[n]}, μGraph {g_in[n]}")
+    for n in g_in:
+        if n not in p_in:
+            problems.append(f"input {n!r} {g_in[n]} of the μGraph is not an input of the program")
+    p_out = {o.name: o.shape for o in program.outputs}
+    tensors = graph.tensors()
+    for n, shape in p_out.items():
+        if n not in graph.outputs:
+            problems.append(f"output {n!r} {shape} of the program is not an output of the μGraph")
+        elif n not in tensors:
+            problems.append(f"output {n!r} is never produced by the μGraph")
+        elif tensors[n].shape != shape:
+            problems.append(f"output {n!r}: program {shape}, μGraph {tensors[n].shape}")
+    for n in graph.outputs:
+        if n not in p_out:
+            problems.append(f"output {n!r} of the μGraph is not an output of the program")
+    if problems:
+        raise InterfaceMismatchError(f"program {program.name!r} and μGraph {graph.name!r} do not "
+                                     "match: " + "; ".join(problems))
+
+
+def _check_program(program: Program) -> None:
+    if not isinstance(program, Program):
+        raise InterfaceMismatchError(f"expected a Program to verify against, got "
+                                     f"{type(program).__name__}")
+    nested = program.nested_exp()
+    if nested:
+        raise NestedExpError(f"program {program.name!r} nests exp inside exp "
+                             f"({len(nested)} node(s)); the field verifier needs the Lax fragment")
+    if not program.verifiable:
+        bad = sorted({t.op for t in program.nodes()
+                      if not (OPS[t.op].is_lax or OPS[t.op].elementwise)})
+        raise UnsupportedOperatorError(f"program {program.name!r} uses operators outside the "
+                                       f"verifiable fragment: {bad}")
+
+
+def needed_tests(eps: float, target: float = DEFAULT_BOUND) -> int:
+    """Smallest n with ``eps ** n <= target`` (MAX_TESTS when eps is vacuous)."""
+    if eps <= 0:
+        return 1
+    if eps >= 1:
+        return MAX_TESTS
+    return max(1, math.ceil(math.log(target) / math.log(eps) - 1e-12))
+
+
+class Verifier:
+    """Verifies candidates against one program, caching what does not depend on the candidate
+    (the program's degrees, and per test the random inputs -- within ``cache_bytes`` -- and the
+    program's outputs). :func:`verify` builds one per call; a search that checks many
+    candidates of the same program keeps one."""
+
+    def __init__(self, program: Program, *, seed: int = 0, target: Any = "h100",
+                 bound_target: float = DEFAULT_BOUND, cache_bytes: int = 1 << 30):
+        _check_program(program)
+        self.program = program
+        self.seed = int(seed)
+        self.target = target
+        self.bound_target = bound_target
+        self.cache_bytes = cache_bytes
+        deg = DegreeBackend(_MODULI)
+        self.ref_degrees = program.evaluate({t.name: Shaped(t.shape) for t in program.inputs},
+                                            backend=deg)
+        self.ref_exp_arg = deg.max_exp_arg
+        self.ref_exp = deg.exp_count > 0
+        self._tests: dict[int, tuple[FieldParams, dict[str, FieldValue] | None,
+                                     dict[str, np.ndarray], bool, dict]] = {}
+
+    # -- per-test data --------------------------------------------------------------------------
+    def params(self, test: int) -> FieldParams:
+        return FieldParams(SAFE_PRIMES[(self.seed + test) % len(SAFE_PRIMES)], self.seed, test)
+
+    def inputs(self, params: FieldParams, test: int) -> dict[str, FieldValue]:
+        return {t.name: random_input(params, t.name, t.shape, self.seed, test)
+                for t in self.program.inputs}
+
+    def _reference(self, test: int) -> tuple[FieldParams, dict[str, FieldValue],
+                                             dict[str, np.ndarray], bool, dict | None]:
+        """Field, inputs, canonical program outputs, whether a zero divisor reached them, and
+        the kernel memo of this test (None when the inputs are too big to keep)."""
+        hit = self._tests.get(test)
+        if hit is not None:
+            params, inputs, ref, zero, memo = hit
+            if inputs is None:
+                return params, self.inputs(params, test), ref, zero, None
+            return params, inputs, ref, zero, memo
+        params = self.params(test)
+        inputs = self.inputs(params, test)
+        be = FieldBackend(params)
+        out = self.program.evaluate(inputs, backend=be)
+        ref = {n: be.canonical(v) for n, v in out.items()}
+        zero = any(v.zero for v in out.values())
+        size = sum(v.p.nbytes + (v.q.get()[0].nbytes if v.q is not None and v.q.forced else 0)
+                   for v in inputs.values())
+        keep = size <= self.cache_bytes
+        self._tests[test] = (params, inputs if keep else None, ref, zero, {} if keep else None)
+        return params, inputs, ref, zero, self._tests[test][4]
+
+    def forget_kernels(self) -> None:
+        """Drop the memoised kernel results (the program side stays cached)."""
+        for entry in self._tests.values():
+            if entry[4] is not None:
+                entry[4].clear()
+
+    # -- the check ------------------------------------------------------------------------------
+    def check(self, graph: KernelGraph, tests: int | None = None) -> VerifyResult:
+        start = time.perf_counter()
+        check_interface(self.program, graph)
+        validate(graph, self.target)
+        deg = DegreeBackend(_MODULI)
+        cand = run(graph, {t.name: Shaped(t.shape) for t in graph.inputs}, target=self.target,
+                   backend=deg)
+        d = max(pair_degree(self.ref_degrees[n], cand[n]) for n in self.ref_degrees)
+        uses_exp = self.ref_exp or deg.exp_count > 0
+        # E1 - E2 for two exp arguments of degree <= a has a numerator of degree <= 2a
+        d_exp = 2 * max(self.ref_exp_arg, deg.max_exp_arg) if uses_exp else 0
+        # smallest variable domain: the order-q subgroup (exp values), nonzero residues mod q
+        # (function values' q parts), F_p; without exp only the p parts matter
+        q_min = min((p - 1) // 2 for p in SAFE_PRIMES) - 1
+        p_min = min(SAFE_PRIMES) - 1
+        eps = (d + d_exp) / q_min if uses_exp else d / p_min
+        needed = needed_tests(eps, self.bound_target)
+        n_tests = needed if tests is None else int(tests)
+        if n_tests < 1:
+            raise ValueError(f"verify: tests must be >= 1, got {tests!r}")
+        result = VerifyResult(False, 1.0, 0, 0.0, eps, needed, d, d_exp, uses_exp)
+        passed = 0
+        test = 0
+        max_inconclusive = max(8, n_tests)
+        while passed < n_tests:
+            params, inputs, ref, ref_zero, memo = self._reference(test)
+            result.primes.append(params.p_int)
+            be = FieldBackend(params)
+            result.tests_run += 1
+            try:
+                out = run(graph, inputs, target=self.target, backend=be, memo=memo)
+            except NestedExpError as e:
+                result.reason = f"the μGraph is outside the Lax fragment: {e}"
+                break
+            zeros = ref_zero or any(out[n].zero for n in ref)
+            bad = self._compare(ref, out, be, test, params)
+            test += 1
+            if zeros:
+                result.zero_divisor_tests += 1
+            if bad is None:
+                passed += 1
+                continue
+            if zeros and result.inconclusive < max_inconclusive:
+                result.inconclusive += 1  # may be 0^-1 = 0 at work: draw a fresh test
+                continue
+            result.mismatch = bad
+            if zeros:
+                result.reason = ("every test hit a zero divisor; outputs differ where a division "
+                                 "by zero occurred")
+            break
+        else:
+            result.equivalent = True
+        if result.equivalent:
+            result.bound = min(1.0, eps ** passed) if eps > 0 else 0.0
+        result.seconds = time.perf_counter() - start
+        return result
+
+    @staticmethod
+    def _compare(ref: Mapping[str, np.ndarray], out: Mapping[str, FieldValue], be: FieldBackend,
+                 test: int, params: FieldParams) -> Mismatch | None:
+        for name, r in ref.items():
+            got = be.canonical(out[name])
+            if got.shape != r.shape:  # validated graphs cannot get here
+                raise InterfaceMismatchError(f"output {name!r}: μGraph computed {got.shape}, "
+                                             f"program {r.shape}")
+            if not np.array_equal(got, r):
+                diff = got != r
+                where = tuple(int(i) for i in np.argwhere(diff)[0])
+                return Mismatch(name, where, int(r[where]), int(got[where]),
+                                int(np.count_nonzero(diff)), int(r.size), test, params.p_int)
+        return None
+
+
+def verify(program: Program, ugraph: KernelGraph, *, tests: int | None = None, seed: int = 0,
+           target: Any = "h100", bound: float = DEFAULT_BOUND) -> VerifyResult:
+    """Check that ``ugraph`` computes ``program`` by random testing over finite fields.
+
+    ``tests``: how many passing tests to require (default: enough for ``result.bound <= bound``,
+    1e-9). Inputs are fresh random field elements per test, seeded by ``seed``. Raises
+    :class:`~.errors.InterfaceMismatchError` when inputs or outputs differ in names or shapes,
+    :class:`~mirage_py.errors.ValidationError` for an invalid μGraph, and
+    :class:`~.errors.NestedExpError` when the *program* nests exp (a candidate that does is
+    simply rejected).
+
+    >>> import mirage_py as mp
+    >>> p = mp.Program("scale")
+    >>> X = p.input("X", (4, 8)); W = p.input("W", (8, 2))
+    >>> p.output((X @ W) / 4.0, name="Y")
+    >>> r = mp.verify(p, mp.ugraph.naive_lowering(p))
+    >>> r.equivalent, r.bound <= 1e-9
+    (True, True)
+    """
+    return Verifier(program, seed=seed, target=target, bound_target=bound).check(ugraph, tests)
+
+
+__all__ = ["verify", "Verifier", "VerifyResult", "Mismatch", "check_interface", "needed_tests"]
