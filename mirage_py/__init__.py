@@ -10,10 +10,12 @@ from .errors import (DTypeError, MirageError, ProgramError, SerializationError, 
 from .lax import (Output, Partition, Program, Tensor, exp, gelu, matmul, mean, partition, relu,
                   reshape, rms_norm, silu, sqrt, square, sum, transpose)
 from .verifier import check_numerics, verify
+from .superopt import OptimizedProgram, load, superopt
 
 __version__ = "0.1.0"
 
 __all__ = ["DTypeError", "MirageError", "ProgramError", "SerializationError", "ShapeError",
            "TargetError", "ValidationError", "Output", "Partition", "Program", "Tensor", "exp",
            "gelu", "matmul", "mean", "partition", "relu", "reshape", "rms_norm", "silu", "sqrt",
-           "square", "sum", "transpose", "verify", "check_numerics", "__version__"]
+           "square", "sum", "transpose", "verify", "check_numerics", "superopt",
+           "OptimizedProgram", "load", "__version__"]
