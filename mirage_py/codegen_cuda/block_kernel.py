@@ -1,0 +1,354 @@
+"""Emit one ``__global__`` function for a graph-defined kernel (a block graph).
+
+The kernel body follows the stage schedule of :mod:`mirage_py.layout.schedule`: loads and
+operators of loop-invariant tiles, accumulators set to zero, the for-loop over iterations, the
+epilogue and the output savers, with one ``__syncthreads()`` between stages. Every tile is a
+dense row-major array in dynamic shared memory at the offset the shared-memory plan gives, in its
+tile dtype (loaded tiles keep the device dtype, everything else fp32). Element loops give element
+``i`` of a tile to thread ``i % threads``; a fused thread graph runs per element in registers.
+
+Index arithmetic (iterator of input shape S, grid split part P = S[d] / grid[a], tile T)::
+
+    element c of the tile in block (bx, by, bz), iteration it  ->  S-coordinate
+    c[d] + b[a] * P[d]  (imap[a] == d)  + it * T[d]  (fmap == d)
+"""
+
+from __future__ import annotations
+
+from ..layout.plan import KernelPlan
+from ..layout.schedule import ACCUMULATE, COMPUTE, INIT, LOAD, SAVE, Step
+from ..layout.tensors import DevicePlan
+from ..lax.ops import OPS
+from ..ugraph.graph import AXES, BlockOp, Fused, GraphKernel, InputIter, OutputSaver
+from ..ugraph.printing import format_block
+from .cexpr import (CTYPES, Names, broadcast_coords, coords, elementwise, flit, linear, prod,
+                    prune_unused, row_major)
+from .errors import CodegenError
+from .launch import KernelParam, LaunchSpec
+
+BLOCK_IDX = ("blockIdx.x", "blockIdx.y", "blockIdx.z")
+
+
+def _declare(var: str, shape: tuple[int, ...], prefix: str = "c") -> tuple[list[str], list[str]]:
+    """``const int c1 = ...`` declarations for the coordinates of ``var`` in ``shape``; returns
+    (declarations, coordinate names or "0" / ``var`` itself)."""
+    decls, names = [], []
+    for d, e in enumerate(coords(var, shape)):
+        if e in ("0", var):
+            names.append(e)
+        else:
+            decls.append(f"{prefix}{d} = {e}")
+            names.append(f"{prefix}{d}")
+    return decls, names
+
+
+def _const_ints(decls: list[str]) -> list[str]:
+    return [f"const int {', '.join(decls)};"] if decls else []
+
+
+class BlockKernelEmitter:
+    def __init__(self, gk: GraphKernel, kplan: KernelPlan, device: DevicePlan, kernel: str):
+        self.gk, self.bg, self.plan, self.device = gk, gk.block, kplan, device
+        self.info = kplan.info
+        self.kernel = kernel
+        self.T, self.F = self.bg.threads, self.bg.forloop
+        for n in (*gk.inputs, *(t.name for t in gk.outputs)):
+            if device.layouts[n].extent >= 2**31:
+                raise CodegenError(f"graph kernel #{kplan.index}: tensor {n!r} has 2^31 or more "
+                                   "elements; graph-defined kernels index with 32-bit ints")
+        self.tile = Names("s_")
+        pnames = Names("g_")
+        self.in_params = [KernelParam(n, CTYPES[device.layouts[n].dtype], True, pnames(f"{n}#{i}")
+                                      if n in gk.inputs[:i] else pnames(n))
+                          for i, n in enumerate(gk.inputs)]
+        self.out_params = [KernelParam(t.name, CTYPES[t.dtype], False, pnames(t.name))
+                           for t in gk.outputs]
+
+    # -- small pieces ---------------------------------------------------------------------------
+    def shape(self, tile: str) -> tuple[int, ...]:
+        return self.info.shapes[tile]
+
+    def read(self, tile: str, off: str) -> str:
+        e = f"{self.tile(tile)}[{off}]"
+        return e if self.info.dtypes[tile] == "float32" else f"to_float({e})"
+
+    def loop(self, n: int, body: list[str], var: str = "i") -> list[str]:
+        return [f"for (int {var} = threadIdx.x; {var} < {n}; {var} += {self.T}) {{",
+                *("  " + b for b in body), "}"]
+
+    def operand_offset(self, tile: str, out_shape: tuple[int, ...],
+                       out_coords: list[str] | None) -> str:
+        """Offset into ``tile`` for output element ``i`` (NumPy broadcasting)."""
+        shape = self.shape(tile)
+        if (1,) * (len(out_shape) - len(shape)) + tuple(shape) == tuple(out_shape):
+            return "i"
+        assert out_coords is not None
+        cs = broadcast_coords(out_coords, shape)
+        return linear(list(zip(cs, row_major(shape))))
+
+    def needs_coords(self, operands: list[str], out_shape: tuple[int, ...]) -> bool:
+        return any((1,) * (len(out_shape) - len(self.shape(t))) + tuple(self.shape(t)) !=
+                   tuple(out_shape) for t in operands)
+
+    # -- steps ----------------------------------------------------------------------------------
+    def emit_step(self, st: Step) -> list[str]:
+        n = st.node
+        if st.kind == LOAD:
+            return self.emit_load(st)
+        if st.kind == INIT:
+            return [f"// {n.out} = accum.{n.kind}({n.input}): start at zero",
+                    *self.loop(prod(self.shape(n.out)), [f"{self.tile(n.out)}[i] = 0.0f;"])]
+        if st.kind == ACCUMULATE:
+            return [f"// {n.out} += {n.input}",
+                    *self.loop(prod(self.shape(n.out)),
+                               [f"{self.tile(n.out)}[i] += {self.read(n.input, 'i')};"])]
+        if st.kind == SAVE:
+            return self.emit_save(n)
+        assert st.kind == COMPUTE
+        if isinstance(n, Fused) or OPS.get(n.op) is not None and OPS[n.op].elementwise:
+            return self.emit_elementwise(st)
+        if n.op == "matmul":
+            return self.emit_matmul(st)
+        if n.op == "sum":
+            return self.emit_sum(st)
+        if n.op == "concat":
+            return self.emit_concat(st)
+        raise NotImplementedError(f"block operator {n.op!r}")
+
+    def emit_load(self, st: Step) -> list[str]:
+        it: InputIter = st.node
+        inp = self.gk.inputs[it.input]
+        lay = self.device.layouts[inp]
+        shape = self.shape(it.out)
+        terms: list[tuple[str, int]] = []
+        for a in range(3):
+            d = it.imap[a]
+            if d >= 0 and self.bg.grid[a] > 1:
+                terms.append((BLOCK_IDX[a], lay.shape[d] // self.bg.grid[a] * lay.strides[d]))
+        if it.fmap >= 0 and self.F > 1:
+            terms.append(("it", shape[it.fmap] * lay.strides[it.fmap]))
+        imap = ", ".join(f"{AXES[a]}->{it.imap[a]}" for a in range(3) if it.imap[a] >= 0)
+        fmap = f" fmap={it.fmap}" if it.fmap >= 0 else ""
+        head = f"// {it.out} = iter {inp} imap={{{imap}}}{fmap}"
+        src = self.in_params[it.input].cname
+        if st.vector > 1:
+            v = st.vector
+            decls, cs = _declare("i", shape)
+            off = linear(terms + list(zip(cs, lay.strides)))
+            body = [f"const int i = v * {v};", *_const_ints(decls),
+                    f"copy16({self.tile(it.out)} + i, {src} + {off});"]
+            return [head + f": 16-byte copies of {v} elements",
+                    *self.loop(prod(shape) // v, body, var="v")]
+        decls, cs = _declare("i", shape)
+        off = linear(terms + list(zip(cs, lay.strides)))
+        if st.into:
+            acc = self.tile(st.writes)
+            return [head + f", added into {st.writes}",
+                    *self.loop(prod(shape), [*_const_ints(decls),
+                                             f"{acc}[i] += to_float({src}[{off}]);"])]
+        return [head, *self.loop(prod(shape), [*_const_ints(decls),
+                                               f"{self.tile(it.out)}[i] = {src}[{off}];"])]
+
+    def _result(self, st: Step, value: str) -> str:
+        op = "+=" if st.into else "="
+        return f"{self.tile(st.writes)}[i] {op} {value};"
+
+    def _header(self, st: Step, text: str) -> str:
+        return f"// {text}" + (f", added into {st.writes}" if st.into else "")
+
+    def emit_elementwise(self, st: Step) -> list[str]:
+        n = st.node
+        out_shape = self.shape(n.out)
+        tiles = [o for o in n.operands if isinstance(o, str)]
+        body: list[str] = []
+        out_coords = None
+        if self.needs_coords(tiles, out_shape):
+            decls, out_coords = _declare("i", out_shape)
+            body += _const_ints(decls)
+        if isinstance(n, Fused):
+            text = f"{n.out} = thread[{n.thread.describe()}]({', '.join(n.operands)})"
+            for k, t in enumerate(n.operands):
+                body.append(f"const float in{k} = "
+                            f"{self.read(t, self.operand_offset(t, out_shape, out_coords))};")
+            vals = Names("v_", {f"in{k}" for k in range(len(n.operands))})
+            env = {f"in{k}": f"in{k}" for k in range(len(n.operands))}
+            for t in n.thread.ops:
+                args = [env[o] if isinstance(o, str) else flit(o) for o in t.operands]
+                consts = tuple(None if isinstance(o, str) else o for o in t.operands)
+                env[t.out] = vals(t.out)
+                body.append(f"const float {env[t.out]} = {elementwise(t.op, args, consts)};")
+            body.append(self._result(st, env[n.thread.ops[-1].out]))
+        else:
+            text = f"{n.out} = {n.op}({', '.join(map(str, n.operands))})"
+            args = []
+            for o in n.operands:
+                if isinstance(o, str):
+                    args.append(self.read(o, self.operand_offset(o, out_shape, out_coords)))
+                else:
+                    args.append(flit(o))
+            consts = tuple(None if isinstance(o, str) else o for o in n.operands)
+            body.append(self._result(st, elementwise(n.op, args, consts)))
+        return [self._header(st, text), *self.loop(prod(out_shape), body)]
+
+    def emit_matmul(self, st: Step) -> list[str]:
+        n: BlockOp = st.node
+        a, b = n.operands
+        sa, sb, so = self.shape(a), self.shape(b), self.shape(n.out)
+        m, k, nn = sa[-2], sa[-1], sb[-1]
+        batch = so[:-2]
+        acc = "true" if st.into else "false"
+        head = self._header(st, f"{n.out} = matmul({a}, {b}): {sa} @ {sb}")
+        args = f"{self.tile(st.writes)}, {self.tile(a)}, {self.tile(b)}"
+        if prod(batch) == 1:
+            return [head, f"tile_matmul<{m}, {nn}, {k}, {self.T}, {acc}>({args});"]
+        decls, bc = _declare("bt", batch, prefix="b")
+        defs = dict(d.split(" = ", 1) for d in decls)
+
+        def batch_offset(shape: tuple[int, ...]) -> str:
+            cs = broadcast_coords(bc, shape[:-2])
+            off = linear(list(zip(cs, row_major(shape)[:-2])))
+            if off == "0":
+                return "[](int) { return 0; }"
+            used = [f"{c} = {defs[c]}" for c in cs if c in defs]
+            pre = f"const int {', '.join(used)}; " if used else ""
+            return f"[](int bt) {{ {pre}return {off}; }}"
+
+        return [head, f"tile_matmul_batched<{prod(batch)}, {m}, {nn}, {k}, {self.T}, {acc}>(",
+                f"    {args},", f"    {batch_offset(sa)},", f"    {batch_offset(sb)});"]
+
+    def emit_sum(self, st: Step) -> list[str]:
+        n: BlockOp = st.node
+        src = n.operands[0]
+        shape = self.shape(src)
+        axes = tuple(sorted(n.attr("axes")))
+        kept = [d for d in range(len(shape)) if d not in axes]
+        nout = prod(shape[d] for d in kept)
+        red = prod(shape[d] for d in axes)
+        strides = row_major(shape)
+        kdecls, kc = _declare("o", tuple(shape[d] for d in kept), prefix="k")
+        rdecls, rc = _declare("r", tuple(shape[d] for d in axes), prefix="r")
+        off = linear(list(zip(kc, [strides[d] for d in kept])) +
+                     list(zip(rc, [strides[d] for d in axes])))
+        dst = f"{self.tile(st.writes)}[o] {'+=' if st.into else '='} acc;"
+        head = self._header(st, f"{n.out} = sum({src}) axes={axes} keepdims="
+                                f"{bool(n.attr('keepdims', True))}")
+        def inner(start: str, step: str) -> list[str]:
+            return [f"for (int r = {start}; r < {red}; r += {step}) {{",
+                    *("  " + d for d in _const_ints(rdecls)),
+                    f"  acc += {self.read(src, off)};", "}"]
+        g = 1
+        while g * 2 <= min(32, self.T // nout if nout else 1):
+            g *= 2
+        if g == 1:
+            body = [*_const_ints(kdecls), "float acc = 0.0f;",
+                    *inner("0", "1"), dst]
+            return [head + f": {nout} sums of {red} elements",
+                    *self.loop(nout, body, var="o")]
+        guard = self.T // g > nout
+        red_loop = [*_const_ints(kdecls), *inner("lane", str(g))]
+        lines = [head + f": {nout} sums of {red} elements, {g} threads each", "{",
+                 f"  const int o = threadIdx.x / {g}, lane = threadIdx.x % {g};",
+                 "  float acc = 0.0f;"]
+        if guard:
+            lines += [f"  if (o < {nout}) {{", *("    " + s for s in red_loop), "  }"]
+        else:
+            lines += ["  " + s for s in red_loop]
+        s = g // 2
+        while s >= 1:
+            lines.append(f"  acc += __shfl_xor_sync(0xffffffffu, acc, {s});")
+            s //= 2
+        cond = f"o < {nout} && lane == 0" if guard else "lane == 0"
+        lines += [f"  if ({cond}) {dst}", "}"]
+        return lines
+
+    def emit_concat(self, st: Step) -> list[str]:
+        n: BlockOp = st.node
+        out_shape = self.shape(n.out)
+        ax = n.attr("axis", -1) % len(out_shape)
+        decls, cs = _declare("i", out_shape)
+        cax = cs[ax]
+        body = [*_const_ints(decls), "float v;"]
+        lo = 0
+        for j, t in enumerate(n.operands):
+            shape = self.shape(t)
+            tcs = list(cs)
+            tcs[ax] = f"({cax} - {lo})" if lo else cax
+            off = linear(list(zip(tcs, row_major(shape))))
+            hi = lo + shape[ax]
+            kw = "if" if j == 0 else "else if"
+            cond = f"{kw} ({cax} < {hi}) " if j < len(n.operands) - 1 else "else "
+            body.append(f"{cond if len(n.operands) > 1 else ''}v = {self.read(t, off)};")
+            lo = hi
+        body.append(self._result(st, "v"))
+        return [self._header(st, f"{n.out} = concat({', '.join(n.operands)}) axis={ax}"),
+                *self.loop(prod(out_shape), body)]
+
+    def emit_save(self, n: OutputSaver) -> list[str]:
+        out = self.gk.outputs[n.output]
+        lay = self.device.layouts[out.name]
+        shape = self.shape(n.input)
+        terms = []
+        for a in range(3):
+            d = n.omap[a]
+            if d >= 0 and self.bg.grid[a] > 1:
+                terms.append((BLOCK_IDX[a], shape[d] * lay.strides[d]))
+        decls, cs = _declare("i", shape)
+        off = linear(terms + list(zip(cs, lay.strides)))
+        omap = ", ".join(f"{AXES[a]}->{n.omap[a]}" for a in range(3) if n.omap[a] >= 0)
+        dst = self.out_params[n.output].cname
+        return [f"// save {n.input} -> {out.name} omap={{{omap}}}",
+                *self.loop(prod(shape), [*_const_ints(decls),
+                                         f"store({dst} + {off}, {self.read(n.input, 'i')});"])]
+
+    # -- the kernel -----------------------------------------------------------------------------
+    def emit(self) -> tuple[str, LaunchSpec]:
+        sched, smem = self.plan.schedule, self.plan.smem
+        spec = LaunchSpec(self.kernel, self.plan.index, self.bg.grid, (self.T, 1, 1),
+                          smem.total_bytes, tuple(self.in_params + self.out_params))
+        lines = [f"// {'-' * 94}", f"// graph-defined kernel #{self.plan.index}: "
+                 f"grid {self.bg.grid}, {self.T} threads, for-loop of {self.F}"]
+        outs = ", ".join(f"{t.name}: {t.shape} {t.dtype}" for t in self.gk.outputs)
+        lines.append(f"//   {outs} = graph_kernel({', '.join(self.gk.inputs)}):")
+        lines += ["// " + s for s in format_block(self.bg, self.gk.inputs,
+                                                  tuple(t.name for t in self.gk.outputs))]
+        lines.append(f"// shared memory: {smem.total_bytes} bytes "
+                     f"(validate() bound {self.info.smem_bytes}); "
+                     f"barriers per block: {sched.barriers(self.F)}")
+        lines += [f"// {'-' * 94}", spec.signature() + " {"]
+        body: list[str] = []
+        if smem.buffers:
+            body.append("extern __shared__ __align__(16) unsigned char smem[];")
+        for buf in sorted(smem.buffers, key=lambda b: (smem.offsets[b.name], b.name)):
+            ct = CTYPES[self.info.dtypes[buf.name]]
+            body.append(f"{ct}* const {self.tile(buf.name)} = reinterpret_cast<{ct}*>"
+                        f"(smem + {smem.offsets[buf.name]});  // {self.shape(buf.name)} "
+                        f"{self.info.dtypes[buf.name]}, stages {buf.start}-{buf.end}")
+        indent = ""
+        for kind, arg in sched.program():
+            if kind == "stage":
+                seg = next(s.segment for s in sched.in_stage(arg))
+                body.append("")
+                body.append(f"{indent}// == stage {arg} ({_SEGMENT_TEXT[seg]}) ==")
+                for st in sched.in_stage(arg):
+                    body += [indent + s for s in self.emit_step(st)]
+            elif kind == "barrier":
+                body.append(f"{indent}__syncthreads();  // {arg}")
+            elif kind == "loop":
+                if self.F > 1:
+                    body.append("")
+                    body.append(f"for (int it = 0; it < {self.F}; ++it) {{")
+                    indent = "  "
+            elif kind == "end_loop" and self.F > 1:
+                indent = ""
+                body.append("}")
+        lines += ["  " + s if s else "" for s in prune_unused(body)]
+        lines.append("}")
+        return "\n".join(lines) + "\n", spec
+
+
+_SEGMENT_TEXT = {"pre": "before the loop", "body": "loop body", "post": "after the loop"}
+
+
+def emit_block_kernel(gk: GraphKernel, kplan: KernelPlan, device: DevicePlan,
+                      kernel: str) -> tuple[str, LaunchSpec]:
+    return BlockKernelEmitter(gk, kplan, device, kernel).emit()

@@ -1,0 +1,186 @@
+"""Small helpers that write C++ text: identifiers, float literals, index arithmetic, and the
+element-wise operators of the op vocabulary as CUDA expressions."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+
+from ..lax.ops import OPS
+
+# storage type of each device dtype in the emitted code (see prelude.py)
+CTYPES = {"float16": "fp16_t", "bfloat16": "bf16_t", "float32": "float"}
+
+# element-wise operators as CUDA expressions of float operands ({0}, {1}); every operand is a
+# variable or a literal, so repeating one ({0} * {0}) costs nothing
+UNARY = {
+    "neg": "-{0}",
+    "square": "{0} * {0}",
+    "exp": "expf({0})",
+    "sqrt": "sqrtf({0})",
+    "silu": "silu({0})",
+    "gelu": "gelu({0})",
+    "relu": "relu({0})",
+}
+BINARY = {"add": "{0} + {1}", "sub": "{0} - {1}", "mul": "{0} * {1}", "div": "{0} / {1}"}
+
+_KEYWORDS = set("""alignas alignof asm auto bool break case catch char class const constexpr
+const_cast continue decltype default delete do double dynamic_cast else enum explicit export extern
+false float for friend goto if inline int long mutable namespace new noexcept nullptr operator
+private protected public register reinterpret_cast return short signed sizeof static static_assert
+static_cast struct switch template this throw true try typedef typeid typename union unsigned
+using virtual void volatile wchar_t while""".split())
+
+
+def elementwise(op: str, args: list[str], consts: tuple = ()) -> str:
+    """The CUDA expression of element-wise ``op`` applied to float expressions ``args``.
+    ``consts`` holds the Python value of each argument that is a constant (None otherwise):
+    division by a power of two becomes the (exactly equal) multiplication by its reciprocal,
+    which spares the IEEE division's slow-path call."""
+    spec = OPS[op]
+    if op == "div" and len(consts) == 2 and consts[1] is not None and _pow2(consts[1]):
+        return f"{args[0]} * {flit(1.0 / float(np.float32(consts[1])))}"
+    table = UNARY if spec.category == "unary" else BINARY
+    if op not in table:
+        raise KeyError(f"no CUDA expression for element-wise operator {op!r}")
+    return table[op].format(*args)
+
+
+def _pow2(v: float) -> bool:
+    f = float(np.float32(v))
+    if not math.isfinite(f) or f == 0.0:
+        return False
+    m, e = math.frexp(abs(f))
+    return m == 0.5 and -125 <= e - 1 <= 126  # reciprocal is a normal float32 too
+
+
+def ident(name: str) -> str:
+    """A C identifier made from a tensor or tile name."""
+    s = re.sub(r"\W", "_", name, flags=re.ASCII)
+    if not s or s[0].isdigit():
+        s = "_" + s
+    if s in _KEYWORDS:
+        s += "_"
+    return s
+
+
+class Names:
+    """Hands out unique C identifiers for names (``prefix`` + sanitised name)."""
+
+    def __init__(self, prefix: str = "", taken: set[str] | None = None):
+        self.prefix = prefix
+        self.taken = set(taken or ())
+        self.map: dict[str, str] = {}
+
+    def __call__(self, name: str) -> str:
+        if name not in self.map:
+            base = self.prefix + ident(name)
+            s, k = base, 1
+            while s in self.taken:
+                k += 1
+                s = f"{base}_{k}"
+            self.taken.add(s)
+            self.map[name] = s
+        return self.map[name]
+
+
+def flit(v: float) -> str:
+    """A float32 literal for ``v`` (rounded to float32 first, as the interpreter does)."""
+    f = np.float32(v)
+    if math.isnan(f):
+        return "__int_as_float(0x7fc00000)"
+    if math.isinf(f):
+        return "__int_as_float(0x7f800000)" if f > 0 else "__int_as_float(0xff800000)"
+    s = str(f)  # shortest text that reads back as this float32
+    if "e" not in s and "." not in s:
+        s += ".0"
+    return f"{s}f" if not s.startswith("-") else f"({s}f)"
+
+
+def prod(xs) -> int:
+    n = 1
+    for x in xs:
+        n *= x
+    return n
+
+
+def coords(var: str, shape: tuple[int, ...]) -> list[str]:
+    """C expressions for the coordinates of flat row-major index ``var`` in ``shape`` ("0" for
+    dims of size 1)."""
+    out = []
+    outer = 1
+    for d, n in enumerate(shape):
+        if n == 1:
+            out.append("0")
+            continue
+        inner = prod(shape[d + 1:])
+        e = var if inner == 1 else f"{var} / {inner}"
+        if outer > 1:
+            e = f"{var} % {n}" if inner == 1 else f"({e}) % {n}"
+        out.append(e)
+        outer *= n
+    return out
+
+
+def linear(terms: list[tuple[str, int]]) -> str:
+    """``sum(expr * stride)`` as C text, skipping zero terms; "0" when nothing is left."""
+    parts = []
+    for e, s in terms:
+        if e == "0" or s == 0:
+            continue
+        if s == 1:
+            parts.append(e)
+        else:
+            parts.append(f"{_paren(e)} * {s}")
+    return " + ".join(parts) if parts else "0"
+
+
+def _paren(e: str) -> str:
+    return e if re.fullmatch(r"[\w.]+", e) else f"({e})"
+
+
+def broadcast_coords(out_coords: list[str], shape: tuple[int, ...]) -> list[str]:
+    """Coordinates in an operand of ``shape`` broadcast (NumPy rules, right-aligned) against an
+    output whose coordinates are ``out_coords``."""
+    lead = len(out_coords) - len(shape)
+    return ["0" if n == 1 else out_coords[lead + j] for j, n in enumerate(shape)]
+
+
+def row_major(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, s = [], 1
+    for n in reversed(shape):
+        strides.append(s)
+        s *= n
+    return tuple(reversed(strides))
+
+
+_DECL = re.compile(r"^(\s*)const (int|long long) (.*);$")
+
+
+def prune_unused(lines: list[str]) -> list[str]:
+    """Drop declarators of ``const int a = ..., b = ...;`` lines whose name is not used later in
+    the same scope (unused index variables make nvcc warn)."""
+    def code(s: str) -> str:
+        return s.split("//", 1)[0]
+
+    out = []
+    for i, line in enumerate(lines):
+        m = _DECL.match(line)
+        if not m:
+            out.append(line)
+            continue
+        depth, later = 0, []
+        for nxt in lines[i + 1:]:
+            c = code(nxt)
+            later.append(c)
+            depth += c.count("{") - c.count("}")
+            if depth < 0:
+                break
+        text = " ".join(later)
+        keep = [d for d in m.group(3).split(", ")
+                if re.search(rf"\b{re.escape(d.split(' = ')[0])}\b", text)]
+        if keep:
+            out.append(f"{m.group(1)}const {m.group(2)} {', '.join(keep)};")
+    return out

@@ -1,0 +1,291 @@
+"""Emit one ``__global__`` function for a pre-defined kernel operator.
+
+These are simple generated kernels, not library calls, so the exported extension depends on
+nothing but the CUDA runtime (no cuBLAS): element-wise operators with NumPy broadcasting and
+scalar operands (a grid-stride loop over output elements), matmul with batch broadcasting (16x16
+output tiles through shared memory, fp32 accumulation), sum over axes (one warp per output
+element), rms_norm over the last axis (one warp per row), reshape and transpose (copies). Every
+operand is read through its layout's strides, so padded intermediates need no special case.
+Values are computed in fp32 and rounded once, when stored.
+"""
+
+from __future__ import annotations
+
+from ..layout.tensors import DevicePlan, TensorLayout
+from ..lax.ops import OPS
+from ..ugraph.graph import KernelOp
+from .cexpr import (CTYPES, Names, broadcast_coords, coords, elementwise, flit, linear, prod,
+                    prune_unused)
+from .errors import CodegenError
+from .launch import KernelParam, LaunchSpec
+
+THREADS = 256
+MAX_BLOCKS = 65535 * 16  # grid-stride loops cover anything larger
+TILE = 16  # matmul output tile and K step
+
+
+def _index_type(*layouts: TensorLayout, n: int = 0) -> str:
+    big = max([lay.extent for lay in layouts] + [n])
+    return "int" if big + THREADS * MAX_BLOCKS < 2**31 else "long long"
+
+
+def _lit(n: int, itype: str) -> str:
+    return f"{n}LL" if itype == "long long" else str(n)
+
+
+def _coords(var: str, shape: tuple[int, ...], prefix: str, itype: str) -> tuple[list[str], list[str]]:
+    decls, names = [], []
+    for d, e in enumerate(coords(var, shape)):
+        if e in ("0", var):
+            names.append(e)
+        else:
+            decls.append(f"{prefix}{d} = {e}")
+            names.append(f"{prefix}{d}")
+    return ([f"const {itype} {', '.join(decls)};"] if decls else []), names
+
+
+def _offset(lay: TensorLayout, cs: list[str]) -> str:
+    return linear(list(zip(cs, lay.strides)))
+
+
+class KernelOpEmitter:
+    def __init__(self, op: KernelOp, index: int, device: DevicePlan, kernel: str):
+        self.op, self.index, self.device, self.kernel = op, index, device, kernel
+        names = Names("g_")
+        self.params: list[KernelParam] = []
+        self.arg: dict[int, str] = {}  # operand position -> parameter name (tensor operands)
+        for i, o in enumerate(op.operands):
+            if isinstance(o, str):
+                p = KernelParam(o, CTYPES[device.layouts[o].dtype], True,
+                                names(o if o not in op.operands[:i] else f"{o}#{i}"))
+                self.params.append(p)
+                self.arg[i] = p.cname
+        out = op.output
+        self.out = KernelParam(out.name, CTYPES[out.dtype], False, names(out.name))
+        self.params.append(self.out)
+        self.out_layout = device.layouts[out.name]
+
+    def layout(self, i: int) -> TensorLayout:
+        return self.device.layouts[self.op.operands[i]]
+
+    def expr(self, args: list[str]) -> str:
+        consts = tuple(None if isinstance(o, str) else o for o in self.op.operands)
+        return elementwise(self.op.op, args, consts)
+
+    def load(self, i: int, off: str) -> str:
+        return f"to_float({self.arg[i]}[{off}])"
+
+    def header(self) -> str:
+        o = self.op
+        attrs = "".join(f", {k}={v}" for k, v in o.attrs)
+        args = ", ".join(a if isinstance(a, str) else repr(a) for a in o.operands)
+        ins = " ".join(f"{self.layout(i).shape}" for i in self.arg)
+        return (f"// kernel #{self.index}: {o.output.name} = {o.op}({args}{attrs}) : "
+                f"{ins} -> {o.output.shape} {o.output.dtype}")
+
+    def spec(self, grid: tuple[int, int, int], block: tuple[int, int, int],
+             smem: int = 0) -> LaunchSpec:
+        return LaunchSpec(self.kernel, self.index, grid, block, smem, tuple(self.params))
+
+    def finish(self, spec: LaunchSpec, body: list[str], note: str) -> tuple[str, LaunchSpec]:
+        lines = [self.header(), f"// {note}", spec.signature() + " {",
+                 *("  " + b if b else "" for b in prune_unused(body)), "}"]
+        return "\n".join(lines) + "\n", spec
+
+    def grid_stride(self, n: int, itype: str) -> tuple[list[str], tuple[int, int, int]]:
+        blocks = max(1, min(-(-n // THREADS), MAX_BLOCKS))
+        t = _lit(THREADS, itype)
+        head = f"for ({itype} i = blockIdx.x * {t} + threadIdx.x; i < {n}; i += gridDim.x * {t}) {{"
+        return [head], (blocks, 1, 1)
+
+    # -- operators ------------------------------------------------------------------------------
+    def emit(self) -> tuple[str, LaunchSpec]:
+        o = self.op.op
+        if o == "matmul":
+            return self.emit_matmul()
+        if o == "sum":
+            return self.emit_sum()
+        if o == "rms_norm":
+            return self.emit_rms_norm()
+        if o in ("reshape", "transpose"):
+            return self.emit_copy()
+        if OPS.get(o) is not None and OPS[o].elementwise:
+            return self.emit_elementwise()
+        raise NotImplementedError(f"kernel operator {o!r}")
+
+    def emit_elementwise(self) -> tuple[str, LaunchSpec]:
+        out = self.out_layout
+        shape = out.shape
+        n = prod(shape)
+        itype = _index_type(out, *(self.layout(i) for i in self.arg), n=n)
+        simple = all(self.layout(i).shape == shape and self.layout(i).strides == out.strides
+                     for i in self.arg)
+        loop, grid = self.grid_stride(n, itype)
+        body: list[str] = []
+        if simple and out.dense:
+            args = [self.load(i, "i") if i in self.arg else flit(a)
+                    for i, a in enumerate(self.op.operands)]
+            body.append(f"store({self.out.cname} + i, {self.expr(args)});")
+        else:
+            decls, cs = _coords("i", shape, "c", itype)
+            body += decls
+            args = []
+            for i, a in enumerate(self.op.operands):
+                if i in self.arg:
+                    lay = self.layout(i)
+                    args.append(self.load(i, _offset(lay, broadcast_coords(cs, lay.shape))))
+                else:
+                    args.append(flit(a))
+            body.append(f"store({self.out.cname} + {_offset(out, cs)}, "
+                        f"{self.expr(args)});")
+        spec = self.spec(grid, (THREADS, 1, 1))
+        return self.finish(spec, [*loop, *("  " + b for b in body), "}"],
+                           "one thread per output element (grid-stride loop), fp32 arithmetic")
+
+    def emit_copy(self) -> tuple[str, LaunchSpec]:
+        src, out = self.layout(0), self.out_layout
+        n = prod(out.shape)
+        itype = _index_type(src, out, n=n)
+        loop, grid = self.grid_stride(n, itype)
+        odecls, oc = _coords("i", out.shape, "c", itype)
+        if self.op.op == "reshape":
+            # element i in row-major order is the same element in both shapes
+            idecls, ic = _coords("i", src.shape, "s", itype)
+            note = "copy in row-major element order"
+        else:
+            perm = tuple(self.op.attr("perm"))
+            ic = ["0"] * len(perm)
+            for d, p in enumerate(perm):
+                ic[p] = oc[d]
+            idecls = []
+            note = f"output coordinate d reads input coordinate perm[d], perm={perm}"
+        body = [*odecls, *idecls,
+                f"store({self.out.cname} + {_offset(out, oc)}, "
+                f"{self.load(0, _offset(src, ic))});"]
+        spec = self.spec(grid, (THREADS, 1, 1))
+        return self.finish(spec, [*loop, *("  " + b for b in body), "}"], note)
+
+    def _warp_reduce(self, var: str) -> list[str]:
+        return [f"for (int s = 16; s > 0; s >>= 1) {var} += __shfl_xor_sync(0xffffffffu, {var}, s);"]
+
+    def emit_sum(self) -> tuple[str, LaunchSpec]:
+        src, out = self.layout(0), self.out_layout
+        axes = tuple(sorted(self.op.attr("axes", ())))
+        kept = [d for d in range(len(src.shape)) if d not in axes]
+        kshape = tuple(src.shape[d] for d in kept)
+        rshape = tuple(src.shape[d] for d in axes)
+        nout, red = prod(kshape), prod(rshape)
+        itype = _index_type(src, out)
+        warps = THREADS // 32
+        kdecls, kc = _coords("o", kshape, "k", itype)
+        rdecls, rc = _coords("r", rshape, "r", itype)
+        in_off = linear(list(zip(kc, [src.strides[d] for d in kept])) +
+                        list(zip(rc, [src.strides[d] for d in axes])))
+        # the output holds the kept dims in order (size-1 dims where keepdims)
+        ocs = iter(kc)
+        out_cs = [("0" if (self.op.attr("keepdims", False) and d in axes) else next(ocs))
+                  for d in range(len(src.shape))
+                  if d not in axes or self.op.attr("keepdims", False)]
+        body = [f"const {itype} o = blockIdx.x * {_lit(warps, itype)} + threadIdx.x / 32;",
+                "const int lane = threadIdx.x % 32;",
+                f"if (o >= {nout}) return;  // whole warps leave together",
+                *kdecls, "float acc = 0.0f;",
+                f"for ({itype} r = lane; r < {red}; r += 32) {{",
+                *("  " + d for d in rdecls),
+                f"  acc += {self.load(0, in_off)};", "}",
+                *self._warp_reduce("acc"),
+                f"if (lane == 0) store({self.out.cname} + {_offset(out, out_cs)}, acc);"]
+        spec = self.spec((max(1, -(-nout // warps)), 1, 1), (THREADS, 1, 1))
+        return self.finish(spec, body, f"one warp per output element: {nout} sums of {red}")
+
+    def emit_rms_norm(self) -> tuple[str, LaunchSpec]:
+        src, out = self.layout(0), self.out_layout
+        rows_shape, n = src.shape[:-1], src.shape[-1]
+        rows = prod(rows_shape)
+        itype = _index_type(src, out)
+        warps = THREADS // 32
+        decls, rc = _coords("row", rows_shape, "c", itype)
+        ioff = linear(list(zip(rc, src.strides[:-1])))
+        ooff = linear(list(zip(rc, out.strides[:-1])))
+        eps = flit(self.op.attr("eps", 1e-6))
+        body = [f"const {itype} row = blockIdx.x * {_lit(warps, itype)} + threadIdx.x / 32;",
+                "const int lane = threadIdx.x % 32;",
+                f"if (row >= {rows}) return;  // whole warps leave together",
+                *decls,
+                f"const {self.params[0].ctype}* in_row = {self.arg[0]} + {ioff};",
+                f"{self.out.ctype}* out_row = {self.out.cname} + {ooff};",
+                "float ss = 0.0f;",
+                f"for (int j = lane; j < {n}; j += 32) {{",
+                "  const float x = to_float(in_row[j]);", "  ss += x * x;", "}",
+                *self._warp_reduce("ss"),
+                f"const float rms = sqrtf(ss / {flit(n)} + {eps});",
+                f"for (int j = lane; j < {n}; j += 32) "
+                "store(out_row + j, to_float(in_row[j]) / rms);"]
+        spec = self.spec((max(1, -(-rows // warps)), 1, 1), (THREADS, 1, 1))
+        return self.finish(spec, body, f"one warp per row: x / sqrt(mean(x^2) + eps) over "
+                                       f"{rows} rows of {n}")
+
+    def emit_matmul(self) -> tuple[str, LaunchSpec]:
+        a, b, c = self.layout(0), self.layout(1), self.out_layout
+        m, k = a.shape[-2:]
+        n = b.shape[-1]
+        batch = c.shape[:-2]
+        nb = prod(batch)
+        itype = _index_type(a, b, c)
+        gz = min(nb, 65535)
+        decls, bc = _coords("bt", batch, "b", itype)
+
+        def batch_terms(lay: TensorLayout) -> list[tuple[str, int]]:
+            return list(zip(broadcast_coords(bc, lay.shape[:-2]), lay.strides[:-2]))
+
+        def base(lay: TensorLayout) -> str:
+            return linear(batch_terms(lay))
+
+        def plus(ptr: str, off: str) -> str:
+            return ptr if off == "0" else f"{ptr} + {off}"
+
+        row_ok = "" if m % TILE == 0 else "row < %d" % m
+        col_ok = "" if n % TILE == 0 else "col < %d" % n
+        ka_ok = "" if k % TILE == 0 else f"k0 + tx < {k}"
+        kb_ok = "" if k % TILE == 0 else f"k0 + ty < {k}"
+
+        def guarded(conds: list[str], expr: str) -> str:
+            cs = [x for x in conds if x]
+            return f"{' && '.join(cs)} ? {expr} : 0.0f" if cs else expr
+
+        sa, sb, sc = a.strides, b.strides, c.strides
+        a_at = linear([("row", sa[-2]), ("k0 + tx", sa[-1])])
+        b_at = linear([("k0 + ty", sb[-2]), ("col", sb[-1])])
+        c_at = linear(batch_terms(c) + [("row", sc[-2]), ("col", sc[-1])])
+        done = " && ".join(x for x in (row_ok, col_ok) if x)
+        t = TILE
+        body = ["extern __shared__ __align__(16) unsigned char smem[];",
+                f"float (*a_tile)[{t + 1}] = reinterpret_cast<float (*)[{t + 1}]>(smem);",
+                f"float (*b_tile)[{t + 1}] = reinterpret_cast<float (*)[{t + 1}]>"
+                f"(smem + {t * (t + 1) * 4});",
+                "const int tx = threadIdx.x, ty = threadIdx.y;",
+                f"const int row = blockIdx.y * {t} + ty, col = blockIdx.x * {t} + tx;",
+                f"for (int bt = blockIdx.z; bt < {nb}; bt += gridDim.z) {{",
+                *("  " + d for d in decls),
+                f"  const {self.params[0].ctype}* A = {plus(self.arg[0], base(a))};",
+                f"  const {self.params[1].ctype}* B = {plus(self.arg[1], base(b))};",
+                "  float acc = 0.0f;",
+                f"  for (int k0 = 0; k0 < {k}; k0 += {t}) {{",
+                f"    a_tile[ty][tx] = {guarded([row_ok, ka_ok], f'to_float(A[{a_at}])')};",
+                f"    b_tile[ty][tx] = {guarded([kb_ok, col_ok], f'to_float(B[{b_at}])')};",
+                "    __syncthreads();",
+                f"    for (int kk = 0; kk < {t}; ++kk) acc = fmaf(a_tile[ty][kk], b_tile[kk][tx], acc);",
+                "    __syncthreads();", "  }",
+                f"  {'if (' + done + ') ' if done else ''}store({self.out.cname} + {c_at}, acc);",
+                "}"]
+        if -(-m // t) > 65535:
+            raise CodegenError(f"kernel #{self.index}: matmul with {m} rows needs more than "
+                               "65535 row tiles (grid.y)")
+        spec = self.spec((-(-n // t), -(-m // t), gz), (t, t, 1), 2 * t * (t + 1) * 4)
+        return self.finish(spec, body, f"{t}x{t} output tiles, K in steps of {t} through shared "
+                                       "memory, fp32 accumulation; grid z runs over the batch")
+
+
+def emit_kernel_op(op: KernelOp, index: int, device: DevicePlan,
+                   kernel: str) -> tuple[str, LaunchSpec]:
+    return KernelOpEmitter(op, index, device, kernel).emit()

@@ -1,0 +1,150 @@
+"""Run emitted CUDA on a GPU through CuPy: NVRTC compiles the device code (cached by source
+hash), and the kernels are launched in graph order on the current CuPy stream, following the
+same :class:`LaunchSpec` list as the C++ host launcher.
+
+Inputs may be CuPy arrays, anything with DLPack (PyTorch CUDA tensors) or the CUDA array
+interface, or NumPy arrays (copied to the device). Outputs come back as CuPy arrays by name.
+CuPy has no bfloat16 dtype: bfloat16 tensors travel as uint16 / int16 arrays of raw bits
+(a PyTorch bfloat16 tensor is viewed that way automatically); :func:`bf16_bits_to_float32`
+widens them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Mapping
+
+from ..errors import DTypeError, ProgramError, ShapeError
+from ..ugraph.graph import KernelGraph
+from .emit import CudaSource, emit_cuda
+from .errors import CompileError, ToolMissing
+
+_MODULES: dict[str, Any] = {}  # sha256 of device code + options -> cupy.RawModule
+
+
+def _cupy() -> Any:
+    try:
+        import cupy
+    except ImportError as e:
+        raise ToolMissing("running on a GPU needs CuPy (pip install cupy-cuda13x)") from e
+    try:
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            raise ToolMissing("CuPy sees no CUDA device")
+    except cupy.cuda.runtime.CUDARuntimeError as e:
+        raise ToolMissing(f"CuPy sees no CUDA device ({e})") from e
+    return cupy
+
+
+def gpu_available() -> bool:
+    try:
+        _cupy()
+        return True
+    except ToolMissing:
+        return False
+
+
+def load_module(code: str, options: tuple[str, ...] = ("--std=c++17",)) -> Any:
+    """A cupy.RawModule for ``code``, compiled once per process and source hash (CuPy keeps
+    its own on-disk cache of NVRTC output, keyed by the source too)."""
+    cp = _cupy()
+    key = hashlib.sha256((code + "\0" + " ".join(options)).encode()).hexdigest()
+    mod = _MODULES.get(key)
+    if mod is None:
+        try:
+            mod = cp.RawModule(code=code, options=options)
+            mod.compile()
+        except cp.cuda.compiler.CompileException as e:
+            raise CompileError(f"NVRTC rejected the emitted code:\n{e}") from e
+        _MODULES[key] = mod
+    return mod
+
+
+_STORAGE = {"float16": ("float16",), "float32": ("float32",),
+            "bfloat16": ("uint16", "int16")}
+
+
+def _to_cupy(x: Any, cp: Any) -> Any:
+    if isinstance(x, cp.ndarray):
+        return x
+    if type(x).__module__.startswith("torch"):
+        import torch
+        if x.dtype == torch.bfloat16:
+            x = x.view(torch.int16)  # CuPy has no bfloat16: move the raw bits
+        return cp.from_dlpack(x)
+    if hasattr(x, "__dlpack__"):
+        return cp.from_dlpack(x)
+    return cp.asarray(x)
+
+
+def bf16_bits_to_float32(a: Any) -> Any:
+    """uint16 / int16 bfloat16 bits (CuPy or NumPy) -> float32 values."""
+    xp = type(a).__module__.split(".")[0]
+    mod = __import__(xp)
+    return (a.view(mod.uint16).astype(mod.uint32) << 16).view(mod.float32)
+
+
+class CompiledGraph:
+    """A kernel graph compiled for the GPU. ``graph(inputs)`` -> outputs by name.
+
+    ``outputs`` may pass preallocated (e.g. NaN-poisoned) output arrays; ``poison=True`` fills
+    the workspace with NaN bits first, so a read of an unwritten intermediate shows."""
+
+    def __init__(self, graph: KernelGraph | CudaSource, target: Any = "h100"):
+        cp = _cupy()
+        self.source = graph if isinstance(graph, CudaSource) else emit_cuda(graph, target)
+        self.module = load_module(self.source.device_code())
+        self.kernels = {}
+        for spec in self.source.launches:
+            k = self.module.get_function(spec.kernel)
+            if spec.smem_bytes > 48 * 1024:
+                k.max_dynamic_shared_size_bytes = spec.smem_bytes
+            self.kernels[spec.kernel] = k
+        self._workspace = cp.empty(max(self.source.plan.device.workspace_bytes, 1), cp.uint8)
+
+    @property
+    def graph(self) -> KernelGraph:
+        return self.source.graph
+
+    def _check(self, name: str, a: Any, shape: tuple[int, ...], dtype: str, cp: Any) -> Any:
+        if tuple(a.shape) != tuple(shape):
+            raise ShapeError(f"μGraph {self.graph.name!r}: {name!r} has shape {tuple(a.shape)}, "
+                             f"expected {shape}")
+        if a.dtype.name not in _STORAGE[dtype]:
+            raise DTypeError(f"μGraph {self.graph.name!r}: {name!r} is {a.dtype.name}, expected "
+                             f"{dtype}" + (" (as uint16/int16 bits)" if dtype == "bfloat16" else ""))
+        if not a.flags.c_contiguous or a.data.ptr % 16:
+            a = cp.ascontiguousarray(a).copy()
+        return a
+
+    def __call__(self, inputs: Mapping[str, Any], outputs: Mapping[str, Any] | None = None,
+                 poison: bool = False) -> dict[str, Any]:
+        cp = _cupy()
+        g, dev = self.graph, self.source.plan.device
+        tensors = g.tensors()
+        missing = [t.name for t in g.inputs if t.name not in inputs]
+        if missing:
+            raise ProgramError(f"μGraph {g.name!r}: missing input(s) {missing}")
+        arrays: dict[str, Any] = {}
+        for t in g.inputs:
+            arrays[t.name] = self._check(t.name, _to_cupy(inputs[t.name], cp), t.shape,
+                                         t.dtype, cp)
+        result = {}
+        for n in g.outputs:
+            t = tensors[n]
+            if outputs is not None and n in outputs:
+                a = _to_cupy(outputs[n], cp)
+                if not a.flags.c_contiguous or a.data.ptr % 16:
+                    raise ValueError(f"output buffer {n!r} must be contiguous and 16-byte aligned")
+                a = self._check(n, a, t.shape, t.dtype, cp)
+            else:
+                a = cp.empty(t.shape, _STORAGE[t.dtype][0])
+            arrays[n] = result[n] = a
+        ws = self._workspace
+        if poison:
+            ws.fill(0xFF)
+        for n, off in dev.workspace.items():
+            arrays[n] = ws[off:off + dev.layouts[n].nbytes]
+        for spec in self.source.launches:
+            args = tuple(arrays[p.tensor] for p in spec.params)
+            self.kernels[spec.kernel](spec.grid, spec.block, args, shared_mem=spec.smem_bytes)
+        return result

@@ -1,0 +1,218 @@
+"""Order the operators of a block graph into barrier-separated *stages*.
+
+A graph-defined kernel runs in three segments: ``pre`` (loads of loop-invariant tiles, operators on
+them, accumulators set to zero), ``body`` (the for-loop: per-iteration loads, operators,
+accumulator updates) and ``post`` (the epilogue: operators on accumulated tiles, output savers).
+Inside a segment, steps are grouped into stages; one ``__syncthreads()`` separates consecutive
+stages. A step goes into the earliest stage after every stage that wrote a tile it reads,
+except that it may share the producer's stage when it reads the tile *aligned*: the step and the
+producer both map element ``i`` of the tile to thread ``i % threads`` (element-wise loops,
+scalar loads, accumulator updates) and the reader sees the tile with its own shape (no
+broadcasting), so each thread only reads what it wrote itself. This ASAP grouping needs the fewest
+barriers a DAG allows (its longest chain of non-aligned dependencies).
+
+A body operator or load whose only reader is a sum accumulator adds its result straight into
+the accumulator (``acc += a @ b``, ``acc += tile loaded from global``): its own tile is never
+stored and the accumulator update costs no separate step.
+
+``lean=True`` gives every step a stage of its own, in graph order: more barriers, but tiles live
+exactly as long as :func:`~mirage_py.ugraph.validate.shared_memory_bytes` assumes, so the plan
+fits wherever validation said the graph fits (the planner's fallback).
+
+The loop needs a barrier at the end of each iteration only when its body has more than one stage
+(otherwise every body tile is read by the thread that wrote it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..lax.ops import DTYPES, OPS
+from ..ugraph.graph import Accum, BlockGraph, BlockOp, Fused, InputIter, OutputSaver
+from ..ugraph.validate import BlockInfo
+from .tensors import ROW_ALIGN, TensorLayout
+
+SEGMENTS = ("pre", "body", "post")
+
+# step kinds
+LOAD, COMPUTE, INIT, ACCUMULATE, SAVE = "load", "compute", "init", "accumulate", "save"
+
+
+@dataclass(frozen=True)
+class Step:
+    """One unit of work of a block: ``writes`` is the tile it defines (None for a saver)."""
+
+    kind: str
+    node: Any  # the block node it comes from
+    segment: str
+    stage: int
+    writes: str | None
+    reads: tuple[str, ...]
+    vector: int = 1  # elements per 16-byte copy of a vectorised load (1: scalar)
+    into: bool = False  # a compute step that adds its result into the accumulator ``writes``
+
+    @property
+    def flat(self) -> bool:
+        """Element i of the written tile is produced by thread i % threads."""
+        if self.kind == LOAD:
+            return self.vector == 1
+        if self.kind == COMPUTE:
+            return isinstance(self.node, Fused) or OPS.get(self.node.op) is not None and \
+                OPS[self.node.op].elementwise
+        return self.kind in (INIT, ACCUMULATE)
+
+
+@dataclass(frozen=True)
+class BlockSchedule:
+    steps: tuple[Step, ...]  # in emission order (by stage, then graph order)
+    stages: dict[str, tuple[int, ...]]  # segment -> its stage numbers (consecutive)
+    loop_barrier: bool  # a barrier closes every loop iteration
+
+    @property
+    def last_stage(self) -> int:
+        return max((s.stage for s in self.steps), default=0)
+
+    def in_stage(self, stage: int) -> list[Step]:
+        return [s for s in self.steps if s.stage == stage]
+
+    def program(self) -> list[tuple[str, Any]]:
+        """The order of execution as events: ``("stage", n)``, ``("barrier", why)``,
+        ``("loop", None)`` (the for-loop opens) and ``("end_loop", None)``."""
+        pre, body, post = (self.stages[s] for s in SEGMENTS)
+        ev: list[tuple[str, Any]] = []
+
+        def run(stages: tuple[int, ...]) -> None:
+            for i, st in enumerate(stages):
+                if i:
+                    ev.append(("barrier", f"stage {st} reads what stage {st - 1} wrote"))
+                ev.append(("stage", st))
+        run(pre)
+        if pre and (body or post):
+            ev.append(("barrier", "loop-invariant tiles and accumulators are ready"))
+        if body:
+            ev.append(("loop", None))
+            run(body)
+            if self.loop_barrier:
+                ev.append(("barrier", "end of iteration: the next one overwrites body tiles"))
+            ev.append(("end_loop", None))
+            if post and not self.loop_barrier:
+                ev.append(("barrier", "accumulators are complete"))
+        run(post)
+        return ev
+
+    def barriers(self, forloop: int) -> int:
+        """``__syncthreads()`` calls one thread executes."""
+        n, inside = 0, False
+        for kind, _ in self.program():
+            if kind == "loop":
+                inside = True
+            elif kind == "end_loop":
+                inside = False
+            elif kind == "barrier":
+                n += forloop if inside else 1
+        return n
+
+
+def vector_width(it: InputIter, layout: TensorLayout, tile: tuple[int, ...]) -> int:
+    """Elements per 16-byte copy for loading this iterator's tile, or 1 when rows are not
+    16-byte aligned in global memory (the tile in shared memory is dense and 16-byte aligned).
+    Block offsets along the innermost dim are multiples of the tile size, so the tile's
+    innermost size and the tensor's row strides decide."""
+    per = ROW_ALIGN // DTYPES[layout.dtype]
+    if not tile or layout.strides[-1] != 1 or tile[-1] % per:
+        return 1
+    if any(s % per for s in layout.strides[:-1]):
+        return 1
+    return per
+
+
+def _reads(node: Any) -> tuple[str, ...]:
+    if isinstance(node, (BlockOp, Fused)):
+        return tuple(o for o in node.operands if isinstance(o, str))
+    if isinstance(node, (Accum, OutputSaver)):
+        return (node.input,)
+    return ()
+
+
+def _aligned_read(step_kind: str, node: Any, tile: str, info: BlockInfo) -> bool:
+    """Does this step read ``tile`` element i on thread i % threads (given a flat producer)?"""
+    if step_kind in (ACCUMULATE, SAVE):
+        return True
+    if step_kind != COMPUTE:
+        return False
+    elementwise = isinstance(node, Fused) or (OPS.get(node.op) is not None and
+                                              OPS[node.op].elementwise)
+    if not elementwise:
+        return False
+    out, shape = info.shapes[node.out], info.shapes[tile]
+    return (1,) * (len(out) - len(shape)) + tuple(shape) == tuple(out)
+
+
+def fold_into_accumulators(bg: BlockGraph, info: BlockInfo) -> dict[str, str]:
+    """Body tiles (loaded or computed) read only by one sum accumulator: tile -> accumulator."""
+    readers: dict[str, list[Any]] = {}
+    for node in bg.ops:
+        for t in _reads(node):
+            readers.setdefault(t, []).append(node)
+    out = {}
+    for node in bg.ops:
+        if isinstance(node, (InputIter, BlockOp, Fused)) and info.phases[node.out] == "body":
+            r = readers.get(node.out, [])
+            if len(r) == 1 and isinstance(r[0], Accum) and r[0].kind == "sum":
+                out[node.out] = r[0].out
+    return out
+
+
+def schedule_block(bg: BlockGraph, info: BlockInfo, input_layouts: list[TensorLayout],
+                   lean: bool = False) -> BlockSchedule:
+    """Group the block graph's steps into stages (see the module docstring)."""
+    folded = fold_into_accumulators(bg, info)
+    raw: list[tuple[str, str, Any, str | None, tuple[str, ...], int, bool]] = []
+    for node in bg.ops:
+        if isinstance(node, InputIter):
+            seg = "body" if info.phases[node.out] == "body" else "pre"
+            acc = folded.get(node.out)
+            vec = 1 if acc else vector_width(node, input_layouts[node.input],
+                                             info.shapes[node.out])
+            raw.append((LOAD, seg, node, acc or node.out, (), vec, acc is not None))
+        elif isinstance(node, (BlockOp, Fused)):
+            seg = {"inv": "pre", "body": "body", "epi": "post"}[info.phases[node.out]]
+            acc = folded.get(node.out)
+            raw.append((COMPUTE, seg, node, acc or node.out, _reads(node), 1, acc is not None))
+        elif isinstance(node, Accum):
+            raw.append((INIT, "pre", node, node.out, (), 1, False))
+            if node.input not in folded:
+                raw.append((ACCUMULATE, "body", node, node.out, (node.input,), 1, False))
+        elif isinstance(node, OutputSaver):
+            raw.append((SAVE, "post", node, None, (node.input,), 1, False))
+
+    stages: dict[str, tuple[int, ...]] = {}
+    placed: list[Step] = []
+    writer: dict[str, Step] = {}
+    start = 0
+    for seg in SEGMENTS:
+        mine = [r for r in raw if r[1] == seg]
+        top = start - 1
+        for kind, _, node, out, reads, vec, into in mine:
+            stage = top + 1 if lean else start
+            flat_probe = Step(kind, node, seg, 0, out, reads, vec, into)
+            for t in reads:
+                w = writer.get(t)
+                if w is None or w.segment != seg:
+                    continue  # written in an earlier segment: a barrier already separates them
+                if (kind == ACCUMULATE and w.kind == INIT) or \
+                        (w.flat and _aligned_read(kind, node, t, info) and
+                         (kind == SAVE or flat_probe.flat)):
+                    stage = max(stage, w.stage)
+                else:
+                    stage = max(stage, w.stage + 1)
+            step = Step(kind, node, seg, stage, out, reads, vec, into)
+            placed.append(step)
+            if out is not None:
+                writer[out] = step
+            top = max(top, stage)
+        stages[seg] = tuple(range(start, top + 1))
+        start = top + 1
+    steps = tuple(sorted(placed, key=lambda s: (s.stage, placed.index(s))))
+    return BlockSchedule(steps, stages, loop_barrier=len(stages["body"]) > 1)

@@ -1,0 +1,64 @@
+"""Shared-memory plan of a graph-defined kernel: a byte offset for every tile.
+
+Every tile lives in shared memory, dense row-major, at a 16-byte aligned offset (a tile whose
+size is not a multiple of 16 bytes, such as a column of row sums, at its natural alignment). Live ranges are
+measured in barrier stages (see :mod:`.schedule`): a tile is live from the stage that writes it to
+the last stage that reads it; a tile written before the loop and read inside it (loop-invariant
+tiles, accumulators) stays live until the loop's last stage. Two tiles may share bytes only when
+their live ranges do not meet, so a barrier always separates the last read of one from the first
+write of the other. Fused thread graphs keep their intermediates in registers and need no space.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..lax.ops import DTYPES
+from ..ugraph.validate import BlockInfo
+from .intervals import Buffer, conflicts, first_fit, peak_live_bytes
+from .schedule import BlockSchedule
+
+SMEM_ALIGN = 16
+
+
+@dataclass(frozen=True)
+class SmemPlan:
+    offsets: dict[str, int]  # tile -> byte offset
+    buffers: tuple[Buffer, ...]  # tile sizes and live ranges (stages)
+    total_bytes: int
+
+    def conflicts(self) -> list[tuple[str, str]]:
+        return conflicts(list(self.buffers), self.offsets)
+
+    @property
+    def peak_live_bytes(self) -> int:
+        return peak_live_bytes(list(self.buffers))
+
+
+def tile_bytes(shape: tuple[int, ...], dtype: str) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n * DTYPES[dtype]
+
+
+def live_ranges(sched: BlockSchedule, info: BlockInfo) -> list[Buffer]:
+    start: dict[str, int] = {}
+    end: dict[str, int] = {}
+    body = sched.stages["body"]
+    for st in sched.steps:
+        if st.writes is not None:
+            start.setdefault(st.writes, st.stage)
+            end[st.writes] = max(end.get(st.writes, st.stage), st.stage)
+        for t in st.reads + ((st.writes,) if st.writes is not None else ()):
+            end[t] = max(end[t], st.stage)
+            if st.segment == "body" and start[t] not in body:
+                end[t] = max(end[t], body[-1])  # read or updated by every iteration
+    return [Buffer(t, tile_bytes(info.shapes[t], info.dtypes[t]), start[t], end[t])
+            for t in start]
+
+
+def plan_shared_memory(sched: BlockSchedule, info: BlockInfo) -> SmemPlan:
+    bufs = live_ranges(sched, info)
+    offsets, total = first_fit(bufs, SMEM_ALIGN, pad=False)
+    return SmemPlan(offsets, tuple(bufs), total)

@@ -1,0 +1,116 @@
+"""Device tensor layouts and the workspace plan of a kernel graph.
+
+Every device tensor is row-major with its innermost dim contiguous. Intermediates (tensors that
+are neither graph inputs nor graph outputs) live in one workspace buffer and get *padded rows*:
+the row (the innermost dim of size > 1, when a dim above it exists) starts on a 16-byte boundary,
+so that kernels may load rows with 16-byte vector accesses. Graph inputs and outputs are the
+caller's dense arrays (rows there are 16-byte aligned whenever the row length allows).
+
+The workspace places each intermediate at a 256-byte aligned offset; an intermediate whose last
+reader has run gives its space to tensors produced later (launches on one stream run in order).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..lax.ops import DTYPES
+from ..ugraph.graph import KernelGraph
+from .intervals import Buffer, align_up, first_fit
+
+ROW_ALIGN = 16  # bytes
+WORKSPACE_ALIGN = 256  # bytes
+
+
+@dataclass(frozen=True)
+class TensorLayout:
+    """Where the elements of a device tensor sit: ``offset(c) = sum(c[d] * strides[d])``."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    strides: tuple[int, ...]  # in elements
+
+    @property
+    def itemsize(self) -> int:
+        return DTYPES[self.dtype]
+
+    @property
+    def extent(self) -> int:
+        """Elements spanned, padding included."""
+        return 1 + sum((n - 1) * s for n, s in zip(self.shape, self.strides))
+
+    @property
+    def nbytes(self) -> int:
+        return self.extent * self.itemsize
+
+    @property
+    def dense(self) -> bool:
+        return self.strides == row_major(self.shape)
+
+
+def row_major(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides = []
+    s = 1
+    for n in reversed(shape):
+        strides.append(s)
+        s *= n
+    return tuple(reversed(strides))
+
+
+def dense_layout(name: str, shape: tuple[int, ...], dtype: str) -> TensorLayout:
+    return TensorLayout(name, tuple(shape), dtype, row_major(tuple(shape)))
+
+
+def padded_layout(name: str, shape: tuple[int, ...], dtype: str) -> TensorLayout:
+    """Row-major with 16-byte aligned rows: the innermost dim of size > 1 is padded to a multiple
+    of 16 bytes when a dim of size > 1 lies above it (a single row needs no padding)."""
+    shape = tuple(shape)
+    big = [d for d, n in enumerate(shape) if n > 1]
+    if len(big) < 2:
+        return dense_layout(name, shape, dtype)
+    row = big[-1]
+    per = ROW_ALIGN // DTYPES[dtype]
+    strides = [0] * len(shape)
+    s = 1
+    for d in reversed(range(len(shape))):
+        strides[d] = s
+        n = shape[d]
+        s *= align_up(n, per) if d == row else n
+    return TensorLayout(name, shape, dtype, tuple(strides))
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    """Layouts of every device tensor of a graph and the workspace offsets of intermediates."""
+
+    layouts: dict[str, TensorLayout]
+    workspace: dict[str, int]  # intermediate name -> byte offset
+    workspace_bytes: int
+
+    def is_intermediate(self, name: str) -> bool:
+        return name in self.workspace
+
+
+def plan_device_memory(graph: KernelGraph) -> DevicePlan:
+    tensors = graph.tensors()
+    inputs = {t.name for t in graph.inputs}
+    outputs = set(graph.outputs)
+    layouts: dict[str, TensorLayout] = {}
+    for name, t in tensors.items():
+        if name in inputs or name in outputs:
+            layouts[name] = dense_layout(name, t.shape, t.dtype)
+        else:
+            layouts[name] = padded_layout(name, t.shape, t.dtype)
+    # live range of an intermediate: from the launch producing it to its last reader
+    last: dict[str, int] = {}
+    first: dict[str, int] = {}
+    for k, op in enumerate(graph.ops):
+        for n in op.inputs:
+            last[n] = k
+        for t in op.outputs:
+            first[t.name] = k
+    bufs = [Buffer(n, layouts[n].nbytes, first[n], max(first[n], last.get(n, first[n])))
+            for n in first if n not in outputs]
+    offsets, total = first_fit(bufs, WORKSPACE_ALIGN)
+    return DevicePlan(layouts, offsets, total)

@@ -1,0 +1,163 @@
+"""Small μGraphs for code generation tests: every block operator, iterator mapping and pre-defined
+kernel the emitter knows, at sizes the CPU emulator runs in a blink, plus small versions of the
+nine benchmark programs (same operators, shapes scaled down)."""
+
+from __future__ import annotations
+
+import mirage_py as mp
+from mirage_py.ugraph import (Accum, BlockGraph, BlockOp, DTensor, Fused, GraphKernel, InputIter,
+                              KernelGraph, KernelOp, OutputSaver, ThreadGraph, ThreadOp, attrs_of)
+
+R = -1
+
+
+def _thread(*ops: tuple, ninputs: int) -> ThreadGraph:
+    return ThreadGraph(ninputs, tuple(ThreadOp(o[0], o[1], tuple(o[2:])) for o in ops))
+
+
+def small_rmsnorm_matmul() -> KernelGraph:
+    """rms_norm(X) @ W fused: X@W and sum(X^2) accumulated over K, normalised in the epilogue."""
+    m, k, n = 4, 64, 32
+    g = BlockGraph((2, 1, 1), 64, 4, (
+        InputIter("x", 0, (R, R, R), fmap=1),
+        InputIter("w", 1, (1, R, R), fmap=0),
+        BlockOp("xw", "matmul", ("x", "w")),
+        Fused("x2", ("x",), _thread(("y", "square", "in0"), ninputs=1)),
+        BlockOp("ss", "sum", ("x2",), attrs_of(axes=(1,), keepdims=True)),
+        Accum("acc", "xw"),
+        Accum("sacc", "ss"),
+        Fused("y", ("acc", "sacc"), _thread(("m", "div", "in1", float(k)), ("v", "add", "m", 1e-6),
+                                            ("r", "sqrt", "v"), ("y", "div", "in0", "r"),
+                                            ninputs=2)),
+        OutputSaver("y", 0, (1, R, R)),
+    ))
+    return KernelGraph("rmsnorm_matmul", (DTensor("X", (m, k)), DTensor("W", (k, n))),
+                       (GraphKernel(("X", "W"), (DTensor("Y", (m, n)),), g),), ("Y",))
+
+
+def small_attention() -> KernelGraph:
+    """Flash-decoding style: the key dim split over grid.y *and* the loop, partial sums saved in
+    fp32 by kernel 0, combined by kernel 1."""
+    h, rows, d, seq, split, loop = 2, 8, 16, 64, 2, 2
+    chunk = seq // (split * loop)
+    k0 = GraphKernel(("Q", "K", "V"), (DTensor("Op", (h, rows, d * split), "float32"),
+                                       DTensor("Lp", (h, rows, split), "float32")), BlockGraph(
+        (h, split, 1), 64, loop, (
+            InputIter("q", 0, (0, R, R)),
+            InputIter("k", 1, (0, 2, R), fmap=2),
+            InputIter("v", 2, (0, 1, R), fmap=1),
+            BlockOp("s", "matmul", ("q", "k")),
+            Fused("e", ("s",), _thread(("y", "exp", "in0"), ninputs=1)),
+            BlockOp("l", "sum", ("e",), attrs_of(axes=(2,), keepdims=True)),
+            BlockOp("o", "matmul", ("e", "v")),
+            Accum("O", "o"),
+            Accum("L", "l"),
+            OutputSaver("O", 0, (0, 2, R)),
+            OutputSaver("L", 1, (0, 2, R)),
+        )))
+    assert chunk * split * loop == seq
+    k1 = GraphKernel(("Op", "Lp"), (DTensor("O", (h, rows, d)),), BlockGraph(
+        (h, 2, 1), 32, split, (
+            InputIter("po", 0, (0, 1, R), fmap=2),
+            InputIter("pl", 1, (0, 1, R), fmap=2),
+            Accum("so", "po"),
+            Accum("sl", "pl"),
+            Fused("out", ("so", "sl"), _thread(("y", "div", "in0", "in1"), ninputs=2)),
+            OutputSaver("out", 0, (0, 1, R)),
+        )))
+    ins = (DTensor("Q", (h, rows, d)), DTensor("K", (h, d, seq)), DTensor("V", (h, seq, d)))
+    return KernelGraph("attention", ins, (k0, k1), ("O",))
+
+
+def mixed_block_ops() -> KernelGraph:
+    """Every other block operator and mapping: bf16 and fp32 tensors, concat, a batched matmul
+    with a broadcast operand, sums without keepdims and over two axes, a scalar operand, a saved
+    loop-invariant tile, an accumulated loop-invariant tile, a tile broadcast to a higher rank,
+    and pre-defined kernels around the graph kernel."""
+    A = DTensor("A", (4, 6, 8), "bfloat16")
+    B = DTensor("B", (8, 4), "bfloat16")
+    C = DTensor("C", (4, 6, 4), "float32")
+    At = DTensor("At", (4, 6, 8), "bfloat16")
+    pre = KernelOp("mul", ("A", 0.5), At)
+    g = BlockGraph((2, 1, 1), 64, 2, (
+        InputIter("a", 0, (0, R, R)),            # (2, 6, 8) invariant
+        InputIter("b", 1, (R, R, R), fmap=1),    # (8, 2) per iteration
+        InputIter("c", 2, (0, R, R)),            # (2, 6, 4) invariant
+        BlockOp("ab", "matmul", ("a", "b")),     # (2, 6, 2): batch of 2, b broadcast
+        BlockOp("cat", "concat", ("ab", "ab"), attrs_of(axis=2)),  # (2, 6, 4)
+        BlockOp("sc", "mul", ("cat", 0.25)),
+        Accum("acc", "sc"),
+        Accum("cacc", "c"),                      # c added each iteration: 2 * c
+        BlockOp("tot", "sum", ("acc",), attrs_of(axes=(0,), keepdims=False)),  # (6, 4)
+        BlockOp("s2", "sum", ("acc",), attrs_of(axes=(0, 2), keepdims=True)),  # (1, 6, 1)
+        Fused("y", ("cacc", "tot", "s2"), _thread(("t", "add", "in0", "in1"),
+                                                  ("u", "mul", "in2", 0.1), ("w", "sub", "t", "u"),
+                                                  ("y", "relu", "w"), ninputs=3)),  # (2, 6, 4)
+        OutputSaver("y", 0, (0, R, R)),
+        OutputSaver("c", 1, (0, R, R)),          # a loaded tile saved as it is
+    ))
+    gk = GraphKernel(("At", "B", "C"), (DTensor("Y", (4, 6, 4), "float32"),
+                                        DTensor("Ccopy", (4, 6, 4), "bfloat16")), g)
+    post = KernelOp("rms_norm", ("Y",), DTensor("Z", (4, 6, 4), "float32"), attrs_of(eps=1e-5))
+    return KernelGraph("mixed", (A, B, C), (pre, gk, post), ("Z", "Ccopy"))
+
+
+def kernel_ops_program() -> mp.Program:
+    """One of each pre-defined kernel: matmul with batch broadcasting, sum with and without
+    keepdims, rms_norm, reshape, transpose, element-wise ops with broadcasting and constants."""
+    p = mp.Program("kernel_ops")
+    X = p.input("X", (2, 3, 24), "float16")
+    W = p.input("W", (24, 10), "float16")
+    b = p.input("b", (10,), "float32")
+    H = mp.rms_norm(X) @ W                                   # (2, 3, 10)
+    G = mp.gelu(H + b) - mp.relu(H) * 0.5
+    T = mp.transpose(G, (0, 2, 1))                           # (2, 10, 3)
+    S = mp.sum(mp.exp(T * 0.1), axis=1, keepdims=True)       # (2, 1, 3)
+    U = mp.reshape(T / S, (4, 15))
+    p.output(mp.sqrt(mp.square(U) + 1.0), name="U")
+    p.output(mp.sum(mp.silu(G), axis=(0, 2)), name="V")
+    p.output(-mp.sum(X, axis=-1), name="N")
+    return p
+
+
+def small_benchmark(name: str) -> mp.Program:
+    """Benchmark ``name`` with the same operators and tiny shapes."""
+    p = mp.Program(f"small_{name}")
+    if name in ("gqa", "qknorm_gqa", "mha", "mqa"):
+        heads, rows, d, seq = {"gqa": (2, 8, 16, 32), "qknorm_gqa": (2, 8, 16, 32),
+                               "mha": (4, 4, 16, 32), "mqa": (1, 16, 16, 32)}[name]
+        Q = p.input("Q", (heads, rows, d))
+        K = p.input("K", (heads, d, seq))
+        V = p.input("V", (heads, seq, d))
+        if name == "qknorm_gqa":
+            Q = mp.rms_norm(Q) * 0.25
+            K = mp.transpose(mp.rms_norm(mp.transpose(K, (0, 2, 1))), (0, 2, 1))
+        E = mp.exp(Q @ K)
+        p.output(E / mp.sum(E, axis=-1, keepdims=True) @ V, name="O")
+    elif name == "rmsnorm_linear":
+        X, W = p.input("X", (2, 48)), p.input("W", (48, 40))
+        p.output(mp.rms_norm(X) @ W, name="Y")
+    elif name == "lora":
+        X, W = p.input("X", (8, 32)), p.input("W", (32, 24))
+        A, B = p.input("A", (32, 4)), p.input("B", (4, 24))
+        p.output(X @ W + (X @ A) @ B, name="Y")
+    elif name == "gated_mlp":
+        X, W1, W2 = p.input("X", (4, 32)), p.input("W1", (32, 24)), p.input("W2", (32, 24))
+        p.output(mp.silu(X @ W1) * (X @ W2), name="Y")
+    elif name == "ntrans":
+        H, X, a = p.input("H", (4, 40)), p.input("X", (4, 40)), p.input("alpha", (4, 40))
+        p.output(mp.rms_norm(X + a * (mp.rms_norm(H) - X)), name="Y")
+    elif name == "exp_matmul":
+        X, A, B = p.input("X", (2, 4, 32)), p.input("A", (2, 32, 24)), p.input("B", (2, 24, 20))
+        p.output(mp.exp(X @ A) @ B, name="Y")
+    return p
+
+
+def random_inputs(graph: KernelGraph, seed: int = 0, scale: float = 1.0) -> dict:
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    out = {}
+    for t in graph.inputs:
+        fan = t.shape[-2] if len(t.shape) >= 2 else 1
+        out[t.name] = rng.standard_normal(t.shape) * scale / max(1.0, fan ** 0.5)
+    return out

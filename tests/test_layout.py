@@ -1,0 +1,160 @@
+"""Layout and memory planning: device layouts, workspace reuse, barrier stages, shared memory."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import codegen_cases as cc
+from benchmarks.fixtures import hand_built
+from benchmarks.programs import NAMES, get_program
+from mirage_py.layout import (Buffer, first_fit, padded_layout, plan_device_memory, plan_graph,
+                              schedule_block)
+from mirage_py.layout.intervals import conflicts, peak_live_bytes
+from mirage_py.layout.plan import LayoutError
+from mirage_py.layout.schedule import ACCUMULATE, LOAD
+from mirage_py.ugraph import naive_lowering, validate
+
+FIXTURES = [(n, bs) for bs in (1, 8) for n in NAMES]
+SMALL = [cc.small_rmsnorm_matmul(), cc.small_attention(), cc.mixed_block_ops()]
+
+
+@pytest.mark.parametrize("name,bs", FIXTURES)
+def test_fixture_smem_plan_is_sound_and_within_validate(name, bs):
+    g = hand_built(name, bs)
+    plan = plan_graph(g, "h100")
+    assert plan.kernels, name
+    for k, kp in plan.kernels.items():
+        sm = kp.smem
+        assert sm.conflicts() == [], (name, k)
+        assert sm.total_bytes <= kp.info.smem_bytes, (name, k, sm.total_bytes, kp.info.smem_bytes)
+        assert sm.total_bytes >= sm.peak_live_bytes
+        for b in sm.buffers:  # 16-byte aligned unless the tile is smaller than that
+            assert sm.offsets[b.name] % (16 if b.size % 16 == 0 else 4) == 0
+        tiles = set(kp.info.shapes)
+        assert {b.name for b in sm.buffers} <= tiles
+
+
+@pytest.mark.parametrize("g", SMALL, ids=lambda g: g.name)
+def test_small_graph_plans(g):
+    plan = plan_graph(g)
+    for kp in plan.kernels.values():
+        assert kp.smem.conflicts() == []
+        assert kp.smem.total_bytes <= kp.info.smem_bytes
+
+
+def test_tiles_share_space_only_when_a_barrier_separates_them():
+    plan = plan_graph(hand_built("gqa", 1))
+    kp = plan.kernels[0]
+    sm, sched = kp.smem, kp.schedule
+    shared = [(a, b) for a in sm.buffers for b in sm.buffers
+              if a.name < b.name and sm.offsets[a.name] == sm.offsets[b.name]]
+    assert shared, "expected reuse of dead tiles' space in the attention kernel"
+    for a, b in shared:
+        assert not a.overlaps(b)
+        first, second = (a, b) if a.end < b.start else (b, a)
+        assert first.end < second.start  # different stages: a __syncthreads() lies between
+
+
+def test_folded_accumulators_store_no_tile():
+    plan = plan_graph(hand_built("gqa", 1))
+    kp = plan.kernels[0]
+    names = {b.name for b in kp.smem.buffers}
+    assert "o" not in names and "l" not in names  # matmul / sum add straight into O / L
+    assert not any(s.kind == ACCUMULATE for s in kp.schedule.steps)
+    combine = plan.kernels[1]
+    loads = [s for s in combine.schedule.steps if s.kind == LOAD]
+    assert all(s.into for s in loads)  # partial sums are added straight from global memory
+    # one stage inside the loop: no barrier per iteration, two in all
+    assert combine.schedule.barriers(hand_built("gqa", 1).ops[1].block.forloop) == 2
+
+
+def test_barrier_counts_of_fixtures():
+    expect = {"gqa": 9, "ntrans": 6, "lora": 10}
+    for name, n in expect.items():
+        g = hand_built(name, 1)
+        kp = plan_graph(g).kernels[0]
+        assert kp.schedule.barriers(g.ops[0].block.forloop) == n, name
+
+
+def test_aligned_elementwise_steps_share_a_stage():
+    g = cc.small_attention()
+    kp = plan_graph(g).kernels[1]
+    body = [s for s in kp.schedule.steps if s.segment == "body"]
+    assert len({s.stage for s in body}) == 1
+
+
+def test_lean_schedule_fits_the_validate_bound():
+    for g in [hand_built(n, 1) for n in NAMES] + SMALL:
+        infos = validate(g)
+        dev = plan_device_memory(g)
+        for k, info in infos.items():
+            op = g.ops[k]
+            lean = schedule_block(op.block, info, [dev.layouts[n] for n in op.inputs], lean=True)
+            stages = [s.stage for s in lean.steps]
+            assert len(set(stages)) == len(stages)  # one step per stage
+            from mirage_py.layout.smem import plan_shared_memory
+            sm = plan_shared_memory(lean, info)
+            assert sm.conflicts() == [] and sm.total_bytes <= info.smem_bytes
+
+
+def test_padded_layout_rows_are_16_byte_aligned():
+    lay = padded_layout("t", (2, 3, 5), "float16")
+    assert lay.strides == (24, 8, 1)
+    assert lay.nbytes == (1 + 1 * 24 + 2 * 8 + 4) * 2
+    assert padded_layout("t", (2, 256, 1), "float16").strides == (256, 1, 1)  # rows of 256
+    assert padded_layout("t", (8, 1), "float32").dense  # a single row needs no padding
+    assert padded_layout("t", (3, 6), "float32").strides == (8, 1)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_workspace_plan(name):
+    g = naive_lowering(get_program(name, 1))
+    dev = plan_device_memory(g)
+    inputs, outputs = {t.name for t in g.inputs}, set(g.outputs)
+    assert set(dev.workspace) == set(g.tensors()) - inputs - outputs
+    assert all(off % 256 == 0 for off in dev.workspace.values())
+    for n in inputs | outputs:
+        assert dev.layouts[n].dense
+    # intermediates live at the same time never overlap
+    live = {}
+    for k, op in enumerate(g.ops):
+        for t in op.outputs:
+            live.setdefault(t.name, [k, k])
+        for n in op.inputs:
+            if n in live:
+                live[n][1] = k
+    items = [Buffer(n, dev.layouts[n].nbytes, *live[n]) for n in dev.workspace]
+    assert conflicts(items, dev.workspace) == []
+    assert dev.workspace_bytes >= peak_live_bytes(items)
+
+
+def test_workspace_reuses_dead_intermediates():
+    g = naive_lowering(get_program("ntrans", 1))
+    dev = plan_device_memory(g)
+    total = sum(dev.layouts[n].nbytes for n in dev.workspace)
+    assert dev.workspace_bytes < total
+
+
+def test_plan_rejects_what_does_not_fit():
+    from dataclasses import replace
+    from mirage_py.targets import get_target
+    tiny = replace(get_target("h100"), smem_per_block=1 << 20)
+    plan = plan_graph(hand_built("gqa", 1), tiny)
+    with pytest.raises(LayoutError, match="shared-memory plan needs"):
+        from mirage_py.layout.plan import check_fits
+        check_fits(plan, replace(tiny, smem_per_block=1024))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 300), st.integers(0, 9), st.integers(0, 5)),
+                min_size=1, max_size=14))
+def test_first_fit_never_overlaps_live_buffers(raw):
+    bufs = [Buffer(f"b{i}", size, s, s + d) for i, (size, s, d) in enumerate(raw)]
+    for pad in (True, False):
+        offsets, total = first_fit(bufs, 16, pad=pad)
+        assert conflicts(bufs, offsets) == []
+        assert total >= peak_live_bytes(bufs)
+        for b in bufs:
+            assert offsets[b.name] + b.size <= total
+            if pad or b.size % 16 == 0:
+                assert offsets[b.name] % 16 == 0
