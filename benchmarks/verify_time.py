@@ -13,6 +13,7 @@ shapes that matter. Prints a table and writes JSON to ``benchmarks/results/verif
     python -m benchmarks.verify_time                  # all benchmarks, bs 1
     python -m benchmarks.verify_time gqa lora --bs 1 8 --repeat 3
     python -m benchmarks.verify_time --no-matmul      # skip the matmul comparison
+    python -m benchmarks.verify_time --blas-threads 1 # pin BLAS (a busy 2-core box: faster)
 """
 
 from __future__ import annotations
@@ -25,17 +26,13 @@ import platform
 import sys
 import time
 
-import numpy as np
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from benchmarks.programs import NAMES, get_program  # noqa: E402
-from mirage_py.ugraph import naive_lowering  # noqa: E402
-from mirage_py.verifier import SAFE_PRIMES, Verifier, verify  # noqa: E402
-from mirage_py.verifier.field import Modulus  # noqa: E402
-
+# NumPy (and everything that imports it) is imported only after --blas-threads has set the
+# environment, so those imports live inside the functions
+BLAS_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 RESULTS = os.path.join(ROOT, "benchmarks", "results", "verify_time-cpu.json")
 
 
@@ -55,6 +52,12 @@ def _load() -> list[float]:
 
 
 def time_verify(name: str, bs: int, repeat: int) -> list[dict]:
+    import numpy as np
+
+    from benchmarks.programs import get_program
+    from mirage_py.ugraph import naive_lowering
+    from mirage_py.verifier import Verifier, verify
+
     program = get_program(name, bs)
     graphs = []
     hb = _hand_built()
@@ -89,6 +92,11 @@ def time_verify(name: str, bs: int, repeat: int) -> list[dict]:
 
 def time_matmul(repeat: int) -> list[dict]:
     """Exact matmul mod p: float64 BLAS on balanced residues vs galois."""
+    import numpy as np
+
+    from mirage_py.verifier import SAFE_PRIMES
+    from mirage_py.verifier.field import Modulus
+
     p = SAFE_PRIMES[0]
     M = Modulus(p)
     rng = np.random.default_rng(0)
@@ -131,22 +139,42 @@ def _timed(fn) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.verify_time")
-    ap.add_argument("names", nargs="*", default=list(NAMES))
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.verify_time", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("names", nargs="*", metavar="NAME", help="benchmarks (default: all nine)")
     ap.add_argument("--bs", type=int, nargs="+", default=[1])
-    ap.add_argument("--repeat", type=int, default=1)
-    ap.add_argument("--no-matmul", action="store_true")
+    ap.add_argument("--repeat", type=int, default=1, help="best of N cold runs")
+    ap.add_argument("--no-matmul", action="store_true", help="skip the matmul comparison")
     ap.add_argument("--out", default=RESULTS)
+    ap.add_argument("--blas-threads", type=int, default=None,
+                    help="BLAS threads (sets OPENBLAS/OMP/MKL_NUM_THREADS; only before NumPy is "
+                         "imported, i.e. from the command line)")
     args = ap.parse_args(argv)
+    if args.blas_threads is not None:
+        if "numpy" in sys.modules:
+            ap.error("--blas-threads: NumPy is already imported in this process")
+        for k in BLAS_ENV:
+            os.environ[k] = str(args.blas_threads)
+    import numpy as np
+
+    from benchmarks.programs import NAMES
+    from mirage_py.verifier import SAFE_PRIMES
+
+    names = args.names or list(NAMES)
     info = {"machine": platform.machine(), "processor": platform.processor(),
             "cpus": os.cpu_count(), "python": platform.python_version(),
-            "numpy": np.__version__, "load_before": _load(), "primes": list(SAFE_PRIMES)}
+            "numpy": np.__version__, "load_before": _load(), "primes": list(SAFE_PRIMES),
+            "blas_threads": {k: os.environ.get(k) for k in BLAS_ENV},
+            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     rows = []
-    for name in args.names:
+    for name in names:
         for bs in args.bs:
             rows += time_verify(name, bs, args.repeat)
     mm = [] if args.no_matmul else time_matmul(max(args.repeat, 2))
     info["load_after"] = _load()
+    if max((info["load_before"] or [0])[0], (info["load_after"] or [0])[0]) > (os.cpu_count() or 1):
+        print(f"warning: load average {info['load_before']} / {info['load_after']} on "
+              f"{os.cpu_count()} CPUs: the machine was busy, times are inflated")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump({"info": info, "verify": rows, "matmul": mm}, f, indent=1)

@@ -236,6 +236,8 @@ def test_bound_and_number_of_tests():
     assert r1.bound == pytest.approx(r.per_test_bound) and r1.bound > 1e-9
     loose = verify(p, naive_lowering(p), bound=1e-3)
     assert loose.tests_run == 1
+    with pytest.raises(mp.MirageError):
+        verify(p, naive_lowering(p), tests=0)
     e = prog("e", lambda X, W: mp.exp(X @ W), **S)
     re_ = verify(e, naive_lowering(e))
     assert re_.uses_exp and re_.exp_degree == 4 and re_.per_test_bound > r.per_test_bound
@@ -361,3 +363,22 @@ def test_fixture_degrees_are_small():
         ref = p.evaluate({t.name: Shaped(t.shape) for t in p.inputs}, backend=DegreeBackend())
         for n in ref:
             assert pair_degree(ref[n], d[n]) <= 8, (name, ref[n], d[n])
+
+
+def test_zero_divisors_make_a_test_inconclusive_not_a_counterexample():
+    """With a tiny field, X / X hits 0^-1 = 0 often; an equivalent candidate (1 everywhere)
+    disagrees exactly there, and those tests are replaced instead of rejecting it."""
+    from mirage_py.verifier.field import FieldParams
+
+    class Tiny(Verifier):
+        def params(self, test):
+            return FieldParams(23, self.seed, test)  # safe prime 23 = 2 * 11 + 1
+
+    ref = prog("r", lambda X: X / X, X=(4,))
+    same = naive_lowering(prog("c", lambda X: X * 0.0 + 1.0, X=(4,)))
+    other = naive_lowering(prog("c", lambda X: X * 0.0 + 2.0, X=(4,)))
+    results = [Tiny(ref, seed=s).check(same) for s in range(30)]
+    assert all(r.equivalent for r in results)
+    assert sum(r.inconclusive for r in results) >= 1
+    assert all(r.zero_divisor_tests >= r.inconclusive for r in results)
+    assert not any(Tiny(ref, seed=s).check(other).equivalent for s in range(5))

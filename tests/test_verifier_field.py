@@ -238,3 +238,18 @@ def test_zero_divisor_is_recorded_on_the_values_it_reaches():
     assert y.zero and not be.divide(x, x).zero
     assert np.remainder(y.p[1], P0) == 0
     assert be.elementwise("add", [y, x]).zero
+
+
+def test_cache_blocked_paths_match_the_plain_ones():
+    fp = FieldParams(P0)
+    M = fp.P
+    rng = np.random.default_rng(7)
+    x = np.floor(rng.random((3, 70001)) * 2.0 ** 50) - 2.0 ** 49  # > 2 chunks, odd tail
+    red = M.red(x)
+    assert np.abs(red).max() <= M.bound
+    assert np.array_equal(np.remainder(red, M.mf), np.remainder(x, M.mf))
+    y = x.copy()
+    assert M.red(y, inplace=True) is not None and np.array_equal(y, red)
+    e = fp.exp(x, 2.0 ** 50)
+    assert np.array_equal(e, np.concatenate([fp._exp(r) for r in x]).reshape(x.shape))
+    assert np.array_equal(fp.exp(x.T, 2.0 ** 50), e.T)  # non-contiguous input

@@ -246,7 +246,7 @@ def run_kernel_op(op: KernelOp, env: Mapping[str, Any], precision: str = "float6
     return be.store(y, op.output.dtype)
 
 
-MEMO_ENTRIES = 64
+MEMO_ENTRIES = 32
 
 
 def run(graph: KernelGraph, inputs: Mapping[str, Any], precision: str = "float64",

@@ -37,7 +37,8 @@ from ..ugraph.graph import KernelGraph
 from ..ugraph.interp import run
 from ..ugraph.validate import validate
 from .degree import DegreeBackend, Shaped, pair_degree
-from .errors import InterfaceMismatchError, NestedExpError, UnsupportedOperatorError
+from .errors import (InterfaceMismatchError, NestedExpError, UnsupportedOperatorError,
+                     VerifierArgumentError)
 from .field import SAFE_PRIMES, FieldBackend, FieldParams, FieldValue, random_input
 
 DEFAULT_BOUND = 1e-9
@@ -166,9 +167,9 @@ def needed_tests(eps: float, target: float = DEFAULT_BOUND) -> int:
 
 class Verifier:
     """Verifies candidates against one program, caching what does not depend on the candidate
-    (the program's degrees, and per test the random inputs -- within ``cache_bytes`` -- and the
-    program's outputs). :func:`verify` builds one per call; a search that checks many
-    candidates of the same program keeps one."""
+    (the program's degrees, and per test the program's outputs and -- within ``cache_bytes`` in
+    all -- the random inputs, plus memoised kernels of earlier candidates). :func:`verify`
+    builds one per call; a search that checks many candidates of the same program keeps one."""
 
     def __init__(self, program: Program, *, seed: int = 0, target: Any = "h100",
                  bound_target: float = DEFAULT_BOUND, cache_bytes: int = 1 << 30):
@@ -185,6 +186,7 @@ class Verifier:
         self.ref_exp = deg.exp_count > 0
         self._tests: dict[int, tuple[FieldParams, dict[str, FieldValue] | None,
                                      dict[str, np.ndarray], bool, dict]] = {}
+        self._cached_bytes = 0
 
     # -- per-test data --------------------------------------------------------------------------
     def params(self, test: int) -> FieldParams:
@@ -212,7 +214,9 @@ class Verifier:
         zero = any(v.zero for v in out.values())
         size = sum(v.p.nbytes + (v.q.get()[0].nbytes if v.q is not None and v.q.forced else 0)
                    for v in inputs.values())
-        keep = size <= self.cache_bytes
+        keep = self._cached_bytes + size <= self.cache_bytes
+        if keep:
+            self._cached_bytes += size
         self._tests[test] = (params, inputs if keep else None, ref, zero, {} if keep else None)
         return params, inputs, ref, zero, self._tests[test][4]
 
@@ -242,7 +246,7 @@ class Verifier:
         needed = needed_tests(eps, self.bound_target)
         n_tests = needed if tests is None else int(tests)
         if n_tests < 1:
-            raise ValueError(f"verify: tests must be >= 1, got {tests!r}")
+            raise VerifierArgumentError(f"verify: tests must be >= 1, got {tests!r}")
         result = VerifyResult(False, 1.0, 0, 0.0, eps, needed, d, d_exp, uses_exp)
         passed = 0
         test = 0
@@ -270,8 +274,8 @@ class Verifier:
                 continue
             result.mismatch = bad
             if zeros:
-                result.reason = ("every test hit a zero divisor; outputs differ where a division "
-                                 "by zero occurred")
+                result.reason = (f"{result.inconclusive + 1} tests differed after a "
+                                 "division by zero; giving up")
             break
         else:
             result.equivalent = True

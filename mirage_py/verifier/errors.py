@@ -22,9 +22,13 @@ class UnsupportedOperatorError(VerifierError, ValueError):
     """An operator with no finite-field semantics (not in the op table's ``field`` slot)."""
 
 
+class VerifierArgumentError(VerifierError, ValueError):
+    """A bad argument to the verifier (e.g. a number of tests below 1)."""
+
+
 class FieldValueError(VerifierError, TypeError):
     """A value that is not a field value was given where the field backend needs one."""
 
 
 __all__ = ["VerifierError", "InterfaceMismatchError", "NestedExpError",
-           "UnsupportedOperatorError", "FieldValueError"]
+           "UnsupportedOperatorError", "VerifierArgumentError", "FieldValueError"]
