@@ -91,7 +91,8 @@ def _superopt_and_report(program, args):
     import mirage_py as mp
 
     opt = mp.superopt(program, target=args.target, time_budget_s=args.time_budget,
-                      workers=args.workers, progress=sys.stderr.isatty())
+                      workers=args.workers, progress=sys.stderr.isatty(),
+                      database=args.database)
     print(opt.summary())
     if args.out:
         _write_outputs(opt, args.out)
@@ -195,6 +196,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--out", default=None, metavar="DIR",
                        help="write the result (.json), its μGraph picture (.dot/.svg) and the "
                             "CUDA export into DIR")
+        p.add_argument("--database", default=None, metavar="PATH",
+                       help="results database to reuse and record into (default: "
+                            "$MIRAGE_PY_DATABASE, else ~/.cache/mirage_py/results.sqlite)")
 
     d = sub.add_parser("demo", help="superoptimise a built-in benchmark program and print it")
     d.add_argument("name", nargs="?", default="rmsnorm_linear",

@@ -1,52 +1,145 @@
-"""A simple analytic cost model: predicted microseconds of a kernel graph on a target.
+"""Analytic cost model: predicted microseconds of a (planned) kernel graph on a target.
 
-Used to rank candidates where no GPU measures them. Per kernel launch::
+Interface (habit 7: pluggable parts with test doubles)::
 
-    time = launch_us + max(bytes / bw_eff, tc_flops / tc_rate, simt_flops / fp32_rate)
+    model.predict(graph, target) -> us        graph: a KernelGraph, or an annotated graph
+                                              (anything with .graph and .stages, e.g.
+                                              mirage_py.tuning.AnnotatedGraph)
+    create("analytic") / create("random")     the model, or a deterministic random test double
 
-* ``bytes``: every input tile each block loads (a tile re-read every loop iteration when the
-  iterator follows the loop; replicated iterators are read by every block that uses them): the
-  first read of each element at DRAM price, re-reads at 1/``L2_SPEEDUP`` of it when the tensor
-  fits in L2; plus every output element written once. Pre-defined
-  operators read each operand once and write their output, and are assumed to keep every SM
-  busy (library kernels split their work well).
-* ``tc_flops``: 2*m*n*k of every tile matmul (all blocks, all iterations) at the measured
-  tensor-core rate; ``simt_flops``: one flop per element per elementwise/sum/accumulate
-  operator at the CUDA-core fp32 rate.
-* ``bw_eff``: the measured copy bandwidth scaled by how much of the machine is busy -- a kernel
-  whose blocks occupy ``active`` SMs gets ``min(1, 4 * active / sm_count)`` of it (one SM can
-  pull a few times its fair share), and wave quantisation: ``blocks / (waves * slots)`` of the
-  slots of the last wave are used, where ``slots = sm_count * blocks_per_sm`` from the shared
-  memory each block needs.
+``estimate_us``, ``kernel_costs`` and ``bytes_moved`` are the analytic model as functions (the
+generator and the benchmarks call them). Kernels run one after another; the graph's time is the
+sum of its kernels'. All figures come from :mod:`mirage_py.targets`.
 
-The numbers come from :mod:`mirage_py.targets`. The model is deliberately simple and documented
-so its rankings can be explained; the cost-model issue replaces it with a calibrated one.
+Pre-defined kernel operator (a library kernel, assumed to keep the whole GPU busy)::
+
+    t = launch_us + max(bytes / mem_bw, tc_flops / tc_rate, simt_flops / fp32_rate)
+
+with ``bytes`` every operand read once plus the output written once, and a matmul's flops padded
+to the tensor-core MMA shape (m to 16, n to 8, k to 16), so a GEMV with 2 rows is charged 16.
+
+Graph-defined kernel: ``B`` blocks of ``T`` threads, ``F`` loop iterations, ``s`` pipeline stages
+(the ``stages`` annotation, at most ``F``; ``DEFAULT_STAGES`` = 2 when absent), one block's live
+tiles ``S`` bytes (validation's shared-memory plan). Double buffering is the default because it
+is what a generated loop should do, and because a single-stage default makes every loop look
+latency-bound, so the search's branch and bound would drop looped structures that win once tuned.
+
+* **bytes really moved**: every tile an input iterator loads (per iteration when it follows the
+  loop, otherwise once per block), over all blocks (``load_bytes``). The first read of each
+  element comes from DRAM; re-reads of the same element by the blocks an iterator replicates
+  over hit L2 when the tensor fits in L2, or else when those blocks run at about the same time
+  (blocks launch x fastest: sharers along grid axis a are ``prod(grid[:a])`` launches apart; more
+  than one wave of ``slots`` apart means DRAM again). Plus every output element written once.
+  ``dram_bytes`` counts what reaches DRAM; ``bytes`` reports DRAM bytes plus L2 re-reads at
+  ``1 / L2_SPEEDUP`` of their size (DRAM-equivalent traffic). Intermediates -- tensors one
+  kernel writes and a later one reads -- are therefore paid twice (write, read back); their share
+  is reported as ``intermediate_bytes``. A reduction split over the grid saves float32 partials
+  (``parts`` times the output, 4 bytes each) and a later kernel combines them: that *combine
+  step* is its own kernel (a launch, reading the partials back, the adds), so it is charged
+  exactly like any other kernel and shows in the total.
+* **flops**: tile matmuls on tensor cores, ``2 m n k`` per tile and iteration with m, n, k padded
+  to the MMA shape; elementwise, sum, accumulator and fused thread-graph operators on CUDA cores,
+  one flop per element per operator, charged in steps of ``T`` elements (a 64-element tile on 256
+  threads costs 256: idle threads are not free). An accumulator of a tile matmul is free: the MMA
+  accumulates in its registers.
+* **occupancy**: resident blocks per SM
+  ``r = min(max_blocks_per_sm, max_threads_per_sm // T, regs_per_sm // (T * REGS_PER_THREAD),
+  smem_per_sm // (S_s + smem_reserved_per_block))`` with ``S_s = S + (s - 1) * S_body``
+  (each extra pipeline stage holds another copy of the per-iteration input tiles). ``r = 0``
+  (the stages do not fit) makes the kernel impossible: infinite time.
+* **waves**: ``slots = sm_count * r``; the grid runs as ``B // slots`` full waves and one partial
+  wave of ``B % slots`` blocks. A wave of ``n`` blocks puts ``q = ceil(n / sm_count)`` blocks on
+  the busiest SM, so a partial wave costs as much as a full one whenever ``q`` is the same
+  (wave quantisation).
+* **one wave of n blocks** (per block: ``dram_b`` DRAM bytes, ``load_b`` all bytes loaded and
+  stored, ``read_b`` bytes loaded, ``tc_b`` and ``simt_b`` flops)::
+
+      per_sm_bw = min(SM_BW_FACTOR * mem_bw / sm_count,          one SM's share, a few times over
+                      q * s * stage_bytes / mem_latency)         Little's law: bytes in flight
+      t_mem  = max(n * dram_b / mem_bw,                          DRAM
+                   n * load_b / (L2_SPEEDUP * mem_bw),           L2 (every load passes it)
+                   q * read_b / per_sm_bw)                       the busiest SM's loads
+      t_tc   = q * tc_b   / (tc_rate   / sm_count * min(1, q * T/32 / TC_WARPS))
+      t_simt = q * simt_b / (fp32_rate / sm_count * min(1, q * T/32 / SIMT_WARPS))
+      e      = 1 / (q * s)^2                                     loads and compute not overlapped
+      t_thr  = max(t_mem, t_tc, t_simt) + e * (sum - max)
+      t_lat  = mem_latency * (1 + (F - 1) / s)                   the loop's dependent loads
+      t_wave = max(t_thr, t_lat)
+
+  ``stage_bytes`` is what one block loads per loop iteration (all its tiles when ``F = 1``).
+  With one stage and one block per SM, loading and computing alternate (e = 1); each more
+  resident block or stage hides most of what is left. Deeper pipelines also hide the
+  per-iteration latency.
+* ``t = launch_us + (B // slots) * t_wave(slots) + t_wave(B % slots)``.
+
+The constants are rough hardware facts, not fitted: they make the model rank the effects the
+tuner controls (grid split, loop chunk, threads, stages) in the right direction. Unit tests check
+cases with known answers (a pure copy, a large matmul, a launch-bound tiny kernel). A learned or
+calibrated model can replace this one behind the same ``predict``; see docs/tuning.md.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
+from .errors import MirageError
 from .lax.ops import DTYPES
 from .targets import Target, get_target
-from .ugraph.graph import (Accum, BlockOp, Fused, GraphKernel, InputIter, KernelGraph, KernelOp,
-                           )
+from .ugraph.graph import Accum, BlockOp, Fused, GraphKernel, InputIter, KernelGraph, KernelOp
 from .ugraph.validate import validate
 
-
-L2_SPEEDUP = 3.0
+L2_SPEEDUP = 4.0  # L2 bandwidth over DRAM bandwidth (about 7 TB/s on an A100, 12 on an H100)
+SM_BW_FACTOR = 4.0  # one SM can pull this many times its fair share of DRAM bandwidth
+REGS_PER_THREAD = 64  # register use assumed for a generated kernel's thread (no ptxas here)
+TC_WARPS = 8  # resident warps per SM that keep its tensor cores busy
+SIMT_WARPS = 16  # resident warps per SM that keep its CUDA cores busy
+MMA = (16, 8, 16)  # m, n, k of the fp16/bf16 tensor-core MMA (sm_80, sm_90)
+DEFAULT_STAGES = 2  # a graph-defined kernel without a stages annotation is double-buffered
 
 
 @dataclass(frozen=True)
 class KernelCost:
+    """One kernel's prediction and the quantities behind it (features for learned models)."""
+
     name: str
     us: float
     bytes: float
     tc_flops: float
     simt_flops: float
     blocks: int
+    threads: int = 0
+    smem: int = 0  # bytes per block, pipeline stages included
+    stages: int = 1
+    forloop: int = 1
+    blocks_per_sm: int = 0
+    waves: float = 0.0  # blocks / slots
+    mem_us: float = 0.0
+    tc_us: float = 0.0
+    simt_us: float = 0.0
+    latency_us: float = 0.0
+    intermediate_bytes: float = 0.0
+    kind: str = "graph"  # "graph" | "op"
+    dram_bytes: float = 0.0
+    load_bytes: float = 0.0  # everything loaded and stored, L2 hits included
+
+    @property
+    def bound(self) -> str:
+        """What limits the kernel: launch, memory, tensor, simt or latency."""
+        body = {"memory": self.mem_us, "tensor": self.tc_us, "simt": self.simt_us,
+                "latency": self.latency_us}
+        top = max(body, key=body.get)
+        return "launch" if self.us <= 2 * (self.us - body[top]) else top
+
+
+class CostModel(Protocol):
+    """Anything that predicts a kernel graph's time in microseconds."""
+
+    name: str
+
+    def predict(self, graph: Any, target: Any) -> float: ...
 
 
 def _size(shape) -> int:
@@ -56,84 +149,229 @@ def _size(shape) -> int:
     return n
 
 
-def _bw_eff(t: Target, blocks: int, smem: int, threads: int) -> float:
-    per_sm = t.max_blocks_per_sm
+def _pad(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def _mma_flops(m: int, n: int, k: int, batch: int = 1) -> float:
+    return 2.0 * batch * _pad(m, MMA[0]) * _pad(n, MMA[1]) * _pad(k, MMA[2])
+
+
+def _steps(elements: int, threads: int) -> int:
+    """Elements charged for an elementwise pass over ``elements`` on ``threads`` threads."""
+    return _pad(max(elements, 1), threads)
+
+
+def unpack(graph: Any) -> tuple[KernelGraph, tuple[int, ...]]:
+    """(kernel graph, pipeline stages per graph-defined kernel) of a graph or annotated graph."""
+    if isinstance(graph, KernelGraph):
+        return graph, ()
+    g = getattr(graph, "graph", None)
+    if not isinstance(g, KernelGraph):
+        raise MirageError(f"cost model: expected a KernelGraph or an annotated graph, got "
+                          f"{type(graph).__name__}")
+    return g, tuple(getattr(graph, "stages", ()) or ())
+
+
+def occupancy(t: Target, threads: int, smem: int) -> int:
+    """Resident blocks per SM (0: the block does not fit)."""
+    r = min(t.max_blocks_per_sm, t.max_threads_per_sm // threads,
+            t.regs_per_sm // (threads * REGS_PER_THREAD))
+    if threads * REGS_PER_THREAD > t.regs_per_block:
+        return 0
+    if smem > t.smem_per_block:
+        return 0
     if smem > 0:
-        per_sm = min(per_sm, max(1, t.smem_per_sm // smem))
-    per_sm = min(per_sm, max(1, 2048 // max(threads, 32)))
-    slots = t.sm_count * per_sm
-    waves = max(1, math.ceil(blocks / slots))
-    active = min(blocks, t.sm_count)
-    busy = min(1.0, 4.0 * active / t.sm_count)
-    quant = blocks / (waves * slots) if blocks >= slots else 1.0
-    return t.mem_bw * busy * max(quant, 0.5)
+        r = min(r, t.smem_per_sm // (smem + t.smem_reserved_per_block))
+    return max(r, 0)
 
 
-def kernel_costs(graph: KernelGraph, target: Any = "h100") -> list[KernelCost]:
-    t = get_target(target)
-    infos = validate(graph, t)
-    tensors = graph.tensors()
-    out = []
-    for k, op in enumerate(graph.ops):
-        if isinstance(op, KernelOp):
-            nbytes = sum(_size(tensors[n].shape) * DTYPES[tensors[n].dtype] for n in op.inputs)
-            nbytes += op.output.size * DTYPES[op.output.dtype]
-            tc = simt = 0.0
-            if op.op == "matmul":
-                a = tensors[op.inputs[0]]
-                tc = 2.0 * op.output.size * a.shape[-1]
+def _wave_us(t: Target, n: int, threads: int, stages: int, forloop: int, stage_bytes: float,
+             dram_b: float, load_b: float, read_b: float, tc_b: float,
+             simt_b: float) -> tuple[float, float, float, float, float]:
+    """(time, t_mem, t_tc, t_simt, t_lat) of one wave of ``n`` blocks, microseconds."""
+    q = -(-n // t.sm_count)
+    warps = q * threads / 32
+    lat = t.mem_latency_us * 1e-6
+    per_sm_bw = t.mem_bw / t.sm_count * SM_BW_FACTOR
+    if stage_bytes > 0:
+        per_sm_bw = min(per_sm_bw, q * stages * stage_bytes / lat)
+    t_mem = max(n * dram_b / t.mem_bw, n * load_b / (L2_SPEEDUP * t.mem_bw),
+                q * read_b / per_sm_bw) if load_b else 0.0
+    t_tc = q * tc_b / (t.tc_flops / t.sm_count * min(1.0, warps / TC_WARPS))
+    t_simt = q * simt_b / (t.fp32_flops / t.sm_count * min(1.0, warps / SIMT_WARPS))
+    parts = (t_mem, t_tc, t_simt)
+    top = max(parts)
+    exposed = 1.0 / (q * stages) ** 2
+    t_thr = top + exposed * (sum(parts) - top)
+    t_lat = lat * (1.0 + (forloop - 1) / stages)
+    return (1e6 * max(t_thr, t_lat), 1e6 * t_mem, 1e6 * t_tc, 1e6 * t_simt, 1e6 * t_lat)
+
+
+def _op_cost(op: KernelOp, tensors: dict, t: Target, inter: set[str]) -> KernelCost:
+    nbytes = sum(_size(tensors[n].shape) * DTYPES[tensors[n].dtype] for n in op.inputs)
+    nbytes += op.output.size * DTYPES[op.output.dtype]
+    ib = sum(_size(tensors[n].shape) * DTYPES[tensors[n].dtype] for n in op.inputs if n in inter)
+    if op.output.name in inter:
+        ib += op.output.size * DTYPES[op.output.dtype]
+    tc = simt = 0.0
+    if op.op == "matmul":
+        a = tensors[op.inputs[0]]
+        out = op.output.shape
+        tc = _mma_flops(out[-2], out[-1], a.shape[-1], _size(out[:-2]))
+    else:
+        simt = float(sum(_size(tensors[n].shape) for n in op.inputs) or op.output.size)
+    mem, tcu, simu = 1e6 * nbytes / t.mem_bw, 1e6 * tc / t.tc_flops, 1e6 * simt / t.fp32_flops
+    us = t.launch_us + max(mem, tcu, simu)
+    return KernelCost(f"{op.op}->{op.output.name}", us, nbytes, tc, simt, t.sm_count, 0, 0, 1, 1,
+                      0, 1.0, mem, tcu, simu, 0.0, ib, "op", nbytes, nbytes)
+
+
+def _graph_kernel_cost(op: GraphKernel, info, tensors: dict, t: Target, stages: int,
+                       inter: set[str]) -> KernelCost:
+    bg = op.block
+    B, T, F = bg.num_blocks, bg.threads, bg.forloop
+    shapes, phases = info.shapes, info.phases
+    tc = simt = 0.0
+    body_tiles = all_tiles = 0.0
+    iters = []
+    mm_outs = set()
+    for n in bg.ops:
+        reps = F if phases.get(getattr(n, "out", ""), "") == "body" else 1
+        if isinstance(n, InputIter):
+            src = tensors[op.inputs[n.input]]
+            tile = _size(shapes[n.out]) * DTYPES[src.dtype]
+            all_tiles += tile
+            if reps > 1:
+                body_tiles += tile
+            iters.append((src, tile * reps * B, n.imap))
+        elif isinstance(n, BlockOp):
+            if n.op == "matmul":
+                a, o = shapes[n.operands[0]], shapes[n.out]
+                tc += _mma_flops(o[-2], o[-1], a[-1], _size(o[:-2])) * reps * B
+                mm_outs.add(n.out)
             else:
-                simt = float(sum(_size(tensors[n].shape) for n in op.inputs) or op.output.size)
-            # a library kernel is assumed to spread any operator over the whole GPU
-            blocks = t.sm_count
-            us = t.launch_us + 1e6 * max(nbytes / _bw_eff(t, blocks, 0, 256), tc / t.tc_flops,
-                                         simt / t.fp32_flops)
-            out.append(KernelCost(f"{op.op}->{op.output.name}", us, nbytes, tc, simt, blocks))
-            continue
-        info = infos[k]
-        bg = op.block
-        blocks = bg.num_blocks
-        shapes = info.shapes
-        nbytes = 0.0
-        tc = simt = 0.0
-        for n in bg.ops:
-            reps = bg.forloop if info.phases.get(getattr(n, "out", ""), "") == "body" else 1
-            if isinstance(n, InputIter):
-                src = tensors[op.inputs[n.input]]
-                loads = _size(shapes[n.out]) * DTYPES[src.dtype] * reps * blocks
-                unique = min(loads, src.size * DTYPES[src.dtype])
-                # the first read of each element comes from DRAM; re-reads by other blocks hit
-                # L2 when the tensor fits in it (L2 bandwidth ~ L2_SPEEDUP x DRAM)
-                again = loads - unique
-                if src.size * DTYPES[src.dtype] <= t.l2_bytes:
-                    again /= L2_SPEEDUP
-                nbytes += unique + again
-            elif isinstance(n, BlockOp):
-                if n.op == "matmul":
-                    a = shapes[n.operands[0]]
-                    tc += 2.0 * _size(shapes[n.out]) * a[-1] * reps * blocks
-                else:
-                    src = [shapes[o] for o in n.operands if isinstance(o, str)]
-                    simt += max(_size(s) for s in src) * reps * blocks
-            elif isinstance(n, Fused):
-                simt += _size(shapes[n.out]) * len(n.thread.ops) * reps * blocks
-            elif isinstance(n, Accum):
-                simt += _size(shapes[n.out]) * bg.forloop * blocks
-        for o in op.outputs:
-            nbytes += o.size * DTYPES[o.dtype]
-        us = t.launch_us + 1e6 * max(nbytes / _bw_eff(t, blocks, info.smem_bytes, bg.threads),
-                                     tc / t.tc_flops, simt / t.fp32_flops)
-        names = ",".join(o.name for o in op.outputs)
-        out.append(KernelCost(f"graph_kernel->{names}", us, nbytes, tc, simt, blocks))
+                src_shapes = [shapes[x] for x in n.operands if isinstance(x, str)]
+                simt += _steps(max(_size(s) for s in src_shapes), T) * reps * B
+        elif isinstance(n, Fused):
+            simt += _steps(_size(shapes[n.out]), T) * len(n.thread.ops) * reps * B
+        elif isinstance(n, Accum) and n.input not in mm_outs:  # MMAs accumulate in place
+            simt += _steps(_size(shapes[n.out]), T) * F * B
+    stages = min(stages, F)  # a loop of F iterations has at most F of them in flight
+    smem = info.smem_bytes + (stages - 1) * int(body_tiles)
+    r = occupancy(t, T, smem)
+    slots = t.sm_count * max(r, 1)
+    nbytes = dram = loaded = reads = ib = 0.0
+    for src, loads, imap in iters:
+        size = src.size * DTYPES[src.dtype]
+        unique = min(loads, size)
+        loaded += loads
+        reads += loads
+        if size <= t.l2_bytes:
+            far = 1
+        else:  # sharers launched more than a wave apart miss L2 (blocks launch x fastest)
+            far, dist = 1, 1
+            for ax in range(3):
+                if imap[ax] < 0 and bg.grid[ax] > 1 and dist >= slots:
+                    far *= bg.grid[ax]
+                dist *= bg.grid[ax]
+        first = min(loads, unique * far)
+        dram += first
+        nbytes += first + (loads - first) / L2_SPEEDUP
+        if src.name in inter:
+            ib += unique
+    for o in op.outputs:
+        ob = o.size * DTYPES[o.dtype]
+        nbytes += ob
+        dram += ob
+        loaded += ob
+        if o.name in inter:
+            ib += ob
+    names = ",".join(o.name for o in op.outputs)
+    name = f"graph_kernel->{names}"
+    if r == 0:
+        return KernelCost(name, math.inf, nbytes, tc, simt, B, T, smem, stages, F, 0, math.inf,
+                          intermediate_bytes=ib, dram_bytes=dram, load_bytes=loaded)
+    full, rem = divmod(B, slots)
+    stage_bytes = body_tiles if body_tiles else all_tiles
+    per = (stage_bytes, dram / B, loaded / B, reads / B, tc / B, simt / B)
+    total = [0.0] * 5
+    for count, n in ((full, slots), (1 if rem else 0, rem)):
+        if count:
+            w = _wave_us(t, n, T, stages, F, *per)
+            total = [a + count * b for a, b in zip(total, w)]
+    us = t.launch_us + total[0]
+    return KernelCost(name, us, nbytes, tc, simt, B, T, smem, stages, F, r, B / slots,
+                      total[1], total[2], total[3], total[4], ib, "graph", dram, loaded)
+
+
+def kernel_costs(graph: Any, target: Any = "h100") -> list[KernelCost]:
+    """Per-kernel predictions, in launch order (see the module docstring for the formulas)."""
+    g, stages = unpack(graph)
+    t = get_target(target)
+    infos = validate(g, t)
+    tensors = g.tensors()
+    produced = {x.name for op in g.ops for x in op.outputs}
+    inter = produced - set(g.outputs)
+    out = []
+    gi = 0
+    for k, op in enumerate(g.ops):
+        if isinstance(op, KernelOp):
+            out.append(_op_cost(op, tensors, t, inter))
+        else:
+            s = stages[gi] if gi < len(stages) else DEFAULT_STAGES
+            gi += 1
+            if s < 1:
+                raise MirageError(f"cost model: {s} pipeline stages for graph kernel {gi - 1}")
+            out.append(_graph_kernel_cost(op, infos[k], tensors, t, s, inter))
     return out
 
 
-def estimate_us(graph: KernelGraph, target: Any = "h100") -> float:
+def estimate_us(graph: Any, target: Any = "h100") -> float:
     """Predicted time of the whole kernel graph (kernels run one after another)."""
     return sum(c.us for c in kernel_costs(graph, target))
 
 
-def bytes_moved(graph: KernelGraph, target: Any = "h100") -> float:
+def bytes_moved(graph: Any, target: Any = "h100") -> float:
     return sum(c.bytes for c in kernel_costs(graph, target))
 
 
+class AnalyticModel:
+    """The formulas above behind the ``predict`` interface."""
+
+    name = "analytic"
+
+    def predict(self, graph: Any, target: Any) -> float:
+        return estimate_us(graph, target)
+
+    def kernel_costs(self, graph: Any, target: Any) -> list[KernelCost]:
+        return kernel_costs(graph, target)
+
+
+class RandomModel:
+    """Test double: a deterministic pseudo-random time per (graph, stages, target, seed) in
+    [1, 1001) us. Ranks candidates arbitrarily but repeatably, so search and tuning can be tested
+    without trusting any formula."""
+
+    name = "random"
+
+    def __init__(self, seed: int = 0):
+        self.seed = seed
+
+    def predict(self, graph: Any, target: Any) -> float:
+        g, stages = unpack(graph)
+        key = f"{self.seed}:{get_target(target).name}:{g.structural_hash()}:{stages}"
+        h = int(hashlib.sha256(key.encode()).hexdigest()[:12], 16)
+        return 1.0 + (h % 1_000_000) / 1000.0
+
+
+_MODELS = {"analytic": AnalyticModel, "random": RandomModel}
+
+
+def create(name: str = "analytic", **kw: Any) -> CostModel:
+    """A cost model by name: ``analytic`` (default) or ``random`` (test double)."""
+    try:
+        return _MODELS[name](**kw)
+    except KeyError:
+        raise MirageError(f"unknown cost model {name!r}; choose one of {', '.join(_MODELS)}") \
+            from None

@@ -46,3 +46,8 @@ class ToolError(MirageError, RuntimeError):
 
 class ToolNotFoundError(ToolError):
     """An external program is not installed; the message says what to install."""
+
+
+class DatabaseError(MirageError, RuntimeError):
+    """A results database that cannot be used: a corrupt or foreign file, a newer schema, or a
+    path that cannot be opened. The message names the file and what to do."""

@@ -1,15 +1,23 @@
-"""``mp.superopt``: partition -> search -> verify -> rank -> assemble, and the result object.
+"""``mp.superopt``: partition -> search -> tune -> measure -> verify -> assemble, and the result.
 
-For each part of ``partition(program, uninterpreted=True)`` that the verifier can check, the
-generator searches for fused kernel graphs; candidates are ranked by the cost model and verified
-in that order until one is proved equivalent (finite-field random testing). Parts the verifier
-cannot check, and parts where nothing better than the naive lowering is found, use the naive
-lowering (one pre-defined kernel per operator). The parts' kernel graphs are joined into one.
+For each part of ``partition(program, uninterpreted=True)`` that the verifier can check:
 
-Search work is spread over processes (``workers``): each takes a share of the first-level plans
-and streams every complete candidate back as it is found, so a time budget or Ctrl-C keeps
-everything already found. Results are ordered by (estimated time, structural hash): the same
-seed and settings give the same answer.
+1. **database**: if the results database holds a verified answer for (the part's structural hash,
+   target), it is used as is (``PartResult.source == "database"``) and nothing else runs;
+2. **search**: the generator finds candidate μGraph structures (in ``workers`` processes, each
+   streaming candidates back as found, so a time budget or Ctrl-C keeps what was found);
+3. **tune**: the best ``tune_top`` structures get their annotations (part counts, threads, pipeline
+   stages) tuned by the evolutionary tuner under the cost model; a task scheduler spends
+   ``tune_rounds`` generations per part where the predicted end-to-end gain is largest;
+4. **measure**: with a GPU (or any runner that measures), the ``measure_top`` best are timed and
+   re-ranked by measured time;
+5. **verify** in that order until one is proved equivalent (finite-field random testing).
+
+Parts the verifier cannot check, and parts where nothing better than the naive lowering is found,
+use the naive lowering (one pre-defined kernel per operator). The parts' kernel graphs are joined
+into one. Every measurement and every verified answer is recorded in the database (answers of a
+search cut short by the budget or Ctrl-C are recorded but not reused). Ranking is by (time,
+structural hash) and the tuner is seeded, so the same seed and settings give the same answer.
 """
 
 from __future__ import annotations
@@ -25,13 +33,17 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .cost_model import estimate_us
+from .cost_model import AnalyticModel, create as create_model
 from .errors import MirageError, SerializationError
-from .generator.kernel_search import (Candidate, Searcher, SearchStats, search,
-                                      trace_from_json)
+from .generator.kernel_search import Candidate, SearchStats, search, trace_from_json
 from .lax.partition import partition
 from .lax.program import Program
 from .targets import get_target
+from .tuning.annotations import AnnotatedGraph, Schedule, threads_of
+from .tuning.database import Record, ResultsDB, open_database
+from .tuning.runners import Measurement, default_runner
+from .tuning.scheduler import TaskScheduler
+from .tuning.tuner import make_task
 from .ugraph.graph import DTensor, GraphKernel, KernelGraph, KernelOp
 from .ugraph.lower import naive_lowering
 
@@ -53,10 +65,23 @@ class PartResult:
     stats: SearchStats = field(default_factory=SearchStats)
     candidates: int = 0
     verified: int = 0
+    stages: tuple[int, ...] = ()  # pipeline stages per graph-defined kernel of ``graph``
+    schedule: Schedule | None = None  # the tuned annotations (None: as the generator built it)
+    untuned_us: float | None = None  # the chosen structure with the generator's annotations
+    best_untuned_us: float | None = None  # the best candidate before tuning
+    measured_us: float | None = None  # the chosen graph timed by a measuring runner
+    naive_measured_us: float | None = None
+    tune_rounds: int = 0
+    tune_evaluations: int = 0
+    origin: str = ""  # for source == "database": how the stored answer was found
 
     @property
     def speedup(self) -> float:
         return self.naive_estimated_us / self.estimated_us if self.estimated_us else float("nan")
+
+    @property
+    def annotated(self) -> AnnotatedGraph:
+        return AnnotatedGraph(self.graph, self.stages)
 
 
 def _search_worker(args: tuple) -> None:
@@ -160,66 +185,210 @@ class _Progress:
 def superopt(program: Program, *, target: Any = "h100", time_budget_s: float | None = None,
              seed: int = 0, workers: int | None = None, max_kernels: int = 3,
              verify_tests: int | None = None, max_verify: int = 16, tune_top: int = 4,
-             progress: bool | None = None) -> "OptimizedProgram":
-    """Superoptimise ``program`` for ``target`` (see module docstring)."""
+             tune_rounds: int = 8, measure_top: int = 4, progress: bool | None = None,
+             database: Any = None, runner: Any = None,
+             cost_model: Any = None) -> "OptimizedProgram":
+    """Superoptimise ``program`` for ``target`` (see module docstring).
+
+    ``database``: None -> the default results file (``$MIRAGE_PY_DATABASE``, else under the user
+    cache directory), a path -> that file, False -> no database. ``runner``: None -> the GPU
+    runner when CuPy sees a device, else the cost model. ``cost_model``: an object with
+    ``predict(graph, target)`` or a name (``"analytic"``, default). ``time_budget_s`` bounds search
+    (80 %) and tuning together; verification of the chosen candidate always completes.
+    """
     from .verifier import verify
 
     if not isinstance(program, Program):
         raise MirageError(f"superopt: expected a Program, got {type(program).__name__}")
     tgt = get_target(target)
+    model = create_model(cost_model) if isinstance(cost_model, str) else \
+        (cost_model or AnalyticModel())
+    runner = runner if runner is not None else default_runner(model)
+    db = open_database(database)
     if workers is None:
         workers = max(1, min(os.cpu_count() or 1, 8))
     if progress is None:
         progress = sys.stderr.isatty()
     t0 = time.perf_counter()
     deadline = t0 + time_budget_s if time_budget_s else None
+    search_deadline = t0 + 0.8 * time_budget_s if time_budget_s else None
     parts = partition(program, uninterpreted=True)
     results: list[PartResult] = []
+    pending: list[tuple[PartResult, list[tuple[float, Candidate]]]] = []
     for part in parts:
         naive = naive_lowering(part)
-        naive_us = estimate_us(naive, tgt)
+        naive_us = model.predict(naive, tgt)
         res = PartResult(part, naive, naive, "naive", naive_us, naive_us)
-        if part.verifiable:
-            bar = _Progress(f"search {part.name}", progress)
-            try:
-                found, stats = _parallel_search(part, tgt, max_kernels, deadline, workers, bar)
-            finally:
-                bar.close()
-            res.stats = stats
-            ranked = _rank(found, tgt)
-            res.candidates = len(ranked)
-            ranked = _tune(part, tgt, ranked, tune_top, deadline)
-            for cost, g in ranked[:max_verify]:
-                if cost >= naive_us:
-                    break
-                v = verify(part, g, tests=verify_tests, seed=seed)
-                res.verified += 1
-                if v.equivalent:
-                    res.graph, res.source, res.estimated_us, res.verification = g, "search", cost, v
-                    break
-            if res.verification is None:
-                res.verification = verify(part, naive, tests=verify_tests, seed=seed)
         results.append(res)
-    return OptimizedProgram(program, tgt.name, results, time.perf_counter() - t0)
+        if not part.verifiable:
+            continue
+        if db is not None and _from_database(res, db, tgt, model):
+            continue
+        bar = _Progress(f"search {part.name}", progress)
+        try:
+            found, stats = _parallel_search(part, tgt, max_kernels, search_deadline, workers, bar)
+        finally:
+            bar.close()
+        res.stats = stats
+        ranked = _rank(found, tgt, model)
+        res.candidates = len(ranked)
+        res.best_untuned_us = ranked[0][0] if ranked else None
+        pending.append((res, ranked))
+
+    options = _tune_parts(pending, tgt, model, tune_top, tune_rounds, deadline, seed)
+    for (res, _), opts in zip(pending, options):
+        part, naive_us = res.program, res.naive_estimated_us
+        measured = _measure(res, opts, runner, tgt, measure_top)
+        for opt in opts[:max_verify]:
+            cost, ag, untuned, sch = opt
+            m = measured.get(id(opt))
+            if m is not None and res.naive_measured_us is not None:
+                if m.us >= res.naive_measured_us:
+                    continue
+            elif cost >= naive_us:
+                break
+            v = verify(part, ag.graph, tests=verify_tests, seed=seed, target=tgt)
+            res.verified += 1
+            if v.equivalent:
+                res.graph, res.source, res.estimated_us, res.verification = \
+                    ag.graph, "search", cost, v
+                res.stages, res.schedule, res.untuned_us = ag.stages_full(), sch, untuned
+                res.measured_us = None if m is None else m.us
+                if m is not None:
+                    measured["chosen"] = m
+                break
+        if res.verification is None:
+            res.verification = verify(part, res.naive, tests=verify_tests, seed=seed, target=tgt)
+        if db is not None:
+            _record(db, res, opts, measured, tgt, runner)
+    return OptimizedProgram(program, tgt.name, results, time.perf_counter() - t0, model)
 
 
-def _rank(cands: list[Candidate], target) -> list[tuple[float, Candidate]]:
-    """Candidates by (estimated time, structural hash), duplicates dropped: deterministic."""
+Option = tuple  # (predicted us, AnnotatedGraph, untuned us, Schedule | None)
+
+
+def _rank(cands: list[Candidate], target, model=None) -> list[tuple[float, Candidate]]:
+    """Candidates by (predicted time, structural hash), duplicates dropped: deterministic."""
+    model = model or AnalyticModel()
     out = {}
     for c in cands:
         h = c.graph.structural_hash()
         if h not in out:
-            out[h] = (estimate_us(c.graph, target), h, c)
+            out[h] = (model.predict(c.graph, target), h, c)
     return [(cost, c) for cost, _, c in sorted(out.values(), key=lambda x: (x[0], x[1]))]
 
 
-def _tune(part: Program, target, ranked: list[tuple[float, Candidate]], top: int,
-          deadline: float | None) -> list[tuple[float, KernelGraph]]:
-    """Tune the part counts of the best ``top`` candidates; all candidates re-ranked."""
-    searcher = Searcher(part, target, deadline)
-    cost = lambda g: estimate_us(g, target)  # noqa: E731
-    tuned = [searcher.tune(c, cost) for _, c in ranked[:top]] + [c for _, c in ranked[top:]]
-    return [(cost, c.graph) for cost, c in _rank(tuned, target)]
+def _tune_parts(pending, target, model, top: int, rounds: int, deadline: float | None,
+                seed: int) -> list[list[Option]]:
+    """Tune the best ``top`` structures of every searched part (one task per part, rounds spread
+    by the task scheduler); each part's options -- tuned bests, then the untuned rest -- ranked
+    by (predicted time, structural hash)."""
+    tasks, owners = [], []
+    for k, (res, ranked) in enumerate(pending):
+        if ranked and top > 0 and rounds > 0:
+            tasks.append(make_task(res.program.name, res.program, target,
+                                   [c for _, c in ranked[:top]], model, seed=seed))
+            owners.append(k)
+    if tasks:
+        try:
+            log = TaskScheduler(tasks, rounds=rounds * len(tasks), deadline=deadline).run()
+            for k, task, n in zip(owners, tasks, log.rounds):
+                pending[k][0].tune_rounds = n
+        except KeyboardInterrupt:  # Ctrl-C while tuning: keep what the tuners have
+            for k in owners:
+                pending[k][0].stats.interrupted = True
+    out: list[list[Option]] = []
+    by_owner = dict(zip(owners, tasks))
+    for k, (res, ranked) in enumerate(pending):
+        opts: dict[str, tuple] = {}
+
+        def add(cost: float, ag: AnnotatedGraph, untuned: float, sch) -> None:
+            key = ag.graph.structural_hash() + str(ag.stages_full())
+            if key not in opts or cost < opts[key][0]:
+                opts[key] = (cost, ag, untuned, sch)
+        task = by_owner.get(k)
+        if task is not None:
+            for tuner in task.tuners:
+                res.tune_evaluations += len(tuner.seen)
+                for ev in tuner.top(2):
+                    sch = None if ev.schedule == tuner.base else ev.schedule
+                    add(ev.cost, ev.graph, tuner.base_cost, sch)
+        for cost, c in ranked:
+            add(cost, AnnotatedGraph(c.graph), cost, None)
+        out.append(sorted(opts.values(), key=lambda o: (o[0], o[1].graph.structural_hash(),
+                                                         o[1].stages_full())))
+    return out
+
+
+def _measure(res: PartResult, opts: list[Option], runner, target,
+             top: int) -> dict:
+    """Time the naive graph and the ``top`` best options with a measuring runner; those options
+    are then re-ordered by measured time (in place). Returns measurements by option id."""
+    if not getattr(runner, "measures", False) or top <= 0 or not opts:
+        return {}
+    nm = runner.run(res.naive, target)
+    res.naive_measured_us = nm.us if nm.ok else None
+    out = {id(o): runner.run(o[1], target) for o in opts[:top]}
+    head = sorted(opts[:top], key=lambda o: (out[id(o)].us, o[0]))
+    opts[:top] = head
+    out[-1] = nm  # the naive graph's measurement, recorded too
+    return out
+
+
+def _from_database(res: PartResult, db: ResultsDB, target, model) -> bool:
+    """Fill ``res`` from a stored verified answer; False if there is none (or it is unusable)."""
+    rec = db.lookup(res.program.structural_hash(), target.name)
+    if rec is None or not rec.verification:
+        return False
+    try:
+        g = KernelGraph.from_json(rec.graph)
+        stages = tuple(rec.annotations.get("stages", ()))
+        cost = model.predict(AnnotatedGraph(g, stages), target)
+        sched = rec.annotations.get("schedule")
+        schedule = Schedule.from_json(sched) if sched else None
+    except (MirageError, KeyError, TypeError, ValueError):
+        return False  # written by another version or for another model: search again
+    res.graph, res.source, res.estimated_us = g, "database", cost
+    res.verification = SavedVerification(**{k: rec.verification[k] for k in
+                                            ("equivalent", "bound", "tests_run", "seconds")})
+    res.stages, res.schedule, res.measured_us = stages, schedule, rec.measured_us
+    res.untuned_us = rec.annotations.get("untuned_us")
+    res.origin = rec.annotations.get("source", "")
+    return True
+
+
+def _record(db: ResultsDB, res: PartResult, opts: list[Option], measured: dict, target,
+            runner, keep: int = 8) -> None:
+    """One transaction per part: every measurement, the best few predictions, and the answer
+    (chosen only when verified and the search ran to completion)."""
+    def rec(ag: AnnotatedGraph, pred: float, sch, m: Measurement | None, **kw) -> Record:
+        ann = {"threads": list(threads_of(ag.graph)), "stages": list(ag.stages_full()),
+               "schedule": None if sch is None else sch.to_json()}
+        ann.update(kw.pop("extra", {}))
+        return Record(ag.graph.to_json(), target.name, ag.graph.structural_hash(), ann,
+                      predicted_us=pred, measured_us=None if m is None else m.us,
+                      runner=(m.runner if m is not None else runner_name),
+                      samples=None if m is None else list(m.samples), **kw)
+
+    runner_name = "model"
+    rows: list[Record] = []
+    if -1 in measured:
+        rows.append(rec(AnnotatedGraph(res.naive), res.naive_estimated_us, None, measured[-1],
+                        extra={"source": "naive"}))
+    for i, o in enumerate(opts):
+        m = measured.get(id(o))
+        if m is not None or i < keep:
+            rows.append(rec(o[1], o[0], o[3], m))
+    complete = not (res.stats.timed_out or res.stats.interrupted)
+    v = res.verification
+    if v is not None and v.equivalent:
+        vdoc = {"equivalent": bool(v.equivalent), "bound": float(v.bound),
+                "tests_run": int(v.tests_run), "seconds": float(v.seconds)}
+        m = measured.get("chosen")
+        rows.append(rec(res.annotated, res.estimated_us, res.schedule, m, chosen=complete,
+                        verification=vdoc,
+                        extra={"source": res.source, "untuned_us": res.untuned_us}))
+    db.add(res.program, rows)
 
 
 def join_parts(program: Program, graphs: list[KernelGraph], parts) -> KernelGraph:
@@ -255,14 +424,17 @@ class OptimizedProgram:
     """What ``superopt`` returns: the chosen μGraphs per subprogram, joined into one graph."""
 
     def __init__(self, program: Program, target: str, parts: list[PartResult],
-                 search_seconds: float):
+                 search_seconds: float, model: Any = None):
         self.program = program
         self.target = target
         self.parts = parts
         self.search_seconds = search_seconds
+        self.model = model or AnalyticModel()
         self.partition = partition(program, uninterpreted=True)
         self.graph = join_parts(program, [p.graph for p in parts], self.partition)
         self.naive_graph = join_parts(program, [p.naive for p in parts], self.partition)
+        # pipeline stages of the joined graph's graph-defined kernels, part by part
+        self.stages = tuple(s for p in parts for s in p.annotated.stages_full())
         self._compiled = None
 
     # -- numbers --------------------------------------------------------------------------------
@@ -275,12 +447,23 @@ class OptimizedProgram:
         return self.naive_graph.num_kernels
 
     @property
+    def annotated(self) -> AnnotatedGraph:
+        """The joined graph with its pipeline stages (what the cost model and codegen read)."""
+        return AnnotatedGraph(self.graph, self.stages)
+
+    @property
     def estimated_time_us(self) -> float:
-        return estimate_us(self.graph, self.target)
+        return self.model.predict(self.annotated, self.target)
 
     @property
     def naive_estimated_time_us(self) -> float:
-        return estimate_us(self.naive_graph, self.target)
+        return self.model.predict(self.naive_graph, self.target)
+
+    @property
+    def measured_time_us(self) -> float | None:
+        """Sum of the parts' measured times, when a GPU runner timed every part's choice."""
+        ms = [p.measured_us for p in self.parts]
+        return sum(ms) if ms and all(m is not None for m in ms) else None
 
     @property
     def verification(self) -> list:
@@ -319,20 +502,35 @@ class OptimizedProgram:
             kinds = "Lax" if p.program.is_lax else ("Lax + uninterpreted "
                                                     + ",".join(sorted(p.program.uninterpreted_ops))
                                                     if p.program.verifiable else "non-Lax")
-            lines.append(f"  part {i} [{kinds}] {p.source}: {p.naive.num_kernels} -> "
+            src = p.source + (f" ({p.origin})" if p.origin else "")
+            lines.append(f"  part {i} [{kinds}] {src}: {p.naive.num_kernels} -> "
                          f"{p.graph.num_kernels} kernels, {p.naive_estimated_us:.1f} -> "
                          f"{p.estimated_us:.1f} us ({p.speedup:.2f}x); {vb}")
-            lines.append(f"    {p.candidates} candidates, {p.verified} verified; "
-                         f"{p.stats.states} states, {p.stats.pruned} pruned, "
-                         f"{p.stats.plans} plans in {p.stats.seconds:.2f} s"
-                         + (" (time budget hit)" if p.stats.timed_out else "")
-                         + (" (interrupted)" if p.stats.interrupted else ""))
+            if p.source == "database":
+                lines.append("    from the results database (no search)")
+            else:
+                lines.append(f"    {p.candidates} candidates, {p.verified} verified; "
+                             f"{p.stats.states} states, {p.stats.pruned} pruned, "
+                             f"{p.stats.plans} plans in {p.stats.seconds:.2f} s"
+                             + (" (time budget hit)" if p.stats.timed_out else "")
+                             + (" (interrupted)" if p.stats.interrupted else ""))
+            if p.untuned_us is not None and p.source != "naive":
+                lines.append(f"    tuning: {p.untuned_us:.1f} -> {p.estimated_us:.1f} us"
+                             + ("" if p.source == "database" else
+                                f" ({p.tune_rounds} rounds, {p.tune_evaluations} schedules)"))
+            if p.measured_us is not None:
+                lines.append(f"    measured: {p.measured_us:.1f} us"
+                             + (f" (naive {p.naive_measured_us:.1f} us)"
+                                if p.naive_measured_us is not None else ""))
+            gk = 0
+            stages = p.annotated.stages_full()
             for op in p.graph.ops:
                 if isinstance(op, GraphKernel):
                     bg = op.block
                     lines.append(f"    graph kernel -> {', '.join(t.name for t in op.outputs)}: "
                                  f"grid {bg.grid}, {bg.threads} threads, forloop {bg.forloop}, "
-                                 f"{len(bg.ops)} block ops")
+                                 f"{stages[gk]} stage(s), {len(bg.ops)} block ops")
+                    gk += 1
                 else:
                     lines.append(f"    kernel {op.op} -> {op.output.name}")
         return "\n".join(lines)
@@ -351,6 +549,9 @@ class OptimizedProgram:
                 "source": p.source, "estimated_us": p.estimated_us,
                 "naive_estimated_us": p.naive_estimated_us,
                 "candidates": p.candidates, "verified": p.verified, "stats": p.stats.__dict__,
+                "stages": list(p.stages),
+                "schedule": None if p.schedule is None else p.schedule.to_json(),
+                "untuned_us": p.untuned_us, "measured_us": p.measured_us,
                 "verification": None if v is None else {
                     "equivalent": bool(v.equivalent), "bound": float(v.bound),
                     "tests_run": int(v.tests_run), "seconds": float(v.seconds)}})
@@ -376,11 +577,15 @@ class OptimizedProgram:
                 sub = Program.from_json(d["program"])
                 naive = naive_lowering(sub)
                 v = d["verification"]
+                sched = d.get("schedule")
                 parts.append(PartResult(
                     sub, KernelGraph.from_json(d["graph"]), naive, d["source"],
                     d["estimated_us"], d["naive_estimated_us"],
                     None if v is None else SavedVerification(**v),
-                    SearchStats(**d["stats"]), d["candidates"], d["verified"]))
+                    SearchStats(**d["stats"]), d["candidates"], d["verified"],
+                    stages=tuple(d.get("stages", ())),
+                    schedule=None if not sched else Schedule.from_json(sched),
+                    untuned_us=d.get("untuned_us"), measured_us=d.get("measured_us")))
             return cls(program, doc["target"], parts, doc["search_seconds"])
         except (KeyError, TypeError) as e:
             raise SerializationError(f"malformed superopt result: {type(e).__name__}: {e}") \

@@ -15,3 +15,14 @@ ROOT = os.path.dirname(HERE)
 for path in (ROOT, HERE):
     if path not in sys.path:
         sys.path.insert(0, path)
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _results_database(tmp_path_factory, monkeypatch):
+    """superopt's results database: a fresh file per test, never the user's cache."""
+    path = tmp_path_factory.mktemp("resultsdb") / "results.sqlite"
+    monkeypatch.setenv("MIRAGE_PY_DATABASE", str(path))
+    yield path

@@ -1,0 +1,326 @@
+"""Results database: every candidate measured or chosen, keyed by subprogram and target.
+
+SQLite (stdlib ``sqlite3``) in WAL mode, so several processes can read and write one file at once;
+every write is one ``BEGIN IMMEDIATE`` ... ``COMMIT`` transaction, so a process killed mid-write
+leaves the file as it was before that transaction. Tables::
+
+    meta(key, value)                 format = "mirage_py.results", schema_version = 1
+    workloads(id, hash, name, program_json, created)
+        hash: Program.structural_hash() of the subprogram; program_json: its JSON
+    records(id, workload_id, target, graph_hash, graph_json, annotations_json,
+            predicted_us, measured_us, runner, samples_json, chosen, verification_json,
+            tool_version, created)
+        annotations_json: {"threads": [...], "stages": [...], "schedule": {...} or null}
+        chosen = 1: superopt's verified answer for (workload, target); the latest one is reused
+
+Default file: ``$MIRAGE_PY_DATABASE`` if set (``off``/``0``/empty disables it), else
+``$XDG_CACHE_HOME/mirage_py/results.sqlite`` (``~/.cache`` when XDG_CACHE_HOME is unset).
+A file that is not SQLite, an SQLite file of another program, or one written by a newer schema
+raises :class:`~mirage_py.errors.DatabaseError` naming the file, never a raw sqlite3 error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import json
+import os
+import sqlite3
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator
+
+from ..errors import DatabaseError
+
+FORMAT = "mirage_py.results"
+SCHEMA_VERSION = 1
+ENV = "MIRAGE_PY_DATABASE"
+_OFF = ("", "0", "off", "none", "false", "no")
+
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS workloads (id INTEGER PRIMARY KEY, hash TEXT NOT NULL UNIQUE, "
+    "name TEXT, program_json TEXT NOT NULL, created TEXT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS records (id INTEGER PRIMARY KEY, "
+    "workload_id INTEGER NOT NULL REFERENCES workloads(id), target TEXT NOT NULL, "
+    "graph_hash TEXT NOT NULL, graph_json TEXT NOT NULL, annotations_json TEXT NOT NULL, "
+    "predicted_us REAL, measured_us REAL, runner TEXT, samples_json TEXT, "
+    "chosen INTEGER NOT NULL DEFAULT 0, verification_json TEXT, tool_version TEXT NOT NULL, "
+    "created TEXT NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS records_lookup ON records(workload_id, target, chosen)",
+)
+
+
+def default_path() -> str | None:
+    """Where ``superopt`` keeps results when not told (None: disabled by the environment)."""
+    env = os.environ.get(ENV)
+    if env is not None:
+        return None if env.strip().lower() in _OFF else os.path.expanduser(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "mirage_py", "results.sqlite")
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _tool_version() -> str:
+    from .. import __version__
+    return __version__
+
+
+def _num(x: Any) -> float | None:
+    """NaN/inf are not JSON and SQLite stores inf as REAL fine, but keep NULL for unknowns."""
+    return None if x is None else float(x)
+
+
+@dataclass
+class Record:
+    """One row of ``records`` (``graph`` and ``annotations`` as JSON documents)."""
+
+    graph: dict
+    target: str
+    graph_hash: str
+    annotations: dict = field(default_factory=dict)
+    predicted_us: float | None = None
+    measured_us: float | None = None
+    runner: str | None = None
+    samples: list | None = None
+    chosen: bool = False
+    verification: dict | None = None
+    tool_version: str = ""
+    created: str = ""
+    workload_hash: str = ""
+    id: int | None = None
+
+
+@dataclass(frozen=True)
+class Workload:
+    hash: str
+    name: str
+    program: dict
+
+
+class ResultsDB:
+    """A results database file (see module doc). Safe to share between processes; one object per
+    process (a forked child reopens its own connection)."""
+
+    def __init__(self, path: str, timeout: float = 30.0):
+        self.path = os.path.abspath(os.path.expanduser(str(path)))
+        self.timeout = timeout
+        self._con: sqlite3.Connection | None = None
+        self._pid = -1
+        self._connect()
+
+    # -- connection and schema ----------------------------------------------------------------
+    @contextlib.contextmanager
+    def _guard(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except sqlite3.DatabaseError as e:
+            msg = str(e)
+            if "not a database" in msg or "malformed" in msg or "corrupt" in msg:
+                raise DatabaseError(f"{self.path}: not a usable mirage_py results database "
+                                    f"({msg}) while trying to {what}; delete the file or use "
+                                    "another path") from None
+            if "locked" in msg or "busy" in msg:
+                raise DatabaseError(f"{self.path}: database busy for more than {self.timeout} s "
+                                    f"while trying to {what}") from None
+            raise DatabaseError(f"{self.path}: cannot {what}: {msg}") from None
+
+    def _connect(self) -> sqlite3.Connection:
+        if self._con is not None and self._pid == os.getpid():
+            return self._con
+        d = os.path.dirname(self.path)
+        try:
+            os.makedirs(d, exist_ok=True)
+        except OSError as e:
+            raise DatabaseError(f"{self.path}: cannot create directory {d} ({e.strerror})") \
+                from None
+        if os.path.isdir(self.path):
+            raise DatabaseError(f"{self.path} is a directory, not a results database file")
+        with self._guard("open it"):
+            con = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None,
+                                  check_same_thread=False)
+            try:
+                self._check_or_create(con)
+                con.execute("PRAGMA journal_mode=WAL")
+                con.execute("PRAGMA synchronous=NORMAL")
+                con.execute("PRAGMA foreign_keys=ON")
+            except BaseException:
+                con.close()
+                raise
+        self._con, self._pid = con, os.getpid()
+        return con
+
+    def _tables(self, con: sqlite3.Connection) -> set[str]:
+        return {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+
+    def _check_or_create(self, con: sqlite3.Connection) -> None:
+        tables = self._tables(con)
+        if not tables:
+            con.execute("BEGIN IMMEDIATE")  # another process may be creating it right now
+            try:
+                tables = self._tables(con)
+                if not tables:
+                    for stmt in _SCHEMA:
+                        con.execute(stmt)
+                    con.executemany("INSERT OR IGNORE INTO meta VALUES (?, ?)",
+                                    [("format", FORMAT), ("schema_version", str(SCHEMA_VERSION)),
+                                     ("created", _now())])
+                con.execute("COMMIT")
+            except BaseException:
+                con.execute("ROLLBACK")
+                raise
+            tables = self._tables(con)
+        if "meta" not in tables:
+            raise DatabaseError(f"{self.path} is an SQLite file of another program (tables: "
+                                f"{', '.join(sorted(tables))}), not a mirage_py results database; "
+                                "use another path")
+        meta = dict(con.execute("SELECT key, value FROM meta"))
+        if meta.get("format") != FORMAT:
+            raise DatabaseError(f"{self.path} is not a mirage_py results database (format "
+                                f"{meta.get('format')!r}); use another path")
+        try:
+            version = int(meta.get("schema_version", ""))
+        except ValueError:
+            raise DatabaseError(f"{self.path}: schema version {meta.get('schema_version')!r} "
+                                "is not a number") from None
+        if version > SCHEMA_VERSION:
+            raise DatabaseError(f"{self.path} was written by a newer mirage_py (schema {version}, "
+                                f"this one reads {SCHEMA_VERSION}); upgrade or use another path")
+        missing = {"workloads", "records"} - tables
+        if missing:
+            raise DatabaseError(f"{self.path}: results database lacks table(s) "
+                                f"{', '.join(sorted(missing))}; delete the file")
+
+    def close(self) -> None:
+        if self._con is not None and self._pid == os.getpid():
+            self._con.close()
+        self._con = None
+
+    def __enter__(self) -> "ResultsDB":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"ResultsDB({self.path!r})"
+
+    # -- writing ------------------------------------------------------------------------------
+    def add(self, program: Any, records: Iterable[Record]) -> list[int]:
+        """Store ``records`` for subprogram ``program`` (a Program, or (hash, name, json)) in one
+        transaction: all of them or, if anything fails or the process dies, none."""
+        if isinstance(program, tuple):
+            h, name, pjson = program
+        else:
+            h, name, pjson = program.structural_hash(), program.name, program.to_json()
+        con = self._connect()
+        ids: list[int] = []
+        with self._guard("write records"):
+            con.execute("BEGIN IMMEDIATE")
+            try:
+                con.execute("INSERT OR IGNORE INTO workloads (hash, name, program_json, created) "
+                            "VALUES (?, ?, ?, ?)", (h, name, json.dumps(pjson), _now()))
+                wid = con.execute("SELECT id FROM workloads WHERE hash = ?", (h,)).fetchone()[0]
+                version = _tool_version()
+                for r in records:
+                    cur = con.execute(
+                        "INSERT INTO records (workload_id, target, graph_hash, graph_json, "
+                        "annotations_json, predicted_us, measured_us, runner, samples_json, "
+                        "chosen, verification_json, tool_version, created) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        (wid, r.target, r.graph_hash, json.dumps(r.graph, sort_keys=True),
+                         json.dumps(r.annotations, sort_keys=True), _num(r.predicted_us),
+                         _num(r.measured_us), r.runner,
+                         None if r.samples is None else json.dumps(list(r.samples)),
+                         int(bool(r.chosen)),
+                         None if r.verification is None else json.dumps(r.verification),
+                         r.tool_version or version, r.created or _now()))
+                    ids.append(cur.lastrowid)
+                con.execute("COMMIT")
+            except BaseException:
+                with contextlib.suppress(sqlite3.Error):
+                    con.execute("ROLLBACK")
+                raise
+        return ids
+
+    # -- reading ------------------------------------------------------------------------------
+    _COLS = ("r.id, w.hash, r.target, r.graph_hash, r.graph_json, r.annotations_json, "
+             "r.predicted_us, r.measured_us, r.runner, r.samples_json, r.chosen, "
+             "r.verification_json, r.tool_version, r.created")
+
+    @staticmethod
+    def _record(row: tuple) -> Record:
+        (rid, wh, target, gh, gj, aj, pred, meas, runner, sj, chosen, vj, tv, created) = row
+        return Record(json.loads(gj), target, gh, json.loads(aj), pred, meas, runner,
+                      None if sj is None else json.loads(sj), bool(chosen),
+                      None if vj is None else json.loads(vj), tv, created, wh, rid)
+
+    def records(self, *, workload: str | None = None, target: str | None = None,
+                measured: bool | None = None, chosen: bool | None = None) -> list[Record]:
+        """Records in insertion order, optionally filtered."""
+        where, args = [], []
+        if workload is not None:
+            where.append("w.hash = ?")
+            args.append(workload)
+        if target is not None:
+            where.append("r.target = ?")
+            args.append(target)
+        if measured is not None:
+            where.append("r.measured_us IS NOT NULL" if measured else "r.measured_us IS NULL")
+        if chosen is not None:
+            where.append("r.chosen = ?")
+            args.append(int(chosen))
+        sql = (f"SELECT {self._COLS} FROM records r JOIN workloads w ON w.id = r.workload_id"
+               + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY r.id")
+        with self._guard("read records"):
+            rows = self._connect().execute(sql, args).fetchall()
+            return [self._record(row) for row in rows]
+
+    def lookup(self, workload: str, target: str) -> Record | None:
+        """The latest chosen (verified) record for (subprogram hash, target), or None."""
+        with self._guard("look up a result"):
+            row = self._connect().execute(
+                f"SELECT {self._COLS} FROM records r JOIN workloads w ON w.id = r.workload_id "
+                "WHERE w.hash = ? AND r.target = ? AND r.chosen = 1 ORDER BY r.id DESC LIMIT 1",
+                (workload, target)).fetchone()
+            return None if row is None else self._record(row)
+
+    def workloads(self) -> list[Workload]:
+        with self._guard("read workloads"):
+            rows = self._connect().execute(
+                "SELECT hash, name, program_json FROM workloads ORDER BY id").fetchall()
+            return [Workload(h, n, json.loads(p)) for h, n, p in rows]
+
+    def count(self) -> int:
+        with self._guard("count records"):
+            return self._connect().execute("SELECT COUNT(*) FROM records").fetchone()[0]
+
+    def check(self) -> str:
+        """SQLite's integrity check ("ok" when the file is consistent)."""
+        with self._guard("check integrity"):
+            return self._connect().execute("PRAGMA integrity_check").fetchone()[0]
+
+
+def open_database(database: Any = None) -> ResultsDB | None:
+    """``superopt``'s ``database`` argument as a ResultsDB: None -> the default file (or none if
+    disabled by ``$MIRAGE_PY_DATABASE``), False -> none, a path -> that file, a ResultsDB -> it."""
+    if database is False:
+        return None
+    if isinstance(database, ResultsDB):
+        return database
+    if database is None or database is True:
+        path = default_path()
+        if path is None:
+            return None
+        try:
+            return ResultsDB(path)
+        except DatabaseError as e:
+            if not os.access(os.path.dirname(path) or ".", os.W_OK) or "cannot create" in str(e):
+                # the default place is not writable (read-only home, sandbox): carry on without
+                warnings.warn(f"results database disabled: {e}", RuntimeWarning, stacklevel=2)
+                return None
+            raise  # a corrupt or foreign file: say so
+    return ResultsDB(os.fspath(database))

@@ -1,0 +1,207 @@
+"""The analytic cost model: cases with known answers, each effect the tuner relies on, the
+interface and its test double, and the targets' figures."""
+
+import math
+
+import pytest
+
+from mirage_py.cost_model import (L2_SPEEDUP, AnalyticModel, RandomModel, create, estimate_us,
+                                  kernel_costs, occupancy)
+from mirage_py.errors import MirageError
+from mirage_py.targets import TARGETS, get_target
+from mirage_py.tuning import AnnotatedGraph
+from mirage_py.ugraph import (Accum, BlockOp, DTensor, InputIter, KernelGraph, KernelOp,
+                              OutputSaver, attrs_of)
+from ugraph_cases import R, one_kernel, tiled_matmul
+
+H100 = get_target("h100")
+
+
+def copy_graph(M=8192, N=8192, tile=64, threads=128):
+    return one_kernel("copy", [DTensor("X", (M, N))], [DTensor("Y", (M, N))],
+                      (M // tile, N // tile, 1), 1,
+                      [InputIter("x", 0, (0, 1, R)), OutputSaver("x", 0, (0, 1, R))], threads)
+
+
+def matmul_graph(M, K, N, tm, tn, tk, threads=256):
+    """C = A @ B with (tm, tn) output tiles per block and the loop over K in chunks of tk."""
+    return one_kernel("mm", [DTensor("A", (M, K)), DTensor("B", (K, N))], [DTensor("C", (M, N))],
+                      (M // tm, N // tn, 1), K // tk, [
+                          InputIter("a", 0, (0, R, R), fmap=1),
+                          InputIter("b", 1, (R, 1, R), fmap=0),
+                          BlockOp("c", "matmul", ("a", "b")),
+                          Accum("acc", "c"),
+                          OutputSaver("acc", 0, (0, 1, R))], threads)
+
+
+# ---- known answers -------------------------------------------------------------------------
+
+def test_pure_copy_is_launch_plus_bytes_over_measured_bandwidth():
+    g = copy_graph()
+    nbytes = 2 * 8192 * 8192 * 2
+    want = H100.launch_us + 1e6 * nbytes / H100.mem_bw  # 2.5 + 89.48 us
+    assert estimate_us(g, "h100") == pytest.approx(want, rel=1e-9)
+    (c,) = kernel_costs(g, "h100")
+    assert c.bytes == nbytes and c.tc_flops == 0 and c.bound == "memory"
+    # the same copy on an H200 is faster by the ratio of measured bandwidths
+    assert estimate_us(g, "h200") == pytest.approx(H100.launch_us + 1e6 * nbytes / 4.3e12)
+
+
+def test_pure_copy_as_a_library_kernel():
+    p = KernelGraph("t", (DTensor("X", (8192, 8192)),),
+                    (KernelOp("transpose", ("X",), DTensor("Y", (8192, 8192)),
+                              attrs_of(perm=(1, 0))),), ("Y",))
+    assert estimate_us(p, "h100") == pytest.approx(2.5 + 1e6 * 2 * 8192 * 8192 * 2 / 3.0e12)
+
+
+def test_large_matmul_library_kernel_runs_at_measured_tensor_rate():
+    n = 8192
+    g = KernelGraph("mm", (DTensor("A", (n, n)), DTensor("B", (n, n))),
+                    (KernelOp("matmul", ("A", "B"), DTensor("C", (n, n))),), ("C",))
+    want = H100.launch_us + 1e6 * 2 * n ** 3 / 790e12  # 1394.3 us: compute bound
+    assert estimate_us(g, "h100") == pytest.approx(want, rel=1e-9)
+    assert kernel_costs(g, "h100")[0].bound == "tensor"
+
+
+def test_large_matmul_graph_kernel_runs_near_the_tensor_roofline():
+    """8192^3 in 128x128 output tiles, 3 stages: within 15 % of the library kernel's time once
+    the partial last wave is paid for (the tiles' L2 traffic is close to the limit too)."""
+    n = 8192
+    g = matmul_graph(n, n, n, 128, 128, 32, threads=256)
+    (c,) = kernel_costs(AnnotatedGraph(g, (3,)), "h100")
+    roofline = 1e6 * 2 * n ** 3 / H100.tc_flops
+    slots = H100.sm_count * c.blocks_per_sm
+    quantised = roofline * math.ceil(4096 / slots) * slots / 4096  # 32 waves for 31.03 waves
+    assert c.tc_us == pytest.approx(quantised, rel=1e-9)
+    assert quantised + H100.launch_us <= c.us <= 1.15 * quantised + H100.launch_us
+
+
+def test_tiny_kernel_costs_the_launch():
+    g = one_kernel("tiny", [DTensor("X", (1, 64))], [DTensor("Y", (1, 64))], (1, 1, 1), 1,
+                   [InputIter("x", 0, (R, R, R)), BlockOp("y", "mul", ("x", 2.0)),
+                    OutputSaver("y", 0, (R, R, R))], 64)
+    us = estimate_us(g, "h100")
+    # one launch and one dependent global load, nothing else worth counting
+    assert us == pytest.approx(H100.launch_us + H100.mem_latency_us, rel=1e-3)
+    assert kernel_costs(g, "h100")[0].bound in ("latency", "launch")
+    op = KernelGraph("t", (DTensor("X", (1, 64)),),
+                     (KernelOp("mul", ("X", 2.0), DTensor("Y", (1, 64))),), ("Y",))
+    assert estimate_us(op, "h100") == pytest.approx(H100.launch_us, rel=1e-3)
+    assert kernel_costs(op, "h100")[0].bound == "launch"
+
+
+# ---- effects ---------------------------------------------------------------------------------
+
+def test_replicated_reads_hit_l2_and_dram_sees_each_byte_once():
+    # every one of 64 blocks reads all of A (replicated): 64x the loads, 1x the DRAM traffic
+    g = matmul_graph(64, 4096, 8192, 64, 128, 64, threads=128)
+    (c,) = kernel_costs(g, "h100")
+    a, b, out = 64 * 4096 * 2, 4096 * 8192 * 2, 64 * 8192 * 2
+    assert c.dram_bytes == a + b + out
+    assert c.load_bytes == 64 * a + b + out
+    assert c.bytes == pytest.approx(a + 63 * a / L2_SPEEDUP + b + out)
+
+
+def test_split_reduction_pays_for_its_combine_step():
+    """A reduction split over 8 blocks saves float32 partials and a second kernel sums them:
+    the partials' write and read-back and the extra launch are all charged."""
+    M, K, N, S = 64, 4096, 64, 8
+    split = KernelGraph("splitk", (DTensor("A", (M, K)), DTensor("B", (K, N))), (
+        one_kernel("k1", [DTensor("A", (M, K)), DTensor("B", (K, N))],
+                   [DTensor("P", (M, N * S), "float32")], (S, 1, 1), 8, [
+                       InputIter("a", 0, (1, R, R), fmap=1), InputIter("b", 1, (0, R, R), fmap=0),
+                       BlockOp("c", "matmul", ("a", "b")), Accum("acc", "c"),
+                       OutputSaver("acc", 0, (1, R, R))]).ops[0],
+        one_kernel("k2", [DTensor("P", (M, N * S), "float32")], [DTensor("C", (M, N))],
+                   (1, 1, 1), S, [
+                       InputIter("p", 0, (R, R, R), fmap=1), Accum("acc", "p"),
+                       OutputSaver("acc", 0, (R, R, R))]).ops[0]), ("C",))
+    c1, c2 = kernel_costs(split, "h100")
+    partial = M * N * S * 4
+    assert c1.intermediate_bytes == partial and c2.intermediate_bytes == partial
+    assert c2.dram_bytes == partial + M * N * 2
+    assert c2.us >= H100.launch_us
+
+
+def test_occupancy_from_threads_registers_and_shared_memory():
+    assert occupancy(H100, 128, 0) == 8  # registers: 65536 / (128 * 64)
+    assert occupancy(H100, 1024, 0) == 1
+    assert occupancy(H100, 64, 100 * 1024) == 2  # shared memory
+    assert occupancy(H100, 128, 228 * 1024) == 0  # does not fit at all
+
+
+def test_wave_quantisation_one_block_more_costs_a_wave():
+    """Latency-bound blocks (64 dependent iterations): a wave costs the same however full it is,
+    and a grid one wave and a bit long costs two."""
+    def us(gx, gy):
+        return estimate_us(matmul_graph(16 * gx, 1024, 16 * gy, 16, 16, 16, threads=128)) - 2.5
+    c = kernel_costs(matmul_graph(16 * 32, 1024, 16 * 33, 16, 16, 16, threads=128))[0]
+    assert c.blocks == H100.sm_count * c.blocks_per_sm == 1056  # exactly one full wave
+    half, full, over = us(32, 16), us(32, 33), us(32, 34)
+    assert half == pytest.approx(full, rel=0.05)
+    assert over == pytest.approx(2 * full, rel=0.05)
+
+
+def test_stages_hide_loop_latency_and_cost_shared_memory():
+    g = matmul_graph(64, 8192, 64, 64, 64, 64, threads=128)  # one block, 128 iterations
+    c1, c4 = (kernel_costs(AnnotatedGraph(g, (s,)), "h100")[0] for s in (1, 4))
+    assert c1.latency_us == pytest.approx(H100.mem_latency_us * 128)
+    assert c4.latency_us == pytest.approx(H100.mem_latency_us * (1 + 127 / 4))
+    assert c4.us < c1.us / 2
+    assert c4.smem == c1.smem + 3 * (64 * 64 * 2 * 2)  # three more copies of both input tiles
+    # stages beyond what shared memory holds make the kernel impossible
+    big = matmul_graph(256, 4096, 256, 128, 128, 64, threads=256)
+    assert math.isinf(estimate_us(AnnotatedGraph(big, (4,)), "h100"))
+    # no loop: stages change nothing
+    cp = copy_graph(512, 512)
+    assert estimate_us(AnnotatedGraph(cp, (4,))) == estimate_us(cp)
+
+
+def test_idle_threads_are_charged():
+    g = one_kernel("ew", [DTensor("X", (64, 64))], [DTensor("Y", (64, 64))], (64, 1, 1), 1,
+                   [InputIter("x", 0, (0, R, R)), BlockOp("y", "exp", ("x",)),
+                    OutputSaver("y", 0, (0, R, R))], 1024)
+    assert kernel_costs(g, "h100")[0].simt_flops == 64 * 1024  # 64 elements, 1024 threads
+
+
+def test_more_warps_until_the_tensor_cores_are_busy():
+    g = matmul_graph(128, 4096, 128 * 16, 128, 128, 64)
+    t64, t256 = (kernel_costs(AnnotatedGraph(replace_threads(g, th), (4,)), "h100")[0].tc_us
+                 for th in (64, 256))
+    assert t64 == pytest.approx(4 * t256)
+
+
+def replace_threads(g, th):
+    from mirage_py.tuning import with_threads
+    return with_threads(g, (th,))
+
+
+# ---- interface ---------------------------------------------------------------------------------
+
+def test_interface_and_test_double():
+    g, _ = tiled_matmul()
+    assert AnalyticModel().predict(g, "h100") == estimate_us(g, "h100")
+    assert create("analytic").predict(g, H100) == estimate_us(g)
+    r = create("random", seed=1)
+    assert isinstance(r, RandomModel)
+    assert r.predict(g, "h100") == RandomModel(1).predict(g, "h100")
+    assert r.predict(AnnotatedGraph(g, (2,)), "h100") != r.predict(g, "h100")
+    assert 1 <= r.predict(g, "h100") < 1001
+    with pytest.raises(MirageError, match="unknown cost model"):
+        create("learned")
+    with pytest.raises(MirageError, match="expected a KernelGraph"):
+        AnalyticModel().predict("not a graph", "h100")
+
+
+def test_targets_hold_the_issue_figures():
+    for name in ("a100", "h100", "h200"):
+        t = TARGETS[name]
+        for f in ("sm_count", "smem_per_block", "smem_per_sm", "regs_per_sm", "regs_per_block",
+                  "regs_per_thread", "l2_bytes", "mem_bw", "mem_bw_datasheet", "tc_flops",
+                  "tc_flops_datasheet", "launch_us", "max_threads_per_sm"):
+            assert getattr(t, f) > 0, (name, f)
+        assert t.mem_bw < t.mem_bw_datasheet and t.tc_flops < t.tc_flops_datasheet
+    assert TARGETS["a100"].arch == "sm_80" and TARGETS["h100"].arch == TARGETS["h200"].arch == \
+        "sm_90"
+    assert TARGETS["h100"].mem_bw == 3.0e12 and TARGETS["h200"].mem_bw == 4.3e12
+    assert TARGETS["h100"].tc_flops == TARGETS["h200"].tc_flops == 790e12
