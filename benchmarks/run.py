@@ -44,7 +44,8 @@ def _gpu_name() -> str | None:
         return None
 
 
-def run_one(name: str, bs: int, target: str, workers: int | None, check: bool) -> dict:
+def run_one(name: str, bs: int, target: str, workers: int | None, check: bool,
+            database=False) -> dict:
     import numpy as np
 
     import mirage_py as mp
@@ -54,7 +55,8 @@ def run_one(name: str, bs: int, target: str, workers: int | None, check: bool) -
 
     p = get_program(name, bs)
     t0 = time.perf_counter()
-    opt = mp.superopt(p, target=target, workers=workers, progress=False)
+    # no results database by default: the numbers are those of a real search
+    opt = mp.superopt(p, target=target, workers=workers, progress=False, database=database)
     wall = time.perf_counter() - t0
     fixture = hand_built(name, bs)
     rec = {
@@ -77,6 +79,7 @@ def run_one(name: str, bs: int, target: str, workers: int | None, check: bool) -
         "all_verified": all(v is not None and v.equivalent for v in opt.verification),
         "sources": [pr.source for pr in opt.parts],
     }
+    rec["_opt"] = opt
     if check:
         x = get_inputs(name, bs)
         ref = p.evaluate(x)
@@ -189,18 +192,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=None)
     ap.add_argument("--no-check", action="store_true", help="skip the interpreter check")
     ap.add_argument("--out", default=RESULTS)
+    ap.add_argument("--database", default=None, metavar="PATH",
+                    help="use this results database (default: none, so every search runs)")
     args = ap.parse_args(argv)
     gpu = _gpu_name()
     device = gpu or f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
     records = []
     for bs in args.bs:
         for name in args.names:
-            rec = run_one(name, bs, args.target, args.workers, not args.no_check)
+            rec = run_one(name, bs, args.target, args.workers, not args.no_check,
+                          args.database or False)
+            opt = rec.pop("_opt")
             if gpu:
-                import mirage_py as mp
-                from benchmarks.programs import get_program
-                opt = mp.superopt(get_program(name, bs), target=args.target,
-                                  workers=args.workers, progress=False)
                 try:
                     measure_gpu(name, bs, opt, rec)
                 except Exception as e:  # record the failure, keep going

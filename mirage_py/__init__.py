@@ -5,8 +5,8 @@ Pipeline (data flows one way): ``lax`` (programs, partition) -> ``generator`` (c
 in ``ugraph`` are the language every stage shares.
 """
 
-from .errors import (DTypeError, MirageError, ProgramError, SerializationError, ShapeError,
-                     TargetError, ValidationError)
+from .errors import (DatabaseError, DTypeError, MirageError, ProgramError, SerializationError,
+                     ShapeError, TargetError, ValidationError)
 from .lax import (Output, Partition, Program, Tensor, exp, gelu, matmul, mean, partition, relu,
                   reshape, rms_norm, silu, sqrt, square, sum, transpose)
 from .verifier import check_numerics, verify
@@ -14,7 +14,7 @@ from .superopt import OptimizedProgram, load, superopt
 
 __version__ = "0.1.0"
 
-__all__ = ["DTypeError", "MirageError", "ProgramError", "SerializationError", "ShapeError",
+__all__ = ["DatabaseError", "DTypeError", "MirageError", "ProgramError", "SerializationError", "ShapeError",
            "TargetError", "ValidationError", "Output", "Partition", "Program", "Tensor", "exp",
            "gelu", "matmul", "mean", "partition", "relu", "reshape", "rms_norm", "silu", "sqrt",
            "square", "sum", "transpose", "verify", "check_numerics", "superopt",

@@ -170,7 +170,7 @@ class Searcher:
                 stats.timed_out = True
                 return
             if done >= self.outputs:
-                g = _assemble(self.program, kernels)
+                g = assemble(self.program, kernels)
                 c = Candidate(g, tuple(trace))
                 found.append(c)
                 stats.candidates += 1
@@ -232,7 +232,7 @@ class Searcher:
             done |= set(kc.finals)
         if not done >= self.outputs:
             return None
-        return _assemble(self.program, kernels)
+        return assemble(self.program, kernels)
 
     def alternatives(self, plan: Plan, avail: list[Avail]) -> list[Plan]:
         """The same structure with other part counts: each grid axis and the loop count moved
@@ -318,7 +318,7 @@ def _split_labels(avail: list[Avail]) -> frozenset:
     return frozenset(d[0][0] for a in avail for d in a.dims if d and "/" in d[0][0])
 
 
-def _assemble(program, kernels: list[GraphKernel]) -> KernelGraph:
+def assemble(program, kernels: list[GraphKernel]) -> KernelGraph:
     """Kernel graph from the kernel sequence, dropping outputs nobody uses (and their savers)."""
     from .dce import eliminate_dead
     g = KernelGraph(program.name, tuple(DTensor(t.name, t.shape, t.dtype) for t in program.inputs),

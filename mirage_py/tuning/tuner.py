@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from ..cost_model import DEFAULT_STAGES
 from ..errors import MirageError
 from ..generator.block_search import kernels_for_plan
-from ..generator.kernel_search import Candidate, Searcher, _assemble
+from ..generator.kernel_search import Candidate, Searcher, assemble
 from ..targets import Target
 from ..ugraph.graph import KernelGraph
 from .annotations import MAX_STAGES, THREAD_CHOICES, AnnotatedGraph, Schedule, threads_of, \
@@ -84,7 +84,7 @@ class Replayer:
             st = self._state(trace)
             g = None
             if st is not None and st[3] >= self.searcher.outputs:
-                g = _assemble(self.searcher.program, list(st[2]))
+                g = assemble(self.searcher.program, list(st[2]))
             self._graphs[trace] = g
         return self._graphs[trace]
 

@@ -27,7 +27,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..errors import ProgramError, ShapeError, ValidationError
+from ..errors import DTypeError, ProgramError, ShapeError, ValidationError
 from ..lax.backend import Backend, NumpyBackend
 from .graph import (Accum, BlockGraph, BlockOp, DTensor, Fused, GraphKernel, InputIter,
                     KernelGraph, KernelOp, ThreadGraph)
@@ -238,7 +238,10 @@ def run_kernel_op(op: KernelOp, env: Mapping[str, Any], precision: str = "float6
     if op.op == "rms_norm":
         y = be.rms_norm(args[0], float(op.attr("eps", 1e-6)))
     else:
-        y = be.compute(op.op, args, {k: v for k, v in op.attrs})
+        attrs = {k: v for k, v in op.attrs}
+        if op.op == "sum":  # validate() reads a missing keepdims as False; so does the run
+            attrs.setdefault("keepdims", False)
+        y = be.compute(op.op, args, attrs)
     if tuple(y.shape) != op.output.shape:
         raise ValidationError(f"kernel {op.op} -> {op.output.name!r}: computed shape "
                               f"{tuple(y.shape)}, declared {op.output.shape}", rule="shape",
@@ -272,12 +275,18 @@ def run(graph: KernelGraph, inputs: Mapping[str, Any], precision: str = "float64
         be = backend
     env: dict[str, Any] = {}
     tensors = graph.tensors()
+    if not isinstance(inputs, Mapping):
+        raise ProgramError(f"μGraph {graph.name!r}: inputs must be a dict name -> array, got "
+                           f"{type(inputs).__name__}")
     for t in graph.inputs:
         if t.name not in inputs:
             raise ProgramError(f"μGraph {graph.name!r}: missing input {t.name!r}")
         a = inputs[t.name]
         if backend is None:
             a = np.asarray(a)
+            if a.dtype.kind not in "biuf":
+                raise DTypeError(f"μGraph {graph.name!r}: input {t.name!r} has non-numeric "
+                                 f"dtype {a.dtype}")
         if tuple(a.shape) != t.shape:
             raise ShapeError(f"μGraph {graph.name!r}: input {t.name!r} has shape "
                              f"{tuple(a.shape)}, declared {t.shape}")
@@ -308,4 +317,7 @@ def run(graph: KernelGraph, inputs: Mapping[str, Any], precision: str = "float64
             while len(memo) >= MEMO_ENTRIES:
                 memo.pop(next(iter(memo)))
             memo[key] = (args, tuple(outs))  # args kept alive: their ids stay theirs
-    return {n: env[n] for n in graph.outputs}
+    # an output that is an input must not hand back the caller's own array
+    inputs_set = {t.name for t in graph.inputs}
+    return {n: (env[n].copy() if n in inputs_set and hasattr(env[n], "copy") else env[n])
+            for n in graph.outputs}
