@@ -253,3 +253,20 @@ def test_cache_blocked_paths_match_the_plain_ones():
     e = fp.exp(x, 2.0 ** 50)
     assert np.array_equal(e, np.concatenate([fp._exp(r) for r in x]).reshape(x.shape))
     assert np.array_equal(fp.exp(x.T, 2.0 ** 50), e.T)  # non-contiguous input
+
+
+@pytest.mark.parametrize("case", ["tiled_matmul", "rms_matmul", "bias_add", "row_sum",
+                                  "concat_mm", "split_k"])
+def test_field_and_degree_backends_run_the_shared_ugraph_cases(case):
+    from ugraph_cases import CASES
+
+    from mirage_py.verifier.degree import DegreeBackend, Shaped
+    g, _ = CASES[case]()
+    fp = FieldParams(P0, seed=1, test=0)
+    x = {t.name: random_input(fp, t.name, t.shape, 1, 0) for t in g.inputs}
+    batched = run(g, x, backend=FieldBackend(fp))
+    literal = run(g, x, backend=FieldBackend(fp), literal=True)
+    for n in g.outputs:
+        assert np.array_equal(np.remainder(batched[n].p, P0), np.remainder(literal[n].p, P0))
+    degs = run(g, {t.name: Shaped(t.shape) for t in g.inputs}, backend=DegreeBackend())
+    assert all(degs[n].shape == batched[n].shape for n in g.outputs)

@@ -41,7 +41,7 @@ from __future__ import annotations
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from fractions import Fraction
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import numpy as np
 
