@@ -92,7 +92,8 @@ def _search_worker(args: tuple) -> None:
         search(program, get_target(target_name), max_kernels=max_kernels, deadline=deadline,
                stats=stats, share=(share, nshares),
                on_candidate=lambda c: q.put(("cand", json.dumps(
-                   {"graph": c.graph.to_json(), "trace": c.trace_json()}))))
+                   {"graph": c.graph.to_json(), "trace": c.trace_json(), "worker": share,
+                    "states": stats.states, "pruned": stats.pruned}))))
     except KeyboardInterrupt:
         stats.interrupted = True
     q.put(("done", json.dumps(stats.__dict__)))
@@ -105,7 +106,7 @@ def _parallel_search(program: Program, target, max_kernels: int, deadline: float
     if workers <= 1:
         def keep(c: Candidate) -> None:
             found.append(c)
-            progress(len(found))
+            progress(found, stats.states, stats.pruned)
         search(program, target, max_kernels=max_kernels, deadline=deadline, stats=stats,
                on_candidate=keep)
         return found, stats
@@ -118,6 +119,7 @@ def _parallel_search(program: Program, target, max_kernels: int, deadline: float
     for p in procs:
         p.start()
     done = 0
+    seen: dict[int, tuple[int, int]] = {}  # worker -> (states, pruned) at its last report
     try:
         while done < workers:
             try:
@@ -128,7 +130,10 @@ def _parallel_search(program: Program, target, max_kernels: int, deadline: float
                 continue
             if kind == "cand":
                 found.append(_cand(payload))
-                progress(len(found))
+                d = json.loads(payload)
+                seen[d["worker"]] = (d["states"], d["pruned"])
+                progress(found, sum(v[0] for v in seen.values()),
+                         sum(v[1] for v in seen.values()))
             else:
                 done += 1
                 s = json.loads(payload)
@@ -160,11 +165,14 @@ def _cand(payload: str) -> Candidate:
 
 
 class _Progress:
-    """A progress line on stderr (tqdm when installed and stderr is a terminal)."""
+    """Progress on stderr (tqdm, when stderr is a terminal): candidates found, states visited and
+    pruned, the best predicted time so far; then candidates verified."""
 
-    def __init__(self, label: str, enabled: bool):
+    def __init__(self, label: str, enabled: bool, model=None, target=None):
         self.bar = None
-        self.enabled = enabled
+        self.model, self.target = model, target
+        self.best = float("inf")
+        self.seen = 0
         if enabled:
             try:
                 from tqdm import tqdm
@@ -172,10 +180,21 @@ class _Progress:
             except ImportError:
                 self.bar = None
 
-    def __call__(self, n: int) -> None:
+    def __call__(self, found: list, states: int = 0, pruned: int = 0) -> None:
+        if self.bar is None:
+            return
+        if self.model is not None:
+            for c in found[self.seen:]:
+                self.best = min(self.best, self.model.predict(c.graph, self.target))
+        self.seen = len(found)
+        self.bar.n = len(found)
+        self.bar.set_postfix(states=states, pruned=pruned,
+                             best_us=f"{self.best:.1f}" if self.best < float("inf") else "-")
+
+    def verified(self, n: int, ok: bool) -> None:
         if self.bar is not None:
-            self.bar.n = n
-            self.bar.refresh()
+            self.bar.set_description("verify")
+            self.bar.set_postfix(verified=n, equivalent=ok)
 
     def close(self) -> None:
         if self.bar is not None:
@@ -215,6 +234,7 @@ def superopt(program: Program, *, target: Any = "h100", time_budget_s: float | N
     parts = partition(program, uninterpreted=True)
     results: list[PartResult] = []
     pending: list[tuple[PartResult, list[tuple[float, Candidate]]]] = []
+    bars: dict[int, _Progress] = {}
     for part in parts:
         naive = naive_lowering(part)
         naive_us = model.predict(naive, tgt)
@@ -224,11 +244,13 @@ def superopt(program: Program, *, target: Any = "h100", time_budget_s: float | N
             continue
         if db is not None and _from_database(res, db, tgt, model):
             continue
-        bar = _Progress(f"search {part.name}", progress)
+        bar = _Progress(f"search {part.name}", progress, model, tgt)
         try:
             found, stats = _parallel_search(part, tgt, max_kernels, search_deadline, workers, bar)
-        finally:
+        except BaseException:
             bar.close()
+            raise
+        bars[id(res)] = bar  # stays open to show verification
         res.stats = stats
         ranked = _rank(found, tgt, model)
         res.candidates = len(ranked)
@@ -249,6 +271,8 @@ def superopt(program: Program, *, target: Any = "h100", time_budget_s: float | N
                 break
             v = verify(part, ag.graph, tests=verify_tests, seed=seed, target=tgt)
             res.verified += 1
+            if id(res) in bars:
+                bars[id(res)].verified(res.verified, bool(v.equivalent))
             if v.equivalent:
                 res.graph, res.source, res.estimated_us, res.verification = \
                     ag.graph, "search", cost, v
@@ -257,10 +281,14 @@ def superopt(program: Program, *, target: Any = "h100", time_budget_s: float | N
                 if m is not None:
                     measured["chosen"] = m
                 break
+        if id(res) in bars:
+            bars.pop(id(res)).close()
         if res.verification is None:
             res.verification = verify(part, res.naive, tests=verify_tests, seed=seed, target=tgt)
         if db is not None:
             _record(db, res, opts, measured, tgt, runner)
+    for b in bars.values():
+        b.close()
     return OptimizedProgram(program, tgt.name, results, time.perf_counter() - t0, model)
 
 

@@ -174,6 +174,8 @@ class Searcher:
                 c = Candidate(g, tuple(trace))
                 found.append(c)
                 stats.candidates += 1
+                stats.states = self.ctx.stats["states"]  # a live view for progress reports
+                stats.pruned = self.ctx.stats["pruned"]
                 best[0] = min(best[0], estimate_us(g, self.target))
                 if on_candidate:
                     on_candidate(c)
