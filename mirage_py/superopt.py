@@ -215,7 +215,7 @@ def superopt(program: Program, *, target: Any = "h100", time_budget_s: float | N
     ``predict(graph, target)`` or a name (``"analytic"``, default). ``time_budget_s`` bounds search
     (80 %) and tuning together; verification of the chosen candidate always completes.
     """
-    from .verifier import verify
+    from .verifier import Verifier
 
     if not isinstance(program, Program):
         raise MirageError(f"superopt: expected a Program, got {type(program).__name__}")
@@ -261,6 +261,9 @@ def superopt(program: Program, *, target: Any = "h100", time_budget_s: float | N
     for (res, _), opts in zip(pending, options):
         part, naive_us = res.program, res.naive_estimated_us
         measured = _measure(res, opts, runner, tgt, measure_top)
+        # one Verifier per part: inputs and the program's values are computed once and reused
+        # for every candidate checked
+        verifier = Verifier(part, seed=seed, target=tgt)
         for opt in opts[:max_verify]:
             cost, ag, untuned, sch = opt
             m = measured.get(id(opt))
@@ -269,7 +272,7 @@ def superopt(program: Program, *, target: Any = "h100", time_budget_s: float | N
                     continue
             elif cost >= naive_us:
                 break
-            v = verify(part, ag.graph, tests=verify_tests, seed=seed, target=tgt)
+            v = verifier.check(ag.graph, tests=verify_tests)
             res.verified += 1
             if id(res) in bars:
                 bars[id(res)].verified(res.verified, bool(v.equivalent))
@@ -284,7 +287,8 @@ def superopt(program: Program, *, target: Any = "h100", time_budget_s: float | N
         if id(res) in bars:
             bars.pop(id(res)).close()
         if res.verification is None:
-            res.verification = verify(part, res.naive, tests=verify_tests, seed=seed, target=tgt)
+            res.verification = Verifier(part, seed=seed, target=tgt).check(
+                res.naive, tests=verify_tests)
         if db is not None:
             _record(db, res, opts, measured, tgt, runner)
     for b in bars.values():
