@@ -21,25 +21,15 @@ from ..layout.tensors import DevicePlan
 from ..lax.ops import OPS
 from ..ugraph.graph import AXES, BlockOp, Fused, GraphKernel, InputIter, OutputSaver
 from ..ugraph.printing import format_block
-from .cexpr import (CTYPES, Names, broadcast_coords, coords, elementwise, flit, linear, prod,
-                    prune_unused, row_major)
+from .cexpr import (CTYPES, Names, broadcast_coords, elementwise, flit, linear, prod,
+                    prune_unused, row_major, declare_coords)
 from .errors import CodegenError
 from .launch import KernelParam, LaunchSpec
 
 BLOCK_IDX = ("blockIdx.x", "blockIdx.y", "blockIdx.z")
 
 
-def _declare(var: str, shape: tuple[int, ...], prefix: str = "c") -> tuple[list[str], list[str]]:
-    """``const int c1 = ...`` declarations for the coordinates of ``var`` in ``shape``; returns
-    (declarations, coordinate names or "0" / ``var`` itself)."""
-    decls, names = [], []
-    for d, e in enumerate(coords(var, shape)):
-        if e in ("0", var):
-            names.append(e)
-        else:
-            decls.append(f"{prefix}{d} = {e}")
-            names.append(f"{prefix}{d}")
-    return decls, names
+_declare = declare_coords
 
 
 def _const_ints(decls: list[str]) -> list[str]:

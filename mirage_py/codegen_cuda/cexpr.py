@@ -184,3 +184,16 @@ def prune_unused(lines: list[str]) -> list[str]:
         if keep:
             out.append(f"{m.group(1)}const {m.group(2)} {', '.join(keep)};")
     return out
+
+
+def declare_coords(var: str, shape: tuple[int, ...], prefix: str = "c") -> tuple[list[str], list[str]]:
+    """Declarations ``c1 = ...`` for the coordinates of linear index ``var`` in ``shape``;
+    returns (declarations without a type, coordinate names or "0" / ``var`` itself)."""
+    decls, names = [], []
+    for d, e in enumerate(coords(var, shape)):
+        if e in ("0", var):
+            names.append(e)
+        else:
+            decls.append(f"{prefix}{d} = {e}")
+            names.append(f"{prefix}{d}")
+    return decls, names

@@ -14,8 +14,8 @@ from __future__ import annotations
 from ..layout.tensors import DevicePlan, TensorLayout
 from ..lax.ops import OPS
 from ..ugraph.graph import KernelOp
-from .cexpr import (CTYPES, Names, broadcast_coords, coords, elementwise, flit, linear, prod,
-                    prune_unused)
+from .cexpr import (CTYPES, Names, broadcast_coords, elementwise, flit, linear, prod,
+                    prune_unused, declare_coords)
 from .errors import CodegenError
 from .launch import KernelParam, LaunchSpec
 
@@ -34,13 +34,7 @@ def _lit(n: int, itype: str) -> str:
 
 
 def _coords(var: str, shape: tuple[int, ...], prefix: str, itype: str) -> tuple[list[str], list[str]]:
-    decls, names = [], []
-    for d, e in enumerate(coords(var, shape)):
-        if e in ("0", var):
-            names.append(e)
-        else:
-            decls.append(f"{prefix}{d} = {e}")
-            names.append(f"{prefix}{d}")
+    decls, names = declare_coords(var, shape, prefix)
     return ([f"const {itype} {', '.join(decls)};"] if decls else []), names
 
 

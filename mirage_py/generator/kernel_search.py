@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..cost_model import estimate_us
 from ..targets import Target
 from ..ugraph.graph import DTensor, GraphKernel, KernelGraph
 from . import absexpr as ae
-from .block_search import Avail, Context, KernelCandidate, Plan, dim_size, kernels_for_plan
+from .block_search import Avail, Context, Plan, kernels_for_plan
 from .labels import infer_labels
 from .templates import templates_of
 

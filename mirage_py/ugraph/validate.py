@@ -376,7 +376,7 @@ def validate(graph: KernelGraph, target: Any = "h100") -> dict[int, BlockInfo]:
             _check_dtensor(op.output, who)
             dts = {a.dtype for a in args if isinstance(a, DTensor)}
             if {"float16", "bfloat16"} <= dts:
-                raise _err(f"mixes float16 and bfloat16 operands", "dtype", who)
+                raise _err("mixes float16 and bfloat16 operands", "dtype", who)
             if tuple(shape) != op.output.shape:
                 raise _err(f"output declared {op.output.shape}, operator gives {tuple(shape)}",
                            "shape", who)
