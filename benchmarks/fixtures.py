@@ -117,8 +117,7 @@ def _attention(name: str, bs: int) -> KernelGraph:
             Fused("out", ("so", "sl"), _thread(("y", "div", "in0", "in1"), ninputs=2)),
             OutputSaver("out", 0, (0, 1, R)),
         )))
-    return KernelGraph(p.name, tuple(DTensor(t.name, t.shape, t.dtype) for t in p.inputs),
-                       (k1, k2), ("O",))
+    return KernelGraph(p.name, _inputs(p), (k1, k2), ("O",))
 
 
 def _inputs(p) -> tuple[DTensor, ...]:

@@ -142,11 +142,7 @@ class CostModel(Protocol):
     def predict(self, graph: Any, target: Any) -> float: ...
 
 
-def _size(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
+_size = math.prod
 
 
 def _pad(x: int, m: int) -> int:

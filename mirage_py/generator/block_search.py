@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from ..errors import MirageError
 from ..ugraph.graph import (Accum, BlockGraph, BlockOp, DTensor, Fused, GraphKernel, InputIter,
-                            OutputSaver, ThreadGraph, ThreadOp, attrs_of)
+                            OutputSaver, ThreadGraph, ThreadOp, attrs_of, tiles_read)
 from ..ugraph.validate import check_block
 from . import absexpr as ae
 
@@ -83,6 +83,15 @@ class Val:
     @property
     def key(self) -> tuple:
         return (self.expr, self.dims, self.phase)
+
+    @property
+    def operands(self) -> tuple[int, ...]:
+        """Ids of the values this one is computed from."""
+        if self.node[0] in ("op", "fused"):
+            return tuple(self.node[2])
+        if self.node[0] == "accum":
+            return (self.node[1],)
+        return ()
 
 
 @dataclass
@@ -316,11 +325,7 @@ def build_kernel(plan: Plan, avail: list[Avail], pool: list[Val], saves: list[tu
         if k in need:
             continue
         need.add(k)
-        node = by_id[k].node
-        if node[0] in ("op", "fused"):
-            stack.extend(node[2])
-        elif node[0] == "accum":
-            stack.append(node[1])
+        stack.extend(by_id[k].operands)
     used_inputs = sorted({by_id[k].node[1] for k in need if by_id[k].node[0] == "iter"})
     remap = {old: new for new, old in enumerate(used_inputs)}
     F = plan.loop[1] if plan.loop[0] is not None else 1
@@ -359,7 +364,7 @@ def fuse_thread_chains(ops: list) -> list:
         changed = False
         uses: dict[str, int] = {}
         for o in ops:
-            for a in _operand_names(o):
+            for a in tiles_read(o):
                 uses[a] = uses.get(a, 0) + 1
         producers = {o.out: o for o in ops if isinstance(o, Fused)}
         for idx, o in enumerate(ops):
@@ -376,14 +381,6 @@ def fuse_thread_chains(ops: list) -> list:
             if changed:
                 break
     return ops
-
-
-def _operand_names(o) -> tuple[str, ...]:
-    if isinstance(o, (BlockOp, Fused)):
-        return tuple(x for x in o.operands if isinstance(x, str))
-    if isinstance(o, (Accum, OutputSaver)):
-        return (o.input,)
-    return ()
 
 
 def _inline(consumer: Fused, pos: int, producer: Fused) -> Fused:
@@ -419,7 +416,8 @@ def _inline(consumer: Fused, pos: int, producer: Fused) -> Fused:
 def kernels_for_plan(plan: Plan, avail: list[Avail], ctx: Context, target, counter: list[int],
                      max_partials: int = 4) -> list[KernelCandidate]:
     """Saturate under ``plan`` and return the kernels worth building: one producing every final
-    output it can, else one saving the partial results (sinks) for a later kernel."""
+    output it can; else one per complete intermediate, and one saving the partial results of a
+    reduction split over the grid, for later kernels to finish."""
     pool = saturate(plan, avail, ctx)
     have = {a.expr for a in avail}
     finals: list[tuple[Val, str, str]] = []
@@ -441,57 +439,45 @@ def kernels_for_plan(plan: Plan, avail: list[Avail], ctx: Context, target, count
                 continue
             finals.append((v, name, ctx.target_dtypes[name]))
             break
-    out: list[KernelCandidate] = []
     if finals:
-        try:
-            gk, outs = build_kernel(plan, avail, pool, finals)
-            check_block(gk.block, [_dt(avail, n) for n in gk.inputs], list(gk.outputs), target)
-            out.append(KernelCandidate(gk, outs, [n for _, n, _ in finals], plan))
-        except MirageError:
-            pass
-        return out
+        kc = _valid_kernel(plan, avail, pool, finals, [n for _, n, _ in finals], target)
+        return [kc] if kc else []
     epi = "epi" if plan.loop[0] is not None and plan.loop[1] > 1 else None
     saveable = [v for v in pool if v.node[0] != "iter" and (v.phase == epi or epi is None) and
                 v.expr not in have and save_layout(v, plan) is not None]
-    used = set()
-    for v in pool:
-        node = v.node
-        if node[0] in ("op", "fused"):
-            used.update(node[2])
-        elif node[0] == "accum":
-            used.add(node[1])
+    used = {k for v in pool for k in v.operands}
     groups: list[list[Val]] = []
     # (a) complete intermediates: values equal to a polynomial of the target (an exp(...) or a
     # norm, say), each its own kernel; the largest ones only
     exact = [v for v in saveable if v.expr in ctx.oracle._pool and not _needs_concat(v, plan)]
-    exact_ids = {v.vid for v in exact}
     for v in exact:
-        if not any(v.vid in _operands(w) for w in exact if w.vid in exact_ids):
+        if not any(v.vid in w.operands for w in exact):
             groups.append([v])
     # (b) partial results of a reduction split over the grid: the sinks, saved together
     partial = [v for v in saveable if v.vid not in used and _needs_concat(v, plan)]
     if partial and len(partial) <= max_partials:
         groups.append(partial)
+    out: list[KernelCandidate] = []
     for group in groups:
         saves = []
         for v in group:
             counter[0] += 1
             saves.append((v, f"part{counter[0]}", "float32"))
-        try:
-            gk, outs = build_kernel(plan, avail, pool, saves)
-            check_block(gk.block, [_dt(avail, n) for n in gk.inputs], list(gk.outputs), target)
-            out.append(KernelCandidate(gk, outs, [], plan))
-        except MirageError:
-            pass
+        kc = _valid_kernel(plan, avail, pool, saves, [], target)
+        if kc:
+            out.append(kc)
     return out
 
 
-def _operands(v: Val) -> tuple:
-    if v.node[0] in ("op", "fused"):
-        return tuple(v.node[2])
-    if v.node[0] == "accum":
-        return (v.node[1],)
-    return ()
+def _valid_kernel(plan: Plan, avail: list[Avail], pool: list[Val], saves: list, finals: list[str],
+                  target) -> KernelCandidate | None:
+    """The kernel saving ``saves``, or None when it breaks a validity rule (shared memory...)."""
+    try:
+        gk, outs = build_kernel(plan, avail, pool, saves)
+        check_block(gk.block, [_dt(avail, n) for n in gk.inputs], list(gk.outputs), target)
+    except MirageError:
+        return None
+    return KernelCandidate(gk, outs, finals, plan)
 
 
 def _needs_concat(v: Val, plan: Plan) -> bool:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..ugraph.graph import (Accum, BlockGraph, BlockOp, Fused, GraphKernel, InputIter, KernelGraph,
-                            KernelOp, OutputSaver)
+from ..ugraph.graph import (BlockGraph, GraphKernel, InputIter, KernelGraph, KernelOp,
+                            OutputSaver, tiles_read)
 
 
 def _prune_block(gk: GraphKernel, keep: list[int]) -> GraphKernel:
@@ -19,10 +19,7 @@ def _prune_block(gk: GraphKernel, keep: list[int]) -> GraphKernel:
     for o in reversed(body):
         if o.out in live:
             kept.append(o)
-            if isinstance(o, (BlockOp, Fused)):
-                live.update(x for x in o.operands if isinstance(x, str))
-            elif isinstance(o, Accum):
-                live.add(o.input)
+            live.update(tiles_read(o))
     kept.reverse()
     used_inputs = sorted({o.input for o in kept if isinstance(o, InputIter)})
     imap = {old: new for new, old in enumerate(used_inputs)}
@@ -44,9 +41,7 @@ def eliminate_dead(g: KernelGraph) -> KernelGraph:
         keep = [j for j, t in enumerate(op.outputs) if t.name in needed]
         if not keep:
             continue
-        gk = op if len(keep) == len(op.outputs) else _prune_block(op, keep)
-        if len(keep) == len(op.outputs):
-            gk = _prune_block(op, keep)  # also drops unused block ops and iterators
+        gk = _prune_block(op, keep)  # also drops unused block ops and iterators
         new_ops.append(gk)
         needed.update(gk.inputs)
     new_ops.reverse()

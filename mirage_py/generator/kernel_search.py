@@ -48,15 +48,21 @@ def _largest_divisor_at_most(n: int, cap: int) -> int:
     return max(d for d in _divisors(n) if d <= cap)
 
 
-def plans_for(avail: list[Avail], reduced: frozenset, parallel: frozenset, target: Target,
-              max_grid_labels: int = 3) -> list[Plan]:
-    """Grid/loop plans from the labels present in the available tensors (see module doc)."""
+def label_sizes(avail: list[Avail]) -> dict[str, int]:
+    """The size of each label that is the outer component of some available tensor's dim."""
     sizes: dict[str, int] = {}
     for a in avail:
         for d in a.dims:
             if d:
-                lbl, s = d[0]
-                sizes[lbl] = max(sizes.get(lbl, 0), s)
+                lbl, n = d[0]
+                sizes[lbl] = max(sizes.get(lbl, 0), n)
+    return sizes
+
+
+def plans_for(avail: list[Avail], reduced: frozenset, parallel: frozenset, target: Target,
+              max_grid_labels: int = 3) -> list[Plan]:
+    """Grid/loop plans from the labels present in the available tensors (see module doc)."""
+    sizes = label_sizes(avail)
     labels = sorted(sizes)
     loop_labels = [None] + [l for l in labels if l in reduced or l not in parallel]
     want = 2 * target.sm_count
@@ -218,8 +224,9 @@ class Searcher:
         stats.seconds = time.perf_counter() - t0
         return found
 
-    def replay(self, trace: tuple) -> KernelGraph | None:
-        """Rebuild the kernel graph a trace describes (None if a step no longer applies)."""
+    def _run(self, trace: tuple) -> tuple[list[Avail], list[GraphKernel], set[str]] | None:
+        """Apply the steps of ``trace``: the tensors then available, the kernels, the outputs
+        finished (None if a step no longer applies)."""
         avail = list(self.avail0)
         kernels: list[GraphKernel] = []
         done: set[str] = set()
@@ -232,18 +239,19 @@ class Searcher:
             kernels.append(kc.kernel)
             avail = avail + kc.outputs
             done |= set(kc.finals)
-        if not done >= self.outputs:
+        return avail, kernels, done
+
+    def replay(self, trace: tuple) -> KernelGraph | None:
+        """Rebuild the kernel graph a trace describes (None if a step no longer applies)."""
+        run = self._run(trace)
+        if run is None or not run[2] >= self.outputs:
             return None
-        return assemble(self.program, kernels)
+        return assemble(self.program, run[1])
 
     def alternatives(self, plan: Plan, avail: list[Avail]) -> list[Plan]:
         """The same structure with other part counts: each grid axis and the loop count moved
         to neighbouring divisors (x1/4 .. x4)."""
-        sizes: dict[str, int] = {}
-        for a in avail:
-            for d in a.dims:
-                if d:
-                    sizes[d[0][0]] = max(sizes.get(d[0][0], 0), d[0][1])
+        sizes = label_sizes(avail)
         out = []
         for a, (label, parts) in enumerate(plan.grid):
             if label is None:
@@ -268,9 +276,10 @@ class Searcher:
         for _ in range(max_rounds):
             improved = False
             for step in range(len(best.trace)):
-                avail = self._avail_before(best.trace, step)
-                if avail is None:
+                run = self._run(best.trace[:step])
+                if run is None:
                     break
+                avail = run[0]
                 plan, grp = best.trace[step]
                 for alt in self.alternatives(plan, avail):
                     if self._expired():
@@ -286,16 +295,6 @@ class Searcher:
             if not improved:
                 break
         return best
-
-    def _avail_before(self, trace: tuple, step: int) -> list[Avail] | None:
-        avail = list(self.avail0)
-        counter = [0]
-        for plan, grp in trace[:step]:
-            kcs = kernels_for_plan(plan, avail, self.ctx, self.target, counter)
-            if grp >= len(kcs):
-                return None
-            avail = avail + kcs[grp].outputs
-        return avail
 
 
 def search(program, target: Target, *, max_kernels: int = 3, deadline: float | None = None,

@@ -15,6 +15,8 @@ the matcher is (see ``docs/generator.md``).
 
 from __future__ import annotations
 
+import math
+
 import z3
 
 from . import absexpr as ae
@@ -29,13 +31,6 @@ def _sums(m: ae.Mono) -> dict:
     for label, n in m[0]:
         out.setdefault(label, []).append(n)
     return out
-
-
-def _prod(xs) -> int:
-    n = 1
-    for x in xs:
-        n *= x
-    return n
 
 
 def embeds_z3(e: ae.Poly, p: ae.Poly, timeout_ms: int = 10000) -> bool:
@@ -58,7 +53,7 @@ def embeds_z3(e: ae.Poly, p: ae.Poly, timeout_ms: int = 10000) -> bool:
         mp_, ms = _powers(m), _sums(m)
         for j, big in enumerate(pm):
             bp, bs = _powers(big), _sums(big)
-            conds = [ratio * _prod(n for _, n in m[0]) == _prod(n for _, n in big[0])]
+            conds = [ratio * math.prod(n for _, n in m[0]) == math.prod(n for _, n in big[0])]
             if len(m[0]) > len(big[0]):
                 conds.append(z3.BoolVal(False))
             for a in atoms:
@@ -68,7 +63,7 @@ def embeds_z3(e: ae.Poly, p: ae.Poly, timeout_ms: int = 10000) -> bool:
                     conds.append(z3.BoolVal(False))
             for label, mine in ms.items():
                 theirs = bs.get(label, [])
-                if len(mine) > len(theirs) or _prod(theirs) % _prod(mine):
+                if len(mine) > len(theirs) or math.prod(theirs) % math.prod(mine):
                     conds.append(z3.BoolVal(False))
             s.add(z3.Implies(x[i][j], z3.And(conds)))
     res = s.check()

@@ -13,6 +13,8 @@ message that names the operator and the shapes.
 
 from __future__ import annotations
 
+import math
+
 import hashlib
 import json
 import numbers
@@ -87,10 +89,7 @@ class Tensor:
 
     @property
     def size(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)
 
     def __repr__(self) -> str:
         if self.op == "input":

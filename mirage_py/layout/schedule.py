@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..lax.ops import DTYPES, OPS
-from ..ugraph.graph import Accum, BlockGraph, BlockOp, Fused, InputIter, OutputSaver
+from ..ugraph.graph import (Accum, BlockGraph, BlockOp, Fused, InputIter, OutputSaver,
+                            tiles_read)
 from ..ugraph.validate import BlockInfo
 from .tensors import ROW_ALIGN, TensorLayout
 
@@ -127,14 +128,6 @@ def vector_width(it: InputIter, layout: TensorLayout, tile: tuple[int, ...]) -> 
     return per
 
 
-def _reads(node: Any) -> tuple[str, ...]:
-    if isinstance(node, (BlockOp, Fused)):
-        return tuple(o for o in node.operands if isinstance(o, str))
-    if isinstance(node, (Accum, OutputSaver)):
-        return (node.input,)
-    return ()
-
-
 def _aligned_read(step_kind: str, node: Any, tile: str, info: BlockInfo) -> bool:
     """Does this step read ``tile`` element i on thread i % threads (given a flat producer)?"""
     if step_kind in (ACCUMULATE, SAVE):
@@ -153,7 +146,7 @@ def fold_into_accumulators(bg: BlockGraph, info: BlockInfo) -> dict[str, str]:
     """Body tiles (loaded or computed) read only by one sum accumulator: tile -> accumulator."""
     readers: dict[str, list[Any]] = {}
     for node in bg.ops:
-        for t in _reads(node):
+        for t in tiles_read(node):
             readers.setdefault(t, []).append(node)
     out = {}
     for node in bg.ops:
@@ -179,7 +172,7 @@ def schedule_block(bg: BlockGraph, info: BlockInfo, input_layouts: list[TensorLa
         elif isinstance(node, (BlockOp, Fused)):
             seg = {"inv": "pre", "body": "body", "epi": "post"}[info.phases[node.out]]
             acc = folded.get(node.out)
-            raw.append((COMPUTE, seg, node, acc or node.out, _reads(node), 1, acc is not None))
+            raw.append((COMPUTE, seg, node, acc or node.out, tiles_read(node), 1, acc is not None))
         elif isinstance(node, Accum):
             raw.append((INIT, "pre", node, node.out, (), 1, False))
             if node.input not in folded:

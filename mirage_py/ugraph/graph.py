@@ -36,6 +36,8 @@ Thread level::
 
 from __future__ import annotations
 
+import math
+
 import hashlib
 import json
 from dataclasses import dataclass, field, fields
@@ -65,10 +67,7 @@ class DTensor:
 
     @property
     def size(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)
 
 
 # ---- thread level ---------------------------------------------------------------------------
@@ -141,6 +140,15 @@ class OutputSaver:
 
 BlockNode = Union[InputIter, BlockOp, Fused, Accum, OutputSaver]
 ACCUM_KINDS = ("sum",)
+
+
+def tiles_read(node: BlockNode) -> tuple[str, ...]:
+    """Names of the tiles a block node reads (constants and iterators read none)."""
+    if isinstance(node, (BlockOp, Fused)):
+        return tuple(x for x in node.operands if isinstance(x, str))
+    if isinstance(node, (Accum, OutputSaver)):
+        return (node.input,)
+    return ()
 
 
 @dataclass(frozen=True)

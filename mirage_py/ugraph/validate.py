@@ -30,7 +30,7 @@ from ..lax.tensor import broadcast_shapes
 from ..targets import Target, get_target
 from .graph import (ACCUM_KINDS, AXES, Accum, BlockGraph, BlockOp, DTensor, Fused, GraphKernel,
                     InputIter, KernelGraph, KernelOp, OutputSaver, ThreadGraph, iter_tile_shape,
-                    matmul_shape, sum_shape)
+                    matmul_shape, sum_shape, tiles_read)
 
 BLOCK_OPS = ("matmul", "sum", "concat")
 KERNEL_OPS = ("matmul", "sum", "rms_norm", "reshape", "transpose")
@@ -281,7 +281,7 @@ def shared_memory_bytes(bg: BlockGraph, shapes: dict[str, tuple[int, ...]],
                 (phases[o.out] == "inv" or isinstance(o, Accum)))
     last: dict[str, int] = {}
     for i, o in enumerate(bg.ops):
-        for a in _operands(o):
+        for a in tiles_read(o):
             last[a] = i
     peak = 0
     for phase in ("body", "epi"):
@@ -293,14 +293,6 @@ def shared_memory_bytes(bg: BlockGraph, shapes: dict[str, tuple[int, ...]],
             for name in [n for n in live if last.get(n, -1) <= i]:
                 del live[name]
     return fixed + peak
-
-
-def _operands(o: Any) -> tuple[str, ...]:
-    if isinstance(o, (BlockOp, Fused)):
-        return tuple(x for x in o.operands if isinstance(x, str))
-    if isinstance(o, (Accum, OutputSaver)):
-        return (o.input,)
-    return ()
 
 
 def kernel_op_shape(op: KernelOp, args: list[DTensor | float]) -> tuple[int, ...]:
