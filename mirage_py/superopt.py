@@ -293,7 +293,7 @@ def superopt(program: Program, *, target: Any = "h100", time_budget_s: float | N
             _record(db, res, opts, measured, tgt, runner)
     for b in bars.values():
         b.close()
-    return OptimizedProgram(program, tgt.name, results, time.perf_counter() - t0, model)
+    return OptimizedProgram(program, tgt.name, results, time.perf_counter() - t0, model, parts)
 
 
 Option = tuple  # (predicted us, AnnotatedGraph, untuned us, Schedule | None)
@@ -456,13 +456,15 @@ class OptimizedProgram:
     """What ``superopt`` returns: the chosen μGraphs per subprogram, joined into one graph."""
 
     def __init__(self, program: Program, target: str, parts: list[PartResult],
-                 search_seconds: float, model: Any = None):
+                 search_seconds: float, model: Any = None, partitioned: Any = None):
         self.program = program
         self.target = target
         self.parts = parts
         self.search_seconds = search_seconds
         self.model = model or AnalyticModel()
-        self.partition = partition(program, uninterpreted=True)
+        # superopt hands over the partition it already made; a loaded result makes it again
+        self.partition = partitioned if partitioned is not None else \
+            partition(program, uninterpreted=True)
         self.graph = join_parts(program, [p.graph for p in parts], self.partition)
         self.naive_graph = join_parts(program, [p.naive for p in parts], self.partition)
         # pipeline stages of the joined graph's graph-defined kernels, part by part
