@@ -31,7 +31,8 @@ if ROOT not in sys.path:
 # numpy (imported by mirage_py and benchmarks.programs) is imported only after --blas-threads
 # has set the environment, so those imports live inside the functions
 PRECISIONS = ("float64", "gpu")
-BLAS_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+from benchmarks import _blas  # noqa: E402  (NumPy-free)
+from benchmarks._blas import BLAS_ENV  # noqa: E402
 RESULTS = os.path.join(ROOT, "benchmarks", "results", "interp_time.json")
 
 
@@ -105,15 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--precision", nargs="+", default=list(PRECISIONS), choices=PRECISIONS)
     ap.add_argument("--repeat", type=int, default=3, help="best of N runs (default 3)")
     ap.add_argument("--out", default=RESULTS, help="JSON file to write")
-    ap.add_argument("--blas-threads", type=int, default=None,
-                    help="BLAS threads (sets OPENBLAS/OMP/MKL_NUM_THREADS; must come before "
-                         "NumPy is imported, so only from the command line)")
+    ap.add_argument("--blas-threads", type=int, default=None, help=_blas.HELP)
     args = ap.parse_args(argv)
-    if args.blas_threads is not None:
-        if "numpy" in sys.modules:
-            ap.error("--blas-threads: NumPy is already imported in this process")
-        for k in BLAS_ENV:
-            os.environ[k] = str(args.blas_threads)
+    _blas.pin_blas_threads(ap, args.blas_threads)
     import numpy as np
 
     from benchmarks.programs import NAMES

@@ -32,7 +32,8 @@ if ROOT not in sys.path:
 
 # NumPy (and everything that imports it) is imported only after --blas-threads has set the
 # environment, so those imports live inside the functions
-BLAS_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+from benchmarks import _blas  # noqa: E402  (NumPy-free)
+from benchmarks._blas import BLAS_ENV  # noqa: E402
 RESULTS = os.path.join(ROOT, "benchmarks", "results", "verify_time-cpu.json")
 
 
@@ -146,15 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=1, help="best of N cold runs")
     ap.add_argument("--no-matmul", action="store_true", help="skip the matmul comparison")
     ap.add_argument("--out", default=RESULTS)
-    ap.add_argument("--blas-threads", type=int, default=None,
-                    help="BLAS threads (sets OPENBLAS/OMP/MKL_NUM_THREADS; only before NumPy is "
-                         "imported, i.e. from the command line)")
+    ap.add_argument("--blas-threads", type=int, default=None, help=_blas.HELP)
     args = ap.parse_args(argv)
-    if args.blas_threads is not None:
-        if "numpy" in sys.modules:
-            ap.error("--blas-threads: NumPy is already imported in this process")
-        for k in BLAS_ENV:
-            os.environ[k] = str(args.blas_threads)
+    _blas.pin_blas_threads(ap, args.blas_threads)
     import numpy as np
 
     from benchmarks.programs import NAMES
