@@ -25,6 +25,7 @@ from .cexpr import (CTYPES, Names, broadcast_coords, elementwise, flit, linear, 
                     prune_unused, row_major, declare_coords)
 from .errors import CodegenError
 from .launch import KernelParam, LaunchSpec
+from .mma import mma_config
 
 BLOCK_IDX = ("blockIdx.x", "blockIdx.y", "blockIdx.z")
 
@@ -37,8 +38,10 @@ def _const_ints(decls: list[str]) -> list[str]:
 
 
 class BlockKernelEmitter:
-    def __init__(self, gk: GraphKernel, kplan: KernelPlan, device: DevicePlan, kernel: str):
+    def __init__(self, gk: GraphKernel, kplan: KernelPlan, device: DevicePlan, kernel: str,
+                 tensor_cores: bool = True):
         self.gk, self.bg, self.plan, self.device = gk, gk.block, kplan, device
+        self.tensor_cores = tensor_cores
         self.info = kplan.info
         self.kernel = kernel
         self.T, self.F = self.bg.threads, self.bg.forloop
@@ -187,24 +190,34 @@ class BlockKernelEmitter:
         m, k, nn = sa[-2], sa[-1], sb[-1]
         batch = so[:-2]
         acc = "true" if st.into else "false"
-        head = self._header(st, f"{n.out} = matmul({a}, {b}): {sa} @ {sb}")
         args = f"{self.tile(st.writes)}, {self.tile(a)}, {self.tile(b)}"
         if prod(batch) == 1:
-            return [head, f"tile_matmul<{m}, {nn}, {k}, {self.T}, {acc}>({args});"]
-        decls, bc = _declare("bt", batch, prefix="b")
-        defs = dict(d.split(" = ", 1) for d in decls)
+            offsets = ("NoOffset()", "NoOffset()")
+        else:
+            decls, bc = _declare("bt", batch, prefix="b")
+            defs = dict(d.split(" = ", 1) for d in decls)
 
-        def batch_offset(shape: tuple[int, ...]) -> str:
-            cs = broadcast_coords(bc, shape[:-2])
-            off = linear(list(zip(cs, row_major(shape)[:-2])))
-            if off == "0":
-                return "[](int) { return 0; }"
-            used = [f"{c} = {defs[c]}" for c in cs if c in defs]
-            pre = f"const int {', '.join(used)}; " if used else ""
-            return f"[](int bt) {{ {pre}return {off}; }}"
-
-        return [head, f"tile_matmul_batched<{prod(batch)}, {m}, {nn}, {k}, {self.T}, {acc}>(",
-                f"    {args},", f"    {batch_offset(sa)},", f"    {batch_offset(sb)});"]
+            def batch_offset(shape: tuple[int, ...]) -> str:
+                cs = broadcast_coords(bc, shape[:-2])
+                off = linear(list(zip(cs, row_major(shape)[:-2])))
+                if off == "0":
+                    return "NoOffset()"
+                used = [f"{c} = {defs[c]}" for c in cs if c in defs]
+                pre = f"const int {', '.join(used)}; " if used else ""
+                return f"[](int bt) {{ {pre}return {off}; }}"
+            offsets = (batch_offset(sa), batch_offset(sb))
+        mma = mma_config(prod(batch), m, nn, self.T, self.info.dtypes[a], self.info.dtypes[b]) \
+            if self.tensor_cores else None
+        if mma is None:
+            head = self._header(st, f"{n.out} = matmul({a}, {b}): {sa} @ {sb}, fp32 FMA")
+            if prod(batch) == 1:
+                return [head, f"tile_matmul<{m}, {nn}, {k}, {self.T}, {acc}>({args});"]
+            return [head, f"tile_matmul_batched<{prod(batch)}, {m}, {nn}, {k}, {self.T}, {acc}>(",
+                    f"    {args},", f"    {offsets[0]},", f"    {offsets[1]});"]
+        head = self._header(st, f"{n.out} = matmul({a}, {b}): {sa} @ {sb}, tensor cores "
+                                f"({mma.etype}, {mma.warps} warps x units of 16 x {8 * mma.ng})")
+        return [head, f"tile_mma<{prod(batch)}, {m}, {nn}, {k}, {mma.warps}, {mma.ng}, {acc}, "
+                      f"{mma.etype}>(", f"    {args},", f"    {offsets[0]},", f"    {offsets[1]});"]
 
     def emit_sum(self, st: Step) -> list[str]:
         n: BlockOp = st.node
@@ -340,5 +353,5 @@ _SEGMENT_TEXT = {"pre": "before the loop", "body": "loop body", "post": "after t
 
 
 def emit_block_kernel(gk: GraphKernel, kplan: KernelPlan, device: DevicePlan,
-                      kernel: str) -> tuple[str, LaunchSpec]:
-    return BlockKernelEmitter(gk, kplan, device, kernel).emit()
+                      kernel: str, tensor_cores: bool = True) -> tuple[str, LaunchSpec]:
+    return BlockKernelEmitter(gk, kplan, device, kernel, tensor_cores).emit()

@@ -77,10 +77,11 @@ def graph_prefix(graph: KernelGraph) -> str:
 
 
 def emit_cuda(graph: KernelGraph | GraphPlan, target: Any = "h100",
-              prefix: str | None = None) -> CudaSource:
+              prefix: str | None = None, tensor_cores: bool = True) -> CudaSource:
     """Plan (unless given a plan) and emit the CUDA C++ of ``graph``. Every exported symbol
     starts with ``prefix`` (default: the graph's name), so several graphs can share one
-    translation unit (:func:`translation_unit`)."""
+    translation unit (:func:`translation_unit`). ``tensor_cores=False`` keeps every tile matmul
+    on fp32 FMA (exact fp32 products; slower)."""
     plan = graph if isinstance(graph, GraphPlan) else plan_graph(graph, target)
     g = plan.graph
     prefix = ident(prefix) if prefix else graph_prefix(g)
@@ -90,10 +91,10 @@ def emit_cuda(graph: KernelGraph | GraphPlan, target: Any = "h100",
         if isinstance(op, GraphKernel):
             outs = "_".join(t.name for t in op.outputs)
             name = kernel_names(f"{prefix}_k{k}_graph_{outs}"[:80])
-            text, spec = emit_block_kernel(op, plan.kernels[k], plan.device, name)
+            text, spec = emit_block_kernel(op, plan.kernels[k], plan.device, name, tensor_cores)
         else:
             name = kernel_names(f"{prefix}_k{k}_{op.op}_{op.output.name}"[:80])
-            text, spec = emit_kernel_op(op, k, plan.device, name)
+            text, spec = emit_kernel_op(op, k, plan.device, name, tensor_cores)
         texts.append(text)
         launches.append(spec)
     header = header_text(prefix, g, plan.device, plan.target.name)

@@ -59,6 +59,13 @@ Fiber* g_current = nullptr;
 dim3 g_block_idx, g_block_dim, g_grid_dim;
 const std::function<void()>* g_body = nullptr;
 std::vector<float> g_slots;
+// Per-thread exchange slots for warp-collective tensor-core operations (ldmatrix, mma): a
+// thread puts its operands, all threads meet, each reads its warp-mates' slots, all meet again.
+constexpr size_t kSlotBytes = 64;
+struct Slot {
+  alignas(16) unsigned char b[kSlotBytes];
+};
+std::vector<Slot> g_xslots;
 
 // A fiber runs the kernel once per block, forever: after each run it parks, and the scheduler
 // wakes it for the next block (or launch) with fresh thread and block indices.
@@ -95,6 +102,18 @@ inline float shfl_xor(float v, int mask, int line) {
   sync(-line);
   return r;
 }
+
+// Warp-collective exchange: every thread of the block calls xput / xpeer ... / xdone in the same
+// order (the generated code keeps tensor-core calls block-uniform), like a barrier.
+inline void xput(const void* data, size_t n, int line) {
+  memcpy(g_xslots[g_current->linear].b, data, n);
+  sync(-line);
+}
+inline const unsigned char* xpeer(unsigned int lane) {
+  return g_xslots[(g_current->linear & ~31u) | (lane & 31u)].b;
+}
+inline void xdone(int line) { sync(-line); }
+inline unsigned int lane_id() { return g_current->linear & 31u; }
 
 struct HalfTable {  // every binary16 value as a float: widening is one load
   float v[65536];
@@ -169,6 +188,7 @@ int launch(dim3 grid, dim3 block, size_t smem_bytes, int order,
   const unsigned int n = block.x * block.y * block.z;
   if (g_fibers.size() < n) g_fibers.resize(n);
   g_slots.assign(n, 0.0f);
+  g_xslots.assign(n, Slot{});
   g_grid_dim = grid;
   g_block_dim = block;
   g_body = &kernel;

@@ -15,3 +15,7 @@ class CompileError(CodegenError):
 
 class ToolMissing(CodegenError):
     """A tool or library this step needs (nvcc, CuPy, a GPU, g++) is not available."""
+
+
+class DisassemblyError(CodegenError):
+    """cuobjdump could not read a compiled file; the message holds its output."""

@@ -18,10 +18,12 @@ from .cexpr import (CTYPES, Names, broadcast_coords, elementwise, flit, linear, 
                     prune_unused, declare_coords)
 from .errors import CodegenError
 from .launch import KernelParam, LaunchSpec
+from .mma import mma_config
 
 THREADS = 256
 MAX_BLOCKS = 65535 * 16  # grid-stride loops cover anything larger
-TILE = 16  # matmul output tile and K step
+TILE = 16  # matmul output tile and K step (fp32 FMA version)
+MMA_BM, MMA_BN, MMA_BK, MMA_THREADS = 64, 64, 32, 128  # tensor-core version
 
 
 def _index_type(*layouts: TensorLayout, n: int = 0) -> str:
@@ -43,8 +45,10 @@ def _offset(lay: TensorLayout, cs: list[str]) -> str:
 
 
 class KernelOpEmitter:
-    def __init__(self, op: KernelOp, index: int, device: DevicePlan, kernel: str):
+    def __init__(self, op: KernelOp, index: int, device: DevicePlan, kernel: str,
+                 tensor_cores: bool = True):
         self.op, self.index, self.device, self.kernel = op, index, device, kernel
+        self.tensor_cores = tensor_cores
         names = Names("g_")
         self.params: list[KernelParam] = []
         self.arg: dict[int, str] = {}  # operand position -> parameter name (tensor operands)
@@ -96,7 +100,7 @@ class KernelOpEmitter:
     def emit(self) -> tuple[str, LaunchSpec]:
         o = self.op.op
         if o == "matmul":
-            return self.emit_matmul()
+            return self.emit_matmul_mma() if self.tensor_cores else self.emit_matmul()
         if o == "sum":
             return self.emit_sum()
         if o == "rms_norm":
@@ -280,6 +284,87 @@ class KernelOpEmitter:
                                        "memory, fp32 accumulation; grid z runs over the batch")
 
 
+    def emit_matmul_mma(self) -> tuple[str, LaunchSpec]:
+        """Tensor cores: a block of 4 warps computes a (BM, BN) output tile; K runs in steps of
+        MMA_BK through shared memory (operands rounded to the mma type as they are staged, zeros
+        past the edges), ``tile_mma`` accumulates into an fp32 tile that is stored at the end."""
+        a, b, c = self.layout(0), self.layout(1), self.out_layout
+        m, k = a.shape[-2:]
+        n = b.shape[-1]
+        batch = c.shape[:-2]
+        nb = prod(batch)
+        itype = _index_type(a, b, c)
+        decls, bc = _coords("bt", batch, "b", itype)
+        bm = min(MMA_BM, -(-m // 16) * 16)
+        bn = min(MMA_BN, -(-n // 8) * 8)
+        bk = min(MMA_BK, -(-k // 16) * 16)
+        cfg = mma_config(1, bm, bn, MMA_THREADS, a.dtype, b.dtype)
+        assert cfg is not None
+        e = cfg.etype
+        if -(-m // bm) > 65535:
+            raise CodegenError(f"kernel #{self.index}: matmul with {m} rows needs more than "
+                               "65535 row tiles (grid.y)")
+
+        def base(lay: TensorLayout) -> str:
+            return linear(list(zip(broadcast_coords(bc, lay.shape[:-2]), lay.strides[:-2])))
+
+        def plus(ptr: str, off: str) -> str:
+            return ptr if off == "0" else f"{ptr} + {off}"
+
+        sa, sb, sc = a.strides, b.strides, c.strides
+        a_at = linear([("row", sa[-2]), ("kk", sa[-1])])
+        b_at = linear([("kk", sb[-2]), ("col", sb[-1])])
+        c_at = linear(list(zip(broadcast_coords(bc, c.shape[:-2]), sc[:-2])) +
+                      [("row", sc[-2]), ("col", sc[-1])])
+        a_bytes, b_bytes = bm * bk * 2, bk * bn * 2
+        t = MMA_THREADS
+        # bounds checks only where a tile can reach past the edge
+        row_ok = "" if m % bm == 0 else f"row < {m}"
+        col_ok = "" if n % bn == 0 else f"col < {n}"
+        k_ok = "" if k % bk == 0 else f"kk < {k}"
+
+        def guarded(conds: list[str], expr: str) -> str:
+            cs = [x for x in conds if x]
+            return f"{' && '.join(cs)} ? {expr} : 0.0f" if cs else expr
+        done = " && ".join(x for x in (row_ok, col_ok) if x)
+        body = ["extern __shared__ __align__(16) unsigned char smem[];",
+                f"{e}* const a_s = reinterpret_cast<{e}*>(smem);  // ({bm}, {bk})",
+                f"{e}* const b_s = reinterpret_cast<{e}*>(smem + {a_bytes});  // ({bk}, {bn})",
+                f"float* const c_s = reinterpret_cast<float*>(smem + {a_bytes + b_bytes});"
+                f"  // ({bm}, {bn})",
+                f"const int r0 = blockIdx.y * {bm}, n0 = blockIdx.x * {bn};",
+                f"for (int bt = blockIdx.z; bt < {nb}; bt += gridDim.z) {{",
+                *("  " + d for d in decls),
+                f"  const {self.params[0].ctype}* A = {plus(self.arg[0], base(a))};",
+                f"  const {self.params[1].ctype}* B = {plus(self.arg[1], base(b))};",
+                f"  for (int i = threadIdx.x; i < {bm * bn}; i += {t}) c_s[i] = 0.0f;",
+                f"  for (int k0 = 0; k0 < {k}; k0 += {bk}) {{",
+                f"    for (int i = threadIdx.x; i < {bm * bk}; i += {t}) {{",
+                f"      const int row = r0 + i / {bk}, kk = k0 + i % {bk};",
+                f"      store(a_s + i, {guarded([row_ok, k_ok], f'to_float(A[{a_at}])')});",
+                "    }",
+                f"    for (int i = threadIdx.x; i < {bk * bn}; i += {t}) {{",
+                f"      const int kk = k0 + i / {bn}, col = n0 + i % {bn};",
+                f"      store(b_s + i, {guarded([k_ok, col_ok], f'to_float(B[{b_at}])')});",
+                "    }",
+                "    __syncthreads();",
+                f"    tile_mma<1, {bm}, {bn}, {bk}, {cfg.warps}, {cfg.ng}, true, {e}>"
+                "(c_s, a_s, b_s, NoOffset(), NoOffset());",
+                "    __syncthreads();", "  }",
+                f"  for (int i = threadIdx.x; i < {bm * bn}; i += {t}) {{",
+                f"    const int row = r0 + i / {bn}, col = n0 + i % {bn};",
+                f"    {'if (' + done + ') ' if done else ''}store({self.out.cname} + {c_at}, "
+                "c_s[i]);",
+                "  }",
+                "  __syncthreads();  // c_s is zeroed again for the next batch entry",
+                "}"]
+        spec = self.spec((-(-n // bn), -(-m // bm), min(nb, 65535)), (t, 1, 1),
+                         a_bytes + b_bytes + bm * bn * 4)
+        return self.finish(spec, body, f"tensor cores ({e}): ({bm}, {bn}) output tiles on "
+                                       f"{cfg.warps} warps, K in steps of {bk} through shared "
+                                       "memory, fp32 accumulation; grid z runs over the batch")
+
+
 def emit_kernel_op(op: KernelOp, index: int, device: DevicePlan,
-                   kernel: str) -> tuple[str, LaunchSpec]:
-    return KernelOpEmitter(op, index, device, kernel).emit()
+                   kernel: str, tensor_cores: bool = True) -> tuple[str, LaunchSpec]:
+    return KernelOpEmitter(op, index, device, kernel, tensor_cores).emit()

@@ -4,7 +4,8 @@
 call (``-c``: device code for each arch plus the host launcher) with ``-Xptxas -v`` and returns
 the per-kernel, per-arch resources ptxas reports: registers per thread, static shared memory,
 stack frame, spill stores and loads, barriers. ``check_resources`` compares them with a target's
-limits.
+limits. With ``out_dir`` the compiled file (object, cubin or fatbin) is kept there and its path
+is ``NvccResult.output`` (sass.py disassembles it).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class NvccResult:
     warnings: list[str]  # compiler diagnostics (nvcc, cudafe, host compiler, ptxas)
     seconds: float
     command: list[str] = field(default_factory=list)
+    output: Path | None = None  # the compiled file, when compile_with_nvcc was given out_dir
 
     def for_kernel(self, kernel: str, arch: str) -> KernelResources:
         for r in self.resources:
@@ -127,30 +129,42 @@ def _diagnostics(text: str) -> list[str]:
 
 def compile_with_nvcc(text: str, archs: tuple[str, ...] = ARCHS, *,
                       include_dirs: tuple[str, ...] = (), host: bool = True,
-                      extra: tuple[str, ...] = (), name: str = "kernels") -> NvccResult:
-    """Compile ``text`` (a whole .cu file) for ``archs``; raises CompileError on failure."""
+                      extra: tuple[str, ...] = (), name: str = "kernels",
+                      out_dir: str | Path | None = None) -> NvccResult:
+    """Compile ``text`` (a whole .cu file) for ``archs``; raises CompileError on failure.
+
+    ``host=False`` compiles device code only: a cubin for one arch, else a fatbin. The compiled
+    file lives in a temporary directory and is deleted, unless ``out_dir`` names a directory to
+    keep it in (created if needed; ``<name>.o`` / ``<name>.cubin`` / ``<name>.fatbin``), in which
+    case ``NvccResult.output`` is its path."""
     nvcc = find_nvcc()
     if nvcc is None:
         raise ToolMissing("nvcc not found (install the CUDA toolkit or set NVCC)")
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / f"{name}.cu"
         src.write_text(text)
+        if out_dir is None:
+            dest = Path(tmp) / (f"{name}.o" if host else f"{name}.bin")
+        else:
+            Path(out_dir).mkdir(parents=True, exist_ok=True)
+            dest = Path(out_dir) / (f"{name}.o" if host else
+                                    f"{name}.cubin" if len(archs) == 1 else f"{name}.fatbin")
         cmd = [nvcc, "-std=c++17", "-O3", "-Xptxas", "-v", "-Xcompiler", "-Wall,-Wextra"]
         for a in archs:
             cmd += ["-gencode", f"arch=compute_{a[3:]},code={a}"]
         for d in include_dirs:
             cmd += ["-I", d]
         cmd += list(extra)
-        cmd += ["-c", str(src), "-o", str(Path(tmp) / f"{name}.o")] if host else \
-            ["--cubin" if len(archs) == 1 else "--fatbin", str(src), "-o",
-             str(Path(tmp) / f"{name}.bin")]
+        cmd += ["-c", str(src), "-o", str(dest)] if host else \
+            ["--cubin" if len(archs) == 1 else "--fatbin", str(src), "-o", str(dest)]
         t0 = time.perf_counter()
         res = subprocess.run(cmd, capture_output=True, text=True)
         seconds = time.perf_counter() - t0
     log = res.stdout + res.stderr
     if res.returncode:
         raise CompileError(f"nvcc failed ({res.returncode}):\n{log[-6000:]}")
-    return NvccResult(parse_ptxas(log), _diagnostics(log), seconds, cmd)
+    return NvccResult(parse_ptxas(log), _diagnostics(log), seconds, cmd,
+                      None if out_dir is None else dest)
 
 
 ARCH_TARGET = {"sm_80": "a100", "sm_90": "h100"}  # the limits each arch is checked against

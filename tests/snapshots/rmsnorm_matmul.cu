@@ -85,6 +85,202 @@ __device__ __forceinline__ void tile_matmul_batched(float* __restrict__ C, const
     if (ACCUMULATE) C[i] += acc; else C[i] = acc;
   }
 }
+// ---- tensor cores: mma.sync m16n8k16 (fp16 / bf16 in, fp32 accumulate), ldmatrix ----
+// Fragments of one warp (PTX ISA, mma.m16n8k16; lane = 4 g + t, g = lane / 4, t = lane % 4), two
+// 16-bit values per 32-bit register, the lower column / k index in the low half:
+//   A (16 x 16, row-major) a[0]: row g, cols 2t, 2t+1   a[1]: row g+8   a[2]: cols 2t+8, 2t+9
+//                          a[3]: row g+8, cols 2t+8, 2t+9
+//   B (16 x 8, k x n)      b[0]: k 2t, 2t+1, col g       b[1]: k 2t+8, 2t+9, col g
+//   C (16 x 8, fp32)       c[0], c[1]: row g, cols 2t, 2t+1    c[2], c[3]: row g+8, same cols
+template <class X, class Y> struct same_type { static constexpr bool value = false; };
+template <class X> struct same_type<X, X> { static constexpr bool value = true; };
+
+// Shared-memory swizzles map a tile's logical element offset to where it is stored.
+struct NoSwizzle {
+  static __device__ __forceinline__ int at(int o) { return o; }
+};
+
+// The 16 bits an mma operand of type E holds for a stored or computed value (rounded to E).
+template <class E, class T> struct MmaBits {
+  static __device__ __forceinline__ unsigned int of(T x) {
+    E e;
+    store(&e, to_float(x));
+    return e.bits;
+  }
+};
+template <class E> struct MmaBits<E, E> {
+  static __device__ __forceinline__ unsigned int of(E x) { return x.bits; }
+};
+
+#ifndef MIRAGE_EMULATE
+__device__ __forceinline__ unsigned int smem_addr(const void* p) {
+  unsigned int a;
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+  return a;
+}
+// lanes 0-7 / 8-15 / 16-23 / 24-31 give the row addresses (16 bytes each) of matrices 0 / 1 / 2 / 3
+__device__ __forceinline__ void ldsm_x4(unsigned int (&r)[4], const void* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(row)));
+}
+// transposed: lanes 0-7 / 8-15 give rows k of two 8 x 8 matrices of a row-major (k x n) tile
+__device__ __forceinline__ void ldsm_x2_trans(unsigned int (&r)[2], const void* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];"
+               : "=r"(r[0]), "=r"(r[1]) : "r"(smem_addr(row)));
+}
+__device__ __forceinline__ void mma16816(float (&c)[4], const unsigned int (&a)[4],
+                                         const unsigned int (&b)[2], fp16_t) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+               "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+__device__ __forceinline__ void mma16816(float (&c)[4], const unsigned int (&a)[4],
+                                         const unsigned int (&b)[2], bf16_t) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+               "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+#else
+// The emulator follows the fragment layouts above literally: lanes trade addresses and registers
+// through exchange slots (emulator.h), so a wrong index in the caller shows as a wrong result.
+inline unsigned int half_pair(const void* p) {
+  const unsigned short* h = static_cast<const unsigned short*>(p);
+  return h[0] | (static_cast<unsigned int>(h[1]) << 16);
+}
+inline void ldsm_x4(unsigned int (&r)[4], const void* row) {
+  mp_emu::xput(&row, sizeof row, __LINE__);
+  const unsigned int lane = mp_emu::lane_id();
+  for (int i = 0; i < 4; ++i) {
+    const unsigned char* p;
+    memcpy(&p, mp_emu::xpeer(i * 8 + lane / 4), sizeof p);
+    r[i] = half_pair(p + 4 * (lane % 4));
+  }
+  mp_emu::xdone(__LINE__);
+}
+inline void ldsm_x2_trans(unsigned int (&r)[2], const void* row) {
+  mp_emu::xput(&row, sizeof row, __LINE__);
+  const unsigned int lane = mp_emu::lane_id();
+  for (int i = 0; i < 2; ++i) {
+    unsigned short h[2];
+    for (int e = 0; e < 2; ++e) {
+      const unsigned char* p;
+      memcpy(&p, mp_emu::xpeer(i * 8 + 2 * (lane % 4) + e), sizeof p);
+      memcpy(&h[e], p + 2 * (lane / 4), 2);
+    }
+    r[i] = half_pair(h);
+  }
+  mp_emu::xdone(__LINE__);
+}
+inline float mma_value(unsigned int bits, fp16_t) { return mp_emu::half_to_float(bits); }
+inline float mma_value(unsigned int bits, bf16_t) { return mp_emu::bf16_to_float(bits); }
+template <class E>
+inline void mma16816(float (&c)[4], const unsigned int (&a)[4], const unsigned int (&b)[2], E) {
+  unsigned int mine[6] = {a[0], a[1], a[2], a[3], b[0], b[1]};
+  mp_emu::xput(mine, sizeof mine, __LINE__);
+  const unsigned int lane = mp_emu::lane_id(), g = lane / 4, t = lane % 4;
+  auto half_of = [](const unsigned char* slot, int reg, int hi) {
+    unsigned int r;
+    memcpy(&r, slot + 4 * reg, 4);
+    return hi ? r >> 16 : r & 0xffffu;
+  };
+  float d[4];
+  for (int i = 0; i < 4; ++i) {
+    const unsigned int row = g + 8 * (i / 2), col = 2 * t + i % 2;
+    float s = c[i];
+    for (unsigned int k = 0; k < 16; ++k) {
+      const unsigned char* pa = mp_emu::xpeer((row % 8) * 4 + (k % 8) / 2);
+      const unsigned char* pb = mp_emu::xpeer(col * 4 + (k % 8) / 2);
+      const float x = mma_value(half_of(pa, (row >= 8) + 2 * (k >= 8), k % 2), E{});
+      const float y = mma_value(half_of(pb, 4 + (k >= 8), k % 2), E{});
+      s += x * y;
+    }
+    d[i] = s;
+  }
+  for (int i = 0; i < 4; ++i) c[i] = d[i];
+  mp_emu::xdone(__LINE__);
+}
+#endif
+
+// C = A @ B on tensor cores for BATCH pairs of tiles in shared memory: A (M, K) and B (K, N)
+// row-major in any storage type, C (BATCH, M, N) fp32 (with ACCUMULATE: C +=). Operands are
+// rounded to E (fp16_t or bf16_t) -- exact for tiles stored as E -- and products accumulate in
+// fp32. a_off(b) / b_off(b): element offset of the b-th operand matrix (0: broadcast). The warps
+// share out units of 16 x (8 NG) outputs; a unit's A fragment serves its NG column tiles.
+// ldmatrix reads 16-bit E tiles whose sizes are multiples of the fragment; other tiles are read
+// element by element with zeros past the edges. Every warp runs the same number of rounds (a
+// warp without a unit in the last one repeats the last unit and stores nothing), so the
+// warp-collective instructions stay uniform over the block.
+template <int BATCH, int M, int N, int K, int WARPS, int NG, bool ACCUMULATE, class E, class TA,
+          class TB, class SA = NoSwizzle, class SB = NoSwizzle, class AOff, class BOff>
+__device__ __forceinline__ void tile_mma(float* __restrict__ C, const TA* __restrict__ A,
+                                         const TB* __restrict__ B, AOff a_off, BOff b_off) {
+  constexpr int MT = (M + 15) / 16, NT = (N + 7) / 8, NB = NT / NG, KT = (K + 15) / 16;
+  constexpr int UNITS = BATCH * MT * NB;
+  static_assert(NT % NG == 0, "NG must divide the column tiles");
+  constexpr bool LDSM_A = same_type<TA, E>::value && M % 16 == 0 && K % 16 == 0;
+  constexpr bool LDSM_B = same_type<TB, E>::value && N % 8 == 0 && K % 16 == 0;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  for (int u0 = 0; u0 < UNITS; u0 += WARPS) {
+    const int u = u0 + warp < UNITS ? u0 + warp : UNITS - 1;
+    const int bt = u / (MT * NB), m0 = (u / NB) % MT * 16, c0 = u % NB * NG * 8;
+    const TA* __restrict__ Ab = A + a_off(bt);
+    const TB* __restrict__ Bb = B + b_off(bt);
+    float acc[NG][4];
+#pragma unroll
+    for (int j = 0; j < NG; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+#pragma unroll 2
+    for (int k0 = 0; k0 < KT * 16; k0 += 16) {
+      unsigned int a[4];
+      if constexpr (LDSM_A) {
+        ldsm_x4(a, Ab + SA::at((m0 + lane % 16) * K + k0 + lane / 16 * 8));
+      } else {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int row = m0 + g + 8 * (r & 1), col = k0 + 2 * t + 8 * (r >> 1);
+          unsigned int lo = 0, hi = 0;
+          if (row < M && col < K) lo = MmaBits<E, TA>::of(Ab[SA::at(row * K + col)]);
+          if (row < M && col + 1 < K) hi = MmaBits<E, TA>::of(Ab[SA::at(row * K + col + 1)]);
+          a[r] = lo | (hi << 16);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < NG; ++j) {
+        const int n0 = c0 + j * 8;
+        unsigned int b[2];
+        if constexpr (LDSM_B) {
+          ldsm_x2_trans(b, Bb + SB::at((k0 + lane % 16) * N + n0));
+        } else {
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int k = k0 + 2 * t + 8 * r, col = n0 + g;
+            unsigned int lo = 0, hi = 0;
+            if (k < K && col < N) lo = MmaBits<E, TB>::of(Bb[SB::at(k * N + col)]);
+            if (k + 1 < K && col < N) hi = MmaBits<E, TB>::of(Bb[SB::at((k + 1) * N + col)]);
+            b[r] = lo | (hi << 16);
+          }
+        }
+        mma16816(acc[j], a, b, E{});
+      }
+    }
+    if (u0 + warp < UNITS) {
+      float* __restrict__ Cb = C + bt * (M * N);
+#pragma unroll
+      for (int j = 0; j < NG; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int row = m0 + g + 8 * (i / 2), col = c0 + j * 8 + 2 * t + i % 2;
+          if (row < M && col < N) {
+            if (ACCUMULATE) Cb[row * N + col] += acc[j][i]; else Cb[row * N + col] = acc[j][i];
+          }
+        }
+    }
+  }
+}
+struct NoOffset {
+  __device__ __forceinline__ int operator()(int) const { return 0; }
+};
 // ---- end of prelude ----
 
 // ----------------------------------------------------------------------------------------------
@@ -144,8 +340,11 @@ rmsnorm_matmul_k0_graph_Y(
     __syncthreads();  // stage 2 reads what stage 1 wrote
 
     // == stage 2 (loop body) ==
-    // xw = matmul(x, w): (4, 16) @ (16, 16), added into acc
-    tile_matmul<4, 16, 16, 64, true>(s_acc, s_x, s_w);
+    // xw = matmul(x, w): (4, 16) @ (16, 16), tensor cores (fp16_t, 2 warps x units of 16 x 8), added into acc
+    tile_mma<1, 4, 16, 16, 2, 1, true, fp16_t>(
+        s_acc, s_x, s_w,
+        NoOffset(),
+        NoOffset());
     // x2 = thread[square(in0)](x)
     for (int i = threadIdx.x; i < 64; i += 64) {
       const float in0 = to_float(s_x[i]);

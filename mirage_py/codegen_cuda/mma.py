@@ -1,0 +1,52 @@
+"""How a tile matmul runs on tensor cores: the warp tiling and the operand type.
+
+``tile_mma`` (prelude.py) computes ``C (+)= A @ B`` for tiles in shared memory with
+``mma.sync.m16n8k16`` (fp16 or bf16 operands, fp32 accumulation). Its output is cut into
+16 x 8 tiles; a warp owns a *unit* of one 16-row tile by ``ng`` consecutive 8-column tiles, loads
+the unit's A fragment once per k step and reuses it for the ``ng`` column tiles. ``ng`` is the
+largest of 4, 2, 1 that divides the column tiles and still leaves a unit for every warp (more
+reuse of A against fewer idle warps).
+
+The operand type: bf16 when an operand is stored as bf16, otherwise fp16. Tiles stored in that
+type are read with ``ldmatrix`` unchanged; fp32 tiles (values computed in the block, such as the
+exp of a score tile) are rounded to it when their fragments are loaded -- the same rounding
+FlashAttention-style kernels apply to probabilities before the second matmul. Tensor cores need
+whole warps: a block whose thread count is not a multiple of 32 keeps the fp32 FMA tile matmul.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+WARP = 32
+MMA_M, MMA_N, MMA_K = 16, 8, 16
+
+
+@dataclass(frozen=True)
+class MmaConfig:
+    warps: int
+    ng: int  # 8-column tiles per warp unit
+    etype: str  # C storage type of the operands: fp16_t or bf16_t
+
+    def units(self, batch: int, m: int, n: int) -> int:
+        return batch * -(-m // MMA_M) * (-(-n // MMA_N) // self.ng)
+
+
+def mma_etype(dtype_a: str, dtype_b: str) -> str:
+    return "bf16_t" if "bfloat16" in (dtype_a, dtype_b) else "fp16_t"
+
+
+def mma_config(batch: int, m: int, n: int, threads: int, dtype_a: str,
+               dtype_b: str) -> MmaConfig | None:
+    """The tensor-core plan of a (batch of) (m, k) @ (k, n) tile matmul in a block of ``threads``
+    threads, or None when the block cannot use tensor cores."""
+    if threads % WARP or threads <= 0:
+        return None
+    warps = threads // WARP
+    mt, nt = -(-m // MMA_M), -(-n // MMA_N)
+    ng = 1
+    for cand in (4, 2):
+        if nt % cand == 0 and batch * mt * (nt // cand) >= warps:
+            ng = cand
+            break
+    return MmaConfig(warps, ng, mma_etype(dtype_a, dtype_b))
