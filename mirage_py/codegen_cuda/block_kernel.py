@@ -96,7 +96,7 @@ class BlockKernelEmitter:
                     *self.loop(prod(self.shape(n.out)),
                                [f"{self.tile(n.out)}[i] += {self.read(n.input, 'i')};"])]
         if st.kind == SAVE:
-            return self.emit_save(n)
+            return self.emit_save(st)
         assert st.kind == COMPUTE
         if isinstance(n, Fused) or OPS.get(n.op) is not None and OPS[n.op].elementwise:
             return self.emit_elementwise(st)
@@ -129,8 +129,8 @@ class BlockKernelEmitter:
             decls, cs = _declare("i", shape)
             off = linear(terms + list(zip(cs, lay.strides)))
             body = [f"const int i = v * {v};", *_const_ints(decls),
-                    f"copy16({self.tile(it.out)} + i, {src} + {off});"]
-            return [head + f": 16-byte copies of {v} elements",
+                    f"cp_async16({self.tile(it.out)} + i, {src} + {off});"]
+            return [head + f": 16-byte asynchronous copies (cp.async) of {v} elements",
                     *self.loop(prod(shape) // v, body, var="v")]
         decls, cs = _declare("i", shape)
         off = linear(terms + list(zip(cs, lay.strides)))
@@ -286,7 +286,8 @@ class BlockKernelEmitter:
         return [self._header(st, f"{n.out} = concat({', '.join(n.operands)}) axis={ax}"),
                 *self.loop(prod(out_shape), body)]
 
-    def emit_save(self, n: OutputSaver) -> list[str]:
+    def emit_save(self, st: Step) -> list[str]:
+        n: OutputSaver = st.node
         out = self.gk.outputs[n.output]
         lay = self.device.layouts[out.name]
         shape = self.shape(n.input)
@@ -299,9 +300,15 @@ class BlockKernelEmitter:
         off = linear(terms + list(zip(cs, lay.strides)))
         omap = ", ".join(f"{AXES[a]}->{n.omap[a]}" for a in range(3) if n.omap[a] >= 0)
         dst = self.out_params[n.output].cname
-        return [f"// save {n.input} -> {out.name} omap={{{omap}}}",
-                *self.loop(prod(shape), [*_const_ints(decls),
-                                         f"store({dst} + {off}, {self.read(n.input, 'i')});"])]
+        head = f"// save {n.input} -> {out.name} omap={{{omap}}}"
+        if st.vector > 1:
+            per = st.vector
+            body = [f"const int i = v * {per};", *_const_ints(decls),
+                    f"store16({dst} + {off}, {self.tile(n.input)} + i);"]
+            return [head + f": 16-byte stores of {per} elements",
+                    *self.loop(prod(shape) // per, body, var="v")]
+        return [head, *self.loop(prod(shape), [*_const_ints(decls),
+                                               f"store({dst} + {off}, {self.read(n.input, 'i')});"])]
 
     # -- the kernel -----------------------------------------------------------------------------
     def emit(self) -> tuple[str, LaunchSpec]:
@@ -334,6 +341,8 @@ class BlockKernelEmitter:
                 body.append(f"{indent}// == stage {arg} ({_SEGMENT_TEXT[seg]}) ==")
                 for st in sched.in_stage(arg):
                     body += [indent + s for s in self.emit_step(st)]
+                if any(st.kind == LOAD and st.vector > 1 for st in sched.in_stage(arg)):
+                    body.append(f"{indent}cp_async_wait_all();  // this thread's copies landed")
             elif kind == "barrier":
                 body.append(f"{indent}__syncthreads();  // {arg}")
             elif kind == "loop":

@@ -38,6 +38,28 @@ __device__ __forceinline__ void store(bf16_t* p, float v) { p->bits = mp_emu::fl
 __device__ __forceinline__ void copy16(void* dst, const void* src) {
   *static_cast<vec16_t*>(dst) = *static_cast<const vec16_t*>(src);
 }
+// 16 bytes from global to shared memory without passing through registers (cp.async, sm_80+);
+// cp_async_wait_all() before the barrier that publishes the tile
+#ifndef MIRAGE_EMULATE
+__device__ __forceinline__ void cp_async16(void* smem_dst, const void* global_src) {
+  unsigned int d;
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(d) : "l"(smem_dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(d), "l"(global_src) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+#else
+inline void cp_async16(void* smem_dst, const void* global_src) { memcpy(smem_dst, global_src, 16); }
+inline void cp_async_wait_all() {}
+#endif
+// Round 16 / sizeof(T) consecutive values to T and write them with one 16-byte store.
+template <class T, class S>
+__device__ __forceinline__ void store16(T* dst, const S* src) {
+  constexpr int N = 16 / sizeof(T);
+  union { vec16_t v; T e[N]; } u;
+#pragma unroll
+  for (int j = 0; j < N; ++j) store(&u.e[j], to_float(src[j]));
+  *reinterpret_cast<vec16_t*>(dst) = u.v;
+}
 
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
 __device__ __forceinline__ float gelu(float x) { return 0.5f * x * (1.0f + erff(x / 1.41421356f)); }

@@ -46,11 +46,12 @@ def plan_graph(graph: KernelGraph, target: Any = "h100") -> GraphPlan:
             continue
         info = infos[k]
         layouts = [device.layouts[n] for n in op.inputs]
-        sched = schedule_block(op.block, info, layouts)
+        outs = [device.layouts[t.name] for t in op.outputs]
+        sched = schedule_block(op.block, info, layouts, output_layouts=outs)
         smem = plan_shared_memory(sched, info)
         if smem.total_bytes > info.smem_bytes:
             # fewest barriers needs more space than validation assumed: serialise if that helps
-            lean = schedule_block(op.block, info, layouts, lean=True)
+            lean = schedule_block(op.block, info, layouts, lean=True, output_layouts=outs)
             lean_smem = plan_shared_memory(lean, info)
             if lean_smem.total_bytes < smem.total_bytes:
                 sched, smem = lean, lean_smem

@@ -50,7 +50,7 @@ class Step:
     stage: int
     writes: str | None
     reads: tuple[str, ...]
-    vector: int = 1  # elements per 16-byte copy of a vectorised load (1: scalar)
+    vector: int = 1  # elements per 16-byte copy of a vectorised load or store (1: scalar)
     into: bool = False  # a compute step that adds its result into the accumulator ``writes``
 
     @property
@@ -115,22 +115,22 @@ class BlockSchedule:
         return n
 
 
-def vector_width(it: InputIter, layout: TensorLayout, tile: tuple[int, ...]) -> int:
-    """Elements per 16-byte copy for loading this iterator's tile, or 1 when rows are not
-    16-byte aligned in global memory (the tile in shared memory is dense and 16-byte aligned).
-    Block offsets along the innermost dim are multiples of the tile size, so the tile's
-    innermost size and the tensor's row strides decide."""
+def vector_width(layout: TensorLayout, tile: tuple[int, ...]) -> int:
+    """Elements per 16-byte copy between a dense tile in shared memory (16-byte aligned) and a
+    tensor of ``layout`` in global memory -- an iterator's load or an output saver's store -- or
+    1 when the tile's rows are not 16-byte aligned in global memory. Block offsets along the
+    innermost dim are multiples of the tile size, so the tile's innermost size and the tensor's
+    row strides decide."""
     per = ROW_ALIGN // DTYPES[layout.dtype]
     if not tile or layout.strides[-1] != 1 or tile[-1] % per:
         return 1
-    if any(s % per for s in layout.strides[:-1]):
-        return 1
-    return per
+    return 1 if any(s % per for s in layout.strides[:-1]) else per
 
 
-def _aligned_read(step_kind: str, node: Any, tile: str, info: BlockInfo) -> bool:
+def _aligned_read(step_kind: str, node: Any, tile: str, info: BlockInfo,
+                  vector: int = 1) -> bool:
     """Does this step read ``tile`` element i on thread i % threads (given a flat producer)?"""
-    if step_kind in (ACCUMULATE, SAVE):
+    if step_kind == ACCUMULATE or step_kind == SAVE and vector == 1:
         return True
     if step_kind != COMPUTE:
         return False
@@ -158,7 +158,8 @@ def fold_into_accumulators(bg: BlockGraph, info: BlockInfo) -> dict[str, str]:
 
 
 def schedule_block(bg: BlockGraph, info: BlockInfo, input_layouts: list[TensorLayout],
-                   lean: bool = False) -> BlockSchedule:
+                   lean: bool = False,
+                   output_layouts: list[TensorLayout] | None = None) -> BlockSchedule:
     """Group the block graph's steps into stages (see the module docstring)."""
     folded = fold_into_accumulators(bg, info)
     raw: list[tuple[str, str, Any, str | None, tuple[str, ...], int, bool]] = []
@@ -166,8 +167,7 @@ def schedule_block(bg: BlockGraph, info: BlockInfo, input_layouts: list[TensorLa
         if isinstance(node, InputIter):
             seg = "body" if info.phases[node.out] == "body" else "pre"
             acc = folded.get(node.out)
-            vec = 1 if acc else vector_width(node, input_layouts[node.input],
-                                             info.shapes[node.out])
+            vec = 1 if acc else vector_width(input_layouts[node.input], info.shapes[node.out])
             raw.append((LOAD, seg, node, acc or node.out, (), vec, acc is not None))
         elif isinstance(node, (BlockOp, Fused)):
             seg = {"inv": "pre", "body": "body", "epi": "post"}[info.phases[node.out]]
@@ -178,7 +178,9 @@ def schedule_block(bg: BlockGraph, info: BlockInfo, input_layouts: list[TensorLa
             if node.input not in folded:
                 raw.append((ACCUMULATE, "body", node, node.out, (node.input,), 1, False))
         elif isinstance(node, OutputSaver):
-            raw.append((SAVE, "post", node, None, (node.input,), 1, False))
+            vec = 1 if output_layouts is None else \
+                vector_width(output_layouts[node.output], info.shapes[node.input])
+            raw.append((SAVE, "post", node, None, (node.input,), vec, False))
 
     stages: dict[str, tuple[int, ...]] = {}
     placed: list[Step] = []
@@ -195,7 +197,7 @@ def schedule_block(bg: BlockGraph, info: BlockInfo, input_layouts: list[TensorLa
                 if w is None or w.segment != seg:
                     continue  # written in an earlier segment: a barrier already separates them
                 if (kind == ACCUMULATE and w.kind == INIT) or \
-                        (w.flat and _aligned_read(kind, node, t, info) and
+                        (w.flat and _aligned_read(kind, node, t, info, vec) and
                          (kind == SAVE or flat_probe.flat)):
                     stage = max(stage, w.stage)
                 else:

@@ -56,6 +56,28 @@ __device__ __forceinline__ void store(bf16_t* p, float v) { p->bits = mp_emu::fl
 __device__ __forceinline__ void copy16(void* dst, const void* src) {
   *static_cast<vec16_t*>(dst) = *static_cast<const vec16_t*>(src);
 }
+// 16 bytes from global to shared memory without passing through registers (cp.async, sm_80+);
+// cp_async_wait_all() before the barrier that publishes the tile
+#ifndef MIRAGE_EMULATE
+__device__ __forceinline__ void cp_async16(void* smem_dst, const void* global_src) {
+  unsigned int d;
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(d) : "l"(smem_dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(d), "l"(global_src) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+#else
+inline void cp_async16(void* smem_dst, const void* global_src) { memcpy(smem_dst, global_src, 16); }
+inline void cp_async_wait_all() {}
+#endif
+// Round 16 / sizeof(T) consecutive values to T and write them with one 16-byte store.
+template <class T, class S>
+__device__ __forceinline__ void store16(T* dst, const S* src) {
+  constexpr int N = 16 / sizeof(T);
+  union { vec16_t v; T e[N]; } u;
+#pragma unroll
+  for (int j = 0; j < N; ++j) store(&u.e[j], to_float(src[j]));
+  *reinterpret_cast<vec16_t*>(dst) = u.v;
+}
 
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
 __device__ __forceinline__ float gelu(float x) { return 0.5f * x * (1.0f + erff(x / 1.41421356f)); }
@@ -318,7 +340,7 @@ mixed_k0_mul_At(
 //     y = thread[relu(((in0 + in1) - (in2 * 0.1)))](cacc, tot, s2)
 //     save y -> Y omap={x->0}
 //     save c -> Ccopy omap={x->0}
-// shared memory: 1056 bytes (validate() bound 1152); barriers per block: 10
+// shared memory: 1056 bytes (validate() bound 1152); barriers per block: 11
 // ----------------------------------------------------------------------------------------------
 extern "C" __global__ void __launch_bounds__(64)
 mixed_k1_graph_Y_Ccopy(
@@ -329,7 +351,7 @@ mixed_k1_graph_Y_Ccopy(
     bf16_t* __restrict__ g_Ccopy) {
   extern __shared__ __align__(16) unsigned char smem[];
   bf16_t* const s_a = reinterpret_cast<bf16_t*>(smem + 0);  // (2, 6, 8) bfloat16, stages 0-4
-  float* const s_y = reinterpret_cast<float*>(smem + 0);  // (2, 6, 4) float32, stages 6-6
+  float* const s_y = reinterpret_cast<float*>(smem + 0);  // (2, 6, 4) float32, stages 6-7
   float* const s_acc = reinterpret_cast<float*>(smem + 192);  // (2, 6, 4) float32, stages 0-5
   float* const s_c = reinterpret_cast<float*>(smem + 384);  // (2, 6, 4) float32, stages 0-5
   float* const s_cacc = reinterpret_cast<float*>(smem + 576);  // (2, 6, 4) float32, stages 0-6
@@ -340,17 +362,17 @@ mixed_k1_graph_Y_Ccopy(
   float* const s_ab = reinterpret_cast<float*>(smem + 960);  // (2, 6, 2) float32, stages 2-3
 
   // == stage 0 (before the loop) ==
-  // a = iter At imap={x->0}: 16-byte copies of 8 elements
+  // a = iter At imap={x->0}: 16-byte asynchronous copies (cp.async) of 8 elements
   for (int v = threadIdx.x; v < 12; v += 64) {
     const int i = v * 8;
     const int c0 = i / 48, c1 = (i / 8) % 6, c2 = i % 8;
-    copy16(s_a + i, g_At + blockIdx.x * 96 + c0 * 48 + c1 * 8 + c2);
+    cp_async16(s_a + i, g_At + blockIdx.x * 96 + c0 * 48 + c1 * 8 + c2);
   }
-  // c = iter C imap={x->0}: 16-byte copies of 4 elements
+  // c = iter C imap={x->0}: 16-byte asynchronous copies (cp.async) of 4 elements
   for (int v = threadIdx.x; v < 12; v += 64) {
     const int i = v * 4;
     const int c0 = i / 24, c1 = (i / 4) % 6, c2 = i % 4;
-    copy16(s_c + i, g_C + blockIdx.x * 48 + c0 * 24 + c1 * 4 + c2);
+    cp_async16(s_c + i, g_C + blockIdx.x * 48 + c0 * 24 + c1 * 4 + c2);
   }
   // acc = accum.sum(sc): start at zero
   for (int i = threadIdx.x; i < 48; i += 64) {
@@ -360,6 +382,7 @@ mixed_k1_graph_Y_Ccopy(
   for (int i = threadIdx.x; i < 48; i += 64) {
     s_cacc[i] = 0.0f;
   }
+  cp_async_wait_all();  // this thread's copies landed
   __syncthreads();  // loop-invariant tiles and accumulators are ready
 
   for (int it = 0; it < 2; ++it) {
@@ -452,10 +475,14 @@ mixed_k1_graph_Y_Ccopy(
     const float v_y = relu(v_w);
     s_y[i] = v_y;
   }
-  // save y -> Y omap={x->0}
-  for (int i = threadIdx.x; i < 48; i += 64) {
+  __syncthreads();  // stage 7 reads what stage 6 wrote
+
+  // == stage 7 (after the loop) ==
+  // save y -> Y omap={x->0}: 16-byte stores of 4 elements
+  for (int v = threadIdx.x; v < 12; v += 64) {
+    const int i = v * 4;
     const int c0 = i / 24, c1 = (i / 4) % 6, c2 = i % 4;
-    store(g_Y + blockIdx.x * 48 + c0 * 24 + c1 * 4 + c2, s_y[i]);
+    store16(g_Y + blockIdx.x * 48 + c0 * 24 + c1 * 4 + c2, s_y + i);
   }
 }
 

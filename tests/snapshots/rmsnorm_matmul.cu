@@ -49,6 +49,28 @@ __device__ __forceinline__ void store(bf16_t* p, float v) { p->bits = mp_emu::fl
 __device__ __forceinline__ void copy16(void* dst, const void* src) {
   *static_cast<vec16_t*>(dst) = *static_cast<const vec16_t*>(src);
 }
+// 16 bytes from global to shared memory without passing through registers (cp.async, sm_80+);
+// cp_async_wait_all() before the barrier that publishes the tile
+#ifndef MIRAGE_EMULATE
+__device__ __forceinline__ void cp_async16(void* smem_dst, const void* global_src) {
+  unsigned int d;
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(d) : "l"(smem_dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(d), "l"(global_src) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+#else
+inline void cp_async16(void* smem_dst, const void* global_src) { memcpy(smem_dst, global_src, 16); }
+inline void cp_async_wait_all() {}
+#endif
+// Round 16 / sizeof(T) consecutive values to T and write them with one 16-byte store.
+template <class T, class S>
+__device__ __forceinline__ void store16(T* dst, const S* src) {
+  constexpr int N = 16 / sizeof(T);
+  union { vec16_t v; T e[N]; } u;
+#pragma unroll
+  for (int j = 0; j < N; ++j) store(&u.e[j], to_float(src[j]));
+  *reinterpret_cast<vec16_t*>(dst) = u.v;
+}
 
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
 __device__ __forceinline__ float gelu(float x) { return 0.5f * x * (1.0f + erff(x / 1.41421356f)); }
@@ -296,7 +318,7 @@ struct NoOffset {
 //     sacc = accum.sum(ss)
 //     y = thread[(in0 / sqrt(((in1 / 64.0) + 1e-06)))](acc, sacc)
 //     save y -> Y omap={x->1}
-// shared memory: 1168 bytes (validate() bound 1168); barriers per block: 13
+// shared memory: 1168 bytes (validate() bound 1168); barriers per block: 14
 // ----------------------------------------------------------------------------------------------
 extern "C" __global__ void __launch_bounds__(64)
 rmsnorm_matmul_k0_graph_Y(
@@ -305,7 +327,7 @@ rmsnorm_matmul_k0_graph_Y(
     fp16_t* __restrict__ g_Y) {
   extern __shared__ __align__(16) unsigned char smem[];
   fp16_t* const s_w = reinterpret_cast<fp16_t*>(smem + 0);  // (16, 16) float16, stages 1-2
-  float* const s_y = reinterpret_cast<float*>(smem + 0);  // (4, 16) float32, stages 4-4
+  float* const s_y = reinterpret_cast<float*>(smem + 0);  // (4, 16) float32, stages 4-5
   float* const s_acc = reinterpret_cast<float*>(smem + 512);  // (4, 16) float32, stages 0-4
   float* const s_x2 = reinterpret_cast<float*>(smem + 768);  // (4, 16) float32, stages 2-3
   fp16_t* const s_x = reinterpret_cast<fp16_t*>(smem + 1024);  // (4, 16) float16, stages 1-2
@@ -325,18 +347,19 @@ rmsnorm_matmul_k0_graph_Y(
   for (int it = 0; it < 4; ++it) {
 
     // == stage 1 (loop body) ==
-    // x = iter X imap={} fmap=1: 16-byte copies of 8 elements
+    // x = iter X imap={} fmap=1: 16-byte asynchronous copies (cp.async) of 8 elements
     for (int v = threadIdx.x; v < 8; v += 64) {
       const int i = v * 8;
       const int c0 = i / 16, c1 = i % 16;
-      copy16(s_x + i, g_X + it * 16 + c0 * 64 + c1);
+      cp_async16(s_x + i, g_X + it * 16 + c0 * 64 + c1);
     }
-    // w = iter W imap={x->1} fmap=0: 16-byte copies of 8 elements
+    // w = iter W imap={x->1} fmap=0: 16-byte asynchronous copies (cp.async) of 8 elements
     for (int v = threadIdx.x; v < 32; v += 64) {
       const int i = v * 8;
       const int c0 = i / 16, c1 = i % 16;
-      copy16(s_w + i, g_W + blockIdx.x * 16 + it * 512 + c0 * 32 + c1);
+      cp_async16(s_w + i, g_W + blockIdx.x * 16 + it * 512 + c0 * 32 + c1);
     }
+    cp_async_wait_all();  // this thread's copies landed
     __syncthreads();  // stage 2 reads what stage 1 wrote
 
     // == stage 2 (loop body) ==
@@ -382,10 +405,14 @@ rmsnorm_matmul_k0_graph_Y(
     const float v_y = in0 / v_r;
     s_y[i] = v_y;
   }
-  // save y -> Y omap={x->1}
-  for (int i = threadIdx.x; i < 64; i += 64) {
+  __syncthreads();  // stage 5 reads what stage 4 wrote
+
+  // == stage 5 (after the loop) ==
+  // save y -> Y omap={x->1}: 16-byte stores of 8 elements
+  for (int v = threadIdx.x; v < 8; v += 64) {
+    const int i = v * 8;
     const int c0 = i / 16, c1 = i % 16;
-    store(g_Y + blockIdx.x * 16 + c0 * 32 + c1, s_y[i]);
+    store16(g_Y + blockIdx.x * 16 + c0 * 32 + c1, s_y + i);
   }
 }
 
