@@ -124,7 +124,7 @@ def test_division_by_a_power_of_two_is_a_multiplication():
 
 def test_vector_loads_need_aligned_rows():
     text = emit_cuda(hand_built("gqa", 1)).cu()
-    assert "cp_async16(s_q + i" in text and "cp_async_wait_all();" in text
+    assert "cp_async16(s_q + Swizzle<3, 3, 3>::at(i)" in text and "cp_async_wait_all();" in text
     assert "store16(g_O + " in text  # the combine kernel's output rows are 16-byte aligned
     # a (4, 3, 10) bf16 tensor has 20-byte rows: element loads only
     from mirage_py.ugraph import (BlockGraph, DTensor, GraphKernel, InputIter, KernelGraph,

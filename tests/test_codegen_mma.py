@@ -16,7 +16,7 @@ import mirage_py as mp
 from mirage_py.codegen_cuda import emit_cuda
 from mirage_py.codegen_cuda.emit import translation_unit
 from mirage_py.codegen_cuda.emulator import EmulatedGraph, build_emulator, build_emulator_code
-from mirage_py.codegen_cuda.mma import mma_config
+from mirage_py.layout.mma import mma_config
 from mirage_py.codegen_cuda.prelude import PRELUDE
 from mirage_py.ugraph import (Accum, BlockGraph, BlockOp, DTensor, GraphKernel, InputIter,
                               KernelGraph, OutputSaver, naive_lowering)
@@ -126,3 +126,12 @@ def test_mma_config_tiles_the_output():
     assert mma_config(1, 8, 8, 128, "float16", "bfloat16").etype == "bf16_t"
     assert mma_config(1, 8, 24, 128, "float32", "float16").ng == 1  # 3 column tiles
     assert mma_config(1, 16, 16, 48, "float16", "float16") is None  # not whole warps
+
+
+def test_swizzled_operands_are_exercised(built):
+    """The layout planner swizzles the ldmatrix operands of these cases, and the emulated
+    results above were computed through the swizzled offsets."""
+    _, sources, _ = built
+    for case in ("ldsm_both_ng2", "ldsm_ng4_loop"):
+        kernel = sources[case].kernels[0]
+        assert "stored with Swizzle<" in kernel and ", Swizzle<" in kernel, case

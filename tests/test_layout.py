@@ -162,3 +162,30 @@ def test_first_fit_never_overlaps_live_buffers(raw):
             assert offsets[b.name] + b.size <= total
             if pad or b.size % 16 == 0:
                 assert offsets[b.name] % 16 == 0
+
+
+def test_swizzles_make_ldmatrix_conflict_free_on_fixtures():
+    """Every tile the planner swizzles is read by ldmatrix without bank conflicts (model of
+    layout/swizzle.py), where the identity layout had them; every fixture with 16-bit operand
+    tiles of 32-byte rows or more gets at least one swizzle."""
+    from mirage_py.layout.swizzle import Swizzle, ideal_wavefronts, wavefronts
+    from mirage_py.layout.tile_swizzle import _matmul_reads
+    from mirage_py.ugraph.graph import BlockOp
+    swizzled = 0
+    for name in NAMES:
+        plan = plan_graph(hand_built(name, 1))
+        for k, kp in plan.kernels.items():
+            bg = plan.graph.ops[k].block
+            for op in bg.ops:
+                if not (isinstance(op, BlockOp) and op.op == "matmul"):
+                    continue
+                for tile, reads in _matmul_reads(op, kp.info, bg.threads).items():
+                    sw = kp.swizzles.get(tile, Swizzle.identity())
+                    for ins, _ in reads:
+                        for i in ins:
+                            assert wavefronts(i, sw) == ideal_wavefronts(i), (name, tile, str(sw))
+                    if tile in kp.swizzles:
+                        swizzled += 1
+                        assert any(wavefronts(i) > ideal_wavefronts(i)
+                                   for ins, _ in reads for i in ins), (name, tile)
+    assert swizzled >= 9

@@ -25,7 +25,8 @@ from .cexpr import (CTYPES, Names, broadcast_coords, elementwise, flit, linear, 
                     prune_unused, row_major, declare_coords)
 from .errors import CodegenError
 from .launch import KernelParam, LaunchSpec
-from .mma import mma_config
+from ..layout.mma import mma_config
+from ..layout.swizzle import Swizzle
 
 BLOCK_IDX = ("blockIdx.x", "blockIdx.y", "blockIdx.z")
 
@@ -61,8 +62,13 @@ class BlockKernelEmitter:
     def shape(self, tile: str) -> tuple[int, ...]:
         return self.info.shapes[tile]
 
+    def sw(self, tile: str, off: str) -> str:
+        """Where logical element ``off`` of ``tile`` is stored (its XOR swizzle, if any)."""
+        s = self.plan.swizzles.get(tile)
+        return off if s is None else f"{swizzle_type(s)}::at({off})"
+
     def read(self, tile: str, off: str) -> str:
-        e = f"{self.tile(tile)}[{off}]"
+        e = f"{self.tile(tile)}[{self.sw(tile, off)}]"
         return e if self.info.dtypes[tile] == "float32" else f"to_float({e})"
 
     def loop(self, n: int, body: list[str], var: str = "i") -> list[str]:
@@ -129,7 +135,7 @@ class BlockKernelEmitter:
             decls, cs = _declare("i", shape)
             off = linear(terms + list(zip(cs, lay.strides)))
             body = [f"const int i = v * {v};", *_const_ints(decls),
-                    f"cp_async16({self.tile(it.out)} + i, {src} + {off});"]
+                    f"cp_async16({self.tile(it.out)} + {self.sw(it.out, 'i')}, {src} + {off});"]
             return [head + f": 16-byte asynchronous copies (cp.async) of {v} elements",
                     *self.loop(prod(shape) // v, body, var="v")]
         decls, cs = _declare("i", shape)
@@ -140,7 +146,8 @@ class BlockKernelEmitter:
                     *self.loop(prod(shape), [*_const_ints(decls),
                                              f"{acc}[i] += to_float({src}[{off}]);"])]
         return [head, *self.loop(prod(shape), [*_const_ints(decls),
-                                               f"{self.tile(it.out)}[i] = {src}[{off}];"])]
+                                               f"{self.tile(it.out)}[{self.sw(it.out, 'i')}] = "
+                                               f"{src}[{off}];"])]
 
     def _result(self, st: Step, value: str) -> str:
         op = "+=" if st.into else "="
@@ -216,8 +223,13 @@ class BlockKernelEmitter:
                     f"    {args},", f"    {offsets[0]},", f"    {offsets[1]});"]
         head = self._header(st, f"{n.out} = matmul({a}, {b}): {sa} @ {sb}, tensor cores "
                                 f"({mma.etype}, {mma.warps} warps x units of 16 x {8 * mma.ng})")
-        return [head, f"tile_mma<{prod(batch)}, {m}, {nn}, {k}, {mma.warps}, {mma.ng}, {acc}, "
-                      f"{mma.etype}>(", f"    {args},", f"    {offsets[0]},", f"    {offsets[1]});"]
+        swz = [self.plan.swizzles.get(t) for t in (a, b)]
+        tparams = f"{prod(batch)}, {m}, {nn}, {k}, {mma.warps}, {mma.ng}, {acc}, {mma.etype}"
+        if any(swz):
+            tparams += ", " + ", ".join("NoSwizzle" if z is None else swizzle_type(z)
+                                        for z in swz)
+        return [head, f"tile_mma<{tparams}>(", f"    {args},", f"    {offsets[0]},",
+                f"    {offsets[1]});"]
 
     def emit_sum(self, st: Step) -> list[str]:
         n: BlockOp = st.node
@@ -304,7 +316,7 @@ class BlockKernelEmitter:
         if st.vector > 1:
             per = st.vector
             body = [f"const int i = v * {per};", *_const_ints(decls),
-                    f"store16({dst} + {off}, {self.tile(n.input)} + i);"]
+                    f"store16({dst} + {off}, {self.tile(n.input)} + {self.sw(n.input, 'i')});"]
             return [head + f": 16-byte stores of {per} elements",
                     *self.loop(prod(shape) // per, body, var="v")]
         return [head, *self.loop(prod(shape), [*_const_ints(decls),
@@ -330,9 +342,11 @@ class BlockKernelEmitter:
             body.append("extern __shared__ __align__(16) unsigned char smem[];")
         for buf in sorted(smem.buffers, key=lambda b: (smem.offsets[b.name], b.name)):
             ct = CTYPES[self.info.dtypes[buf.name]]
+            z = self.plan.swizzles.get(buf.name)
             body.append(f"{ct}* const {self.tile(buf.name)} = reinterpret_cast<{ct}*>"
                         f"(smem + {smem.offsets[buf.name]});  // {self.shape(buf.name)} "
-                        f"{self.info.dtypes[buf.name]}, stages {buf.start}-{buf.end}")
+                        f"{self.info.dtypes[buf.name]}, stages {buf.start}-{buf.end}"
+                        + (f", stored with {z}" if z else ""))
         indent = ""
         for kind, arg in sched.program():
             if kind == "stage":
@@ -356,6 +370,11 @@ class BlockKernelEmitter:
         lines += ["  " + s if s else "" for s in prune_unused(body)]
         lines.append("}")
         return "\n".join(lines) + "\n", spec
+
+
+def swizzle_type(s: Swizzle) -> str:
+    """The prelude's ``Swizzle<B, M, S>`` struct for ``s``."""
+    return f"Swizzle<{s.bits}, {s.base}, {s.shift}>"
 
 
 _SEGMENT_TEXT = {"pre": "before the loop", "body": "loop body", "post": "after the loop"}

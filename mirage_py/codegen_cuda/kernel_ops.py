@@ -18,7 +18,7 @@ from .cexpr import (CTYPES, Names, broadcast_coords, elementwise, flit, linear, 
                     prune_unused, declare_coords)
 from .errors import CodegenError
 from .launch import KernelParam, LaunchSpec
-from .mma import mma_config
+from ..layout.mma import mma_config
 
 THREADS = 256
 MAX_BLOCKS = 65535 * 16  # grid-stride loops cover anything larger

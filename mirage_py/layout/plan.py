@@ -3,7 +3,7 @@ kernel its stage schedule and shared-memory plan. Code generation reads only thi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import MirageError
@@ -12,6 +12,8 @@ from ..ugraph.graph import GraphKernel, KernelGraph
 from ..ugraph.validate import BlockInfo, validate
 from .schedule import BlockSchedule, schedule_block
 from .smem import SmemPlan, plan_shared_memory
+from .swizzle import Swizzle
+from .tile_swizzle import plan_swizzles
 from .tensors import DevicePlan, plan_device_memory
 
 
@@ -25,6 +27,7 @@ class KernelPlan:
     info: BlockInfo
     schedule: BlockSchedule
     smem: SmemPlan
+    swizzles: dict[str, Swizzle] = field(default_factory=dict)  # tile -> XOR swizzle
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,7 @@ def plan_graph(graph: KernelGraph, target: Any = "h100") -> GraphPlan:
             lean_smem = plan_shared_memory(lean, info)
             if lean_smem.total_bytes < smem.total_bytes:
                 sched, smem = lean, lean_smem
-        kernels[k] = KernelPlan(k, info, sched, smem)
+        kernels[k] = KernelPlan(k, info, sched, smem, plan_swizzles(op.block, info, sched))
     plan = GraphPlan(graph, tgt, device, kernels)
     check_fits(plan, tgt)
     return plan

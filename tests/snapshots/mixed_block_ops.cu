@@ -128,6 +128,11 @@ template <class X> struct same_type<X, X> { static constexpr bool value = true; 
 struct NoSwizzle {
   static __device__ __forceinline__ int at(int o) { return o; }
 };
+// XOR swizzle (layout/swizzle.py): bits [M, M+B) of an offset ^= bits [M+S, M+S+B); groups of
+// 2^M elements (16 bytes) stay whole, so cp.async and ldmatrix rows stay contiguous
+template <int B, int M, int S> struct Swizzle {
+  static __device__ __forceinline__ int at(int o) { return o ^ ((o >> S) & (((1 << B) - 1) << M)); }
+};
 
 // The 16 bits an mma operand of type E holds for a stored or computed value (rounded to E).
 template <class E, class T> struct MmaBits {
@@ -240,9 +245,9 @@ inline void mma16816(float (&c)[4], const unsigned int (&a)[4], const unsigned i
 // ldmatrix reads 16-bit E tiles whose sizes are multiples of the fragment; other tiles are read
 // element by element with zeros past the edges. Every warp runs the same number of rounds (a
 // warp without a unit in the last one repeats the last unit and stores nothing), so the
-// warp-collective instructions stay uniform over the block.
-template <int BATCH, int M, int N, int K, int WARPS, int NG, bool ACCUMULATE, class E, class TA,
-          class TB, class SA = NoSwizzle, class SB = NoSwizzle, class AOff, class BOff>
+// warp-collective instructions stay uniform over the block. SA / SB: the operands' swizzles.
+template <int BATCH, int M, int N, int K, int WARPS, int NG, bool ACCUMULATE, class E,
+          class SA = NoSwizzle, class SB = NoSwizzle, class TA, class TB, class AOff, class BOff>
 __device__ __forceinline__ void tile_mma(float* __restrict__ C, const TA* __restrict__ A,
                                          const TB* __restrict__ B, AOff a_off, BOff b_off) {
   constexpr int MT = (M + 15) / 16, NT = (N + 7) / 8, NB = NT / NG, KT = (K + 15) / 16;

@@ -121,6 +121,11 @@ template <class X> struct same_type<X, X> { static constexpr bool value = true; 
 struct NoSwizzle {
   static __device__ __forceinline__ int at(int o) { return o; }
 };
+// XOR swizzle (layout/swizzle.py): bits [M, M+B) of an offset ^= bits [M+S, M+S+B); groups of
+// 2^M elements (16 bytes) stay whole, so cp.async and ldmatrix rows stay contiguous
+template <int B, int M, int S> struct Swizzle {
+  static __device__ __forceinline__ int at(int o) { return o ^ ((o >> S) & (((1 << B) - 1) << M)); }
+};
 
 // The 16 bits an mma operand of type E holds for a stored or computed value (rounded to E).
 template <class E, class T> struct MmaBits {
@@ -233,9 +238,9 @@ inline void mma16816(float (&c)[4], const unsigned int (&a)[4], const unsigned i
 // ldmatrix reads 16-bit E tiles whose sizes are multiples of the fragment; other tiles are read
 // element by element with zeros past the edges. Every warp runs the same number of rounds (a
 // warp without a unit in the last one repeats the last unit and stores nothing), so the
-// warp-collective instructions stay uniform over the block.
-template <int BATCH, int M, int N, int K, int WARPS, int NG, bool ACCUMULATE, class E, class TA,
-          class TB, class SA = NoSwizzle, class SB = NoSwizzle, class AOff, class BOff>
+// warp-collective instructions stay uniform over the block. SA / SB: the operands' swizzles.
+template <int BATCH, int M, int N, int K, int WARPS, int NG, bool ACCUMULATE, class E,
+          class SA = NoSwizzle, class SB = NoSwizzle, class TA, class TB, class AOff, class BOff>
 __device__ __forceinline__ void tile_mma(float* __restrict__ C, const TA* __restrict__ A,
                                          const TB* __restrict__ B, AOff a_off, BOff b_off) {
   constexpr int MT = (M + 15) / 16, NT = (N + 7) / 8, NB = NT / NG, KT = (K + 15) / 16;
@@ -326,7 +331,7 @@ rmsnorm_matmul_k0_graph_Y(
     const fp16_t* __restrict__ g_W,
     fp16_t* __restrict__ g_Y) {
   extern __shared__ __align__(16) unsigned char smem[];
-  fp16_t* const s_w = reinterpret_cast<fp16_t*>(smem + 0);  // (16, 16) float16, stages 1-2
+  fp16_t* const s_w = reinterpret_cast<fp16_t*>(smem + 0);  // (16, 16) float16, stages 1-2, stored with Swizzle<1,3,3>
   float* const s_y = reinterpret_cast<float*>(smem + 0);  // (4, 16) float32, stages 4-5
   float* const s_acc = reinterpret_cast<float*>(smem + 512);  // (4, 16) float32, stages 0-4
   float* const s_x2 = reinterpret_cast<float*>(smem + 768);  // (4, 16) float32, stages 2-3
@@ -357,14 +362,14 @@ rmsnorm_matmul_k0_graph_Y(
     for (int v = threadIdx.x; v < 32; v += 64) {
       const int i = v * 8;
       const int c0 = i / 16, c1 = i % 16;
-      cp_async16(s_w + i, g_W + blockIdx.x * 16 + it * 512 + c0 * 32 + c1);
+      cp_async16(s_w + Swizzle<1, 3, 3>::at(i), g_W + blockIdx.x * 16 + it * 512 + c0 * 32 + c1);
     }
     cp_async_wait_all();  // this thread's copies landed
     __syncthreads();  // stage 2 reads what stage 1 wrote
 
     // == stage 2 (loop body) ==
     // xw = matmul(x, w): (4, 16) @ (16, 16), tensor cores (fp16_t, 2 warps x units of 16 x 8), added into acc
-    tile_mma<1, 4, 16, 16, 2, 1, true, fp16_t>(
+    tile_mma<1, 4, 16, 16, 2, 1, true, fp16_t, NoSwizzle, Swizzle<1, 3, 3>>(
         s_acc, s_x, s_w,
         NoOffset(),
         NoOffset());

@@ -50,3 +50,13 @@ def mma_config(batch: int, m: int, n: int, threads: int, dtype_a: str,
             ng = cand
             break
     return MmaConfig(warps, ng, mma_etype(dtype_a, dtype_b))
+
+
+def ldmatrix_operands(m: int, k: int, n: int, dtype_a: str, dtype_b: str,
+                      cfg: MmaConfig) -> tuple[bool, bool]:
+    """Does ``tile_mma`` read A / B with ldmatrix? Only tiles stored in the operand type whose
+    sizes are whole fragments (the same test as ``LDSM_A`` / ``LDSM_B`` in prelude.py)."""
+    ctype = {"float16": "fp16_t", "bfloat16": "bf16_t"}
+    a = ctype.get(dtype_a) == cfg.etype and m % MMA_M == 0 and k % MMA_K == 0
+    b = ctype.get(dtype_b) == cfg.etype and n % MMA_N == 0 and k % MMA_K == 0
+    return a, b
