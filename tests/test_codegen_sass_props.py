@@ -1,0 +1,98 @@
+"""What the machine code of the emitted kernels does, read from SASS for sm_90 on the CPU
+(cuobjdump), for the nine benchmarks' hand-built fusions at batch size 1 and the tensor-core
+cases of small graphs:
+
+* every kernel that has a tile matmul runs it on tensor cores (HMMA) with ldmatrix (LDSM)
+  wherever its operand tiles are whole fragments stored in the operand type;
+* no kernel touches local memory (no LDL/STL: no spills, no run-time indexed arrays);
+* tiles with 16-byte aligned rows are loaded with 128-bit asynchronous copies (LDGSTS.128) and
+  no narrower global loads, and outputs with aligned rows are stored with 128-bit stores.
+
+Static instruction counts: they show what the code can do, not how fast it runs (benchmarks
+measure that on a GPU)."""
+
+import pytest
+
+from benchmarks.fixtures import hand_built
+from benchmarks.programs import NAMES
+from mirage_py.codegen_cuda import emit_cuda
+from mirage_py.codegen_cuda.emit import translation_unit
+from mirage_py.codegen_cuda.nvcc import find_nvcc
+from mirage_py.codegen_cuda.sass import find_cuobjdump, sass_stats
+from mirage_py.layout.mma import ldmatrix_operands, mma_config
+from mirage_py.layout.schedule import LOAD, SAVE
+from mirage_py.ugraph.graph import BlockOp, GraphKernel, KernelOp
+
+pytestmark = pytest.mark.skipif(find_nvcc() is None or find_cuobjdump() is None,
+                                reason="needs nvcc and cuobjdump")
+
+
+@pytest.fixture(scope="module")
+def fixtures_sm90():
+    sources = [emit_cuda(hand_built(n, 1), "h100", prefix=f"{n}_bs1") for n in NAMES]
+    return sources, sass_stats(translation_unit(sources), "sm_90")
+
+
+def _kernels(sources):
+    for src in sources:
+        for spec in src.launches:
+            yield src, spec, src.graph.ops[spec.op_index]
+
+
+def _matmuls(op, plan):
+    if isinstance(op, KernelOp):
+        return ["predefined"] if op.op == "matmul" else []
+    info = plan.info
+    out = []
+    for n in op.block.ops:
+        if isinstance(n, BlockOp) and n.op == "matmul":
+            a, b = n.operands
+            sa, sb = info.shapes[a], info.shapes[b]
+            cfg = mma_config(1, sa[-2], sb[-1], op.block.threads, info.dtypes[a], info.dtypes[b])
+            out.append(any(ldmatrix_operands(sa[-2], sa[-1], sb[-1], info.dtypes[a],
+                                             info.dtypes[b], cfg)))
+    return out
+
+
+def test_every_tile_matmul_runs_on_tensor_cores(fixtures_sm90):
+    sources, stats = fixtures_sm90
+    with_matmul = 0
+    for src, spec, op in _kernels(sources):
+        plan = src.plan.kernels.get(spec.op_index)
+        mms = _matmuls(op, plan)
+        st = stats[spec.kernel]
+        if mms:
+            with_matmul += 1
+            assert st.hmma >= len(mms), (spec.kernel, st.hmma)
+            if any(mms):
+                assert st.ldsm > 0, spec.kernel
+        else:
+            assert st.tensor_core == 0, spec.kernel
+    assert with_matmul >= 8
+
+
+def test_no_local_memory(fixtures_sm90):
+    _, stats = fixtures_sm90
+    bad = {k: (s.ldl, s.stl) for k, s in stats.items() if s.local_memory}
+    assert bad == {}
+
+
+def test_aligned_tiles_move_in_128_bit_accesses(fixtures_sm90):
+    sources, stats = fixtures_sm90
+    vector_loads = vector_stores = 0
+    for src, spec, op in _kernels(sources):
+        if not isinstance(op, GraphKernel):
+            continue
+        steps = src.plan.kernels[spec.op_index].schedule.steps
+        st = stats[spec.kernel]
+        loads = [s for s in steps if s.kind == LOAD and not s.into]
+        if loads and all(s.vector > 1 for s in loads):
+            vector_loads += 1
+            assert st.ldgsts.get(128, 0) > 0 and st.global_loads_narrow == 0, \
+                (spec.kernel, st.ldg, st.ldgsts)
+        saves = [s for s in steps if s.kind == SAVE]
+        if saves and all(s.vector > 1 for s in saves):
+            vector_stores += 1
+            assert st.global_stores_128 > 0 and sum(st.stg.values()) == st.global_stores_128, \
+                (spec.kernel, st.stg)
+    assert vector_loads >= 5 and vector_stores >= 5
