@@ -30,6 +30,10 @@ latency-bound, so the search's branch and bound would drop looped structures tha
   over hit L2 when the tensor fits in L2, or else when those blocks run at about the same time
   (blocks launch x fastest: sharers along grid axis a are ``prod(grid[:a])`` launches apart; more
   than one wave of ``slots`` apart means DRAM again). Plus every output element written once.
+  A tile moves in whole 32-byte sectors: its contiguous runs (the innermost dim, merged with
+  outer dims it spans whole) are rounded up to sectors (``sector_factor``), so a tile of 4-byte
+  rows costs 8 times its size in L2 traffic -- its neighbours' bytes come along. DRAM reads are
+  not inflated: the neighbouring blocks that use the rest of each sector hit L2.
   ``dram_bytes`` counts what reaches DRAM; ``bytes`` reports DRAM bytes plus L2 re-reads at
   ``1 / L2_SPEEDUP`` of their size (DRAM-equivalent traffic). Intermediates -- tensors one
   kernel writes and a later one reads -- are therefore paid twice (write, read back); their share
@@ -91,6 +95,7 @@ from .targets import Target, get_target
 from .ugraph.graph import Accum, BlockOp, Fused, GraphKernel, InputIter, KernelGraph, KernelOp
 from .ugraph.validate import validate
 
+SECTOR = 32  # bytes: the unit in which L2 and DRAM move data
 L2_SPEEDUP = 4.0  # L2 bandwidth over DRAM bandwidth (about 7 TB/s on an A100, 12 on an H100)
 SM_BW_FACTOR = 4.0  # one SM can pull this many times its fair share of DRAM bandwidth
 REGS_PER_THREAD = 64  # register use assumed for a generated kernel's thread (no ptxas here)
@@ -223,6 +228,22 @@ def _op_cost(op: KernelOp, tensors: dict, t: Target, inter: set[str]) -> KernelC
                       0, 1.0, mem, tcu, simu, 0.0, ib, "op", nbytes, nbytes)
 
 
+def sector_factor(src: Any, tile: tuple[int, ...]) -> float:
+    """Bytes the memory system moves per byte of a tile loaded from ``src`` (row-major): the
+    tile is made of contiguous runs (its innermost dim, merged with outer dims the tile spans
+    whole), and every run costs whole 32-byte sectors. A tile of 4-byte rows moves 8 times its
+    size through L2."""
+    if not tile:
+        return 1.0
+    shape = src.shape[-len(tile):]
+    run, d = tile[-1], len(tile) - 1
+    while d > 0 and tile[d] == shape[d]:
+        d -= 1
+        run *= tile[d]
+    nbytes = run * DTYPES[src.dtype]
+    return -(-nbytes // SECTOR) * SECTOR / nbytes if nbytes else 1.0
+
+
 def _graph_kernel_cost(op: GraphKernel, info, tensors: dict, t: Target, stages: int,
                        inter: set[str]) -> KernelCost:
     bg = op.block
@@ -240,7 +261,7 @@ def _graph_kernel_cost(op: GraphKernel, info, tensors: dict, t: Target, stages: 
             all_tiles += tile
             if reps > 1:
                 body_tiles += tile
-            iters.append((src, tile * reps * B, n.imap))
+            iters.append((src, tile * reps * B * sector_factor(src, shapes[n.out]), n.imap))
         elif isinstance(n, BlockOp):
             if n.op == "matmul":
                 a, o = shapes[n.operands[0]], shapes[n.out]

@@ -231,3 +231,27 @@ def test_no_benchmark_knowledge_in_the_generator():
                 assert not re.search(rf"\b{w}\b", text), (fn, w)
             for shape in ("4096", "6144", "(2, 256, 64)"):
                 assert shape not in text, (fn, shape)
+
+
+def test_no_plan_cuts_rows_below_16_bytes():
+    """Every kernel superopt finds for the matmul benchmarks loads tiles whose rows (innermost,
+    contiguous dim) are at least 16 bytes wherever the tensor's rows are, so they move as
+    128-bit vectors; narrow_split is the rule behind it."""
+    from mirage_py.generator.block_search import Avail
+    from mirage_py.generator.kernel_search import narrow_split
+    from benchmarks.programs import get_program
+    a = Avail("W", (64, 4096), "float16", None, ((("k", 64),), (("n", 4096),)))
+    assert narrow_split("n", 1024, [a]) and not narrow_split("n", 512, [a])
+    assert not narrow_split("k", 64, [a])  # not the innermost dim
+    for name in ("rmsnorm_linear", "gated_mlp"):
+        g = mp.superopt(get_program(name, 1), target="h100", database=False).graph
+        for op in g.ops:
+            if not hasattr(op, "block"):
+                continue
+            tensors = g.tensors()
+            for n in op.block.ops:
+                if type(n).__name__ == "InputIter":
+                    src = tensors[op.inputs[n.input]]
+                    cut = src.shape[-1] // op.block.grid[[*n.imap].index(len(src.shape) - 1)] \
+                        if len(src.shape) - 1 in n.imap else src.shape[-1]
+                    assert cut * 2 >= 16 or src.shape[-1] * 2 < 16, (name, n, cut)

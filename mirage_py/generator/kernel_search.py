@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 
 from ..cost_model import estimate_us
+from ..lax.ops import DTYPES
 from ..targets import Target
 from ..ugraph.graph import DTensor, GraphKernel, KernelGraph
 from . import absexpr as ae
@@ -59,6 +60,23 @@ def label_sizes(avail: list[Avail]) -> dict[str, int]:
     return sizes
 
 
+ROW_BYTES = 16  # one 16-byte vector (cp.async, ldmatrix row, 128-bit load) per tile row
+
+
+def narrow_split(label: str, parts: int, avail: list[Avail]) -> bool:
+    """Would cutting ``label`` into ``parts`` leave some tensor's tiles with rows (innermost,
+    contiguous dim) shorter than 16 bytes where the tensor's rows are not? Such tiles cannot be
+    moved in 16-byte vectors and waste most of every 32-byte sector they touch."""
+    for a in avail:
+        if not a.dims or not a.dims[-1] or a.dims[-1][0][0] != label:
+            continue
+        eb = DTYPES[a.dtype]
+        n = a.shape[-1]
+        if n * eb >= ROW_BYTES and (n // parts) * eb < ROW_BYTES:
+            return True
+    return False
+
+
 def plans_for(avail: list[Avail], reduced: frozenset, parallel: frozenset, target: Target,
               max_grid_labels: int = 3) -> list[Plan]:
     """Grid/loop plans from the labels present in the available tensors (see module doc)."""
@@ -78,6 +96,8 @@ def plans_for(avail: list[Avail], reduced: frozenset, parallel: frozenset, targe
                 for l in par:
                     n = sizes[l]
                     parts = n if n <= 64 else n // _largest_divisor_at_most(n, 64)
+                    while parts > 1 and narrow_split(l, parts, avail):
+                        parts = _largest_divisor_at_most(n, parts - 1)
                     grid.append((l, parts))
                     blocks *= parts
                 for l in red:
@@ -88,6 +108,7 @@ def plans_for(avail: list[Avail], reduced: frozenset, parallel: frozenset, targe
                                 blocks * g <= want]
                     else:
                         opts = [g for g in _divisors(n) if g > 1 and blocks * g <= want]
+                    opts = [g for g in opts if not narrow_split(l, g, avail)]
                     if not opts:
                         ok = False
                         break
@@ -257,7 +278,8 @@ class Searcher:
             if label is None:
                 continue
             for g in _divisors(sizes.get(label, parts)):
-                if g != parts and 2 <= g and parts / 4 <= g <= parts * 4:
+                if g != parts and 2 <= g and parts / 4 <= g <= parts * 4 and \
+                        not narrow_split(label, g, avail):
                     grid = list(plan.grid)
                     grid[a] = (label, g)
                     out.append(Plan(tuple(grid), plan.loop))
