@@ -513,13 +513,13 @@ class OptimizedProgram:
         """Run on the GPU (compiled CUDA through CuPy); inputs are CuPy arrays or DLPack tensors."""
         if self._compiled is None:
             from .codegen_cuda import CompiledGraph
-            self._compiled = CompiledGraph(self.graph, self.target)
+            self._compiled = CompiledGraph(self.annotated, self.target)
         return self._compiled(inputs)
 
     def export_cuda(self, directory: str) -> None:
         """Write .cu/.h files and a PyTorch extension for the chosen graph into ``directory``."""
         from .codegen_cuda import export_cuda
-        export_cuda(self.graph, directory, target=self.target)
+        export_cuda(self.annotated, directory, target=self.target)
 
     # -- reporting ------------------------------------------------------------------------------
     def summary(self) -> str:

@@ -135,3 +135,29 @@ def test_swizzled_operands_are_exercised(built):
     for case in ("ldsm_both_ng2", "ldsm_ng4_loop"):
         kernel = sources[case].kernels[0]
         assert "stored with Swizzle<" in kernel and ", Swizzle<" in kernel, case
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3, 4])
+def test_cp_async_pipeline_depths(depth):
+    """K over an 8-iteration loop with 1..4 cp.async stages in flight: the emulator lands each
+    copy only at the wait that covers its group, so a wrong buffer index or group count shows."""
+    g = block_matmul(f"pipe{depth}", 1, 16, 128, 32, loop=8, threads=64)
+    src = emit_cuda(g, prefix=f"pipe{depth}", stages=[depth])
+    assert src.plan.kernels[0].pipeline == depth
+    if depth > 1:
+        assert f"cp_async_wait_group<{depth - 1}>()" in src.kernels[0]
+    x = _inputs(g, depth)
+    out = EmulatedGraph(src, order="reverse")(x)["Y"]
+    assert _rel(out, g.run(x, precision="gpu")["Y"]) <= 2e-3
+
+
+def test_a_missing_pipeline_wait_is_caught():
+    g = block_matmul("nowait", 1, 16, 128, 32, loop=8, threads=64)
+    src = emit_cuda(g, prefix="nowait", stages=[3])
+    kernels = (src.kernels[0].replace("cp_async_wait_group<2>();", "/* no wait */"),)
+    from dataclasses import replace
+    bad = replace(src, kernels=kernels, prefix="nowait_bad")
+    x = _inputs(g, 9)
+    out = EmulatedGraph(bad)(x)["Y"]
+    ref = g.run(x, precision="gpu")["Y"]
+    assert not np.all(np.isfinite(out)) or _rel(out, ref) > 0.1

@@ -114,7 +114,9 @@ class BlockKernelEmitter:
             return self.emit_concat(st)
         raise NotImplementedError(f"block operator {n.op!r}")
 
-    def emit_load(self, st: Step) -> list[str]:
+    def emit_load(self, st: Step, iteration: str = "it", dst: str | None = None) -> list[str]:
+        """The copy of an iterator's tile; ``iteration`` / ``dst``: which loop iteration's tile,
+        and where it goes (the software pipeline prefetches into one of its buffers)."""
         it: InputIter = st.node
         inp = self.gk.inputs[it.input]
         lay = self.device.layouts[inp]
@@ -125,7 +127,7 @@ class BlockKernelEmitter:
             if d >= 0 and self.bg.grid[a] > 1:
                 terms.append((BLOCK_IDX[a], lay.shape[d] // self.bg.grid[a] * lay.strides[d]))
         if it.fmap >= 0 and self.F > 1:
-            terms.append(("it", shape[it.fmap] * lay.strides[it.fmap]))
+            terms.append((iteration, shape[it.fmap] * lay.strides[it.fmap]))
         imap = ", ".join(f"{AXES[a]}->{it.imap[a]}" for a in range(3) if it.imap[a] >= 0)
         fmap = f" fmap={it.fmap}" if it.fmap >= 0 else ""
         head = f"// {it.out} = iter {inp} imap={{{imap}}}{fmap}"
@@ -135,7 +137,8 @@ class BlockKernelEmitter:
             decls, cs = _declare("i", shape)
             off = linear(terms + list(zip(cs, lay.strides)))
             body = [f"const int i = v * {v};", *_const_ints(decls),
-                    f"cp_async16({self.tile(it.out)} + {self.sw(it.out, 'i')}, {src} + {off});"]
+                    f"cp_async16({dst or self.tile(it.out)} + {self.sw(it.out, 'i')}, "
+                    f"{src} + {off});"]
             return [head + f": 16-byte asynchronous copies (cp.async) of {v} elements",
                     *self.loop(prod(shape) // v, body, var="v")]
         decls, cs = _declare("i", shape)
@@ -322,6 +325,47 @@ class BlockKernelEmitter:
         return [head, *self.loop(prod(shape), [*_const_ints(decls),
                                                f"store({dst} + {off}, {self.read(n.input, 'i')});"])]
 
+    # -- the cp.async software pipeline ---------------------------------------------------------
+    def stage_buffers(self, tile: str) -> str:
+        return f"{self.tile(tile)}_stages"
+
+    def buffer(self, tile: str, iteration: str) -> str:
+        n = prod(self.shape(tile))
+        return f"{self.stage_buffers(tile)} + ({iteration}) % {self.plan.pipeline} * {n}"
+
+    def prefetch(self, steps: list[Step], iteration: str) -> list[str]:
+        out = []
+        for st in steps:
+            out += self.emit_load(st, iteration, f"({self.buffer(st.writes, iteration)})")
+        return out
+
+    def emit_stage(self, stage: int) -> list[str]:
+        steps = self.plan.schedule.in_stage(stage)
+        piped = [st for st in steps if st.kind == LOAD and st.writes in self.plan.pipelined]
+        out: list[str] = []
+        for st in steps:
+            if st not in piped:
+                out += self.emit_step(st)
+        if piped:
+            s, ahead = self.plan.pipeline, f"it + {self.plan.pipeline - 1}"
+            out += [f"if ({ahead} < {self.F}) {{  // prefetch iteration {ahead} "
+                    f"({s} stages in flight)",
+                    *("  " + x for x in self.prefetch(piped, ahead)), "}",
+                    "cp_async_commit();",
+                    f"cp_async_wait_group<{s - 1}>();  // this iteration's tiles landed"]
+        elif any(st.kind == LOAD and st.vector > 1 for st in steps):
+            out.append("cp_async_wait_all();  // this thread's copies landed")
+        return out
+
+    def pipeline_prologue(self) -> list[str]:
+        piped = [st for st in self.plan.schedule.steps
+                 if st.kind == LOAD and st.writes in self.plan.pipelined]
+        out = [f"// software pipeline: iterations 0..{self.plan.pipeline - 2} of "
+               f"{', '.join(self.plan.pipelined)} in flight before the loop"]
+        for j in range(self.plan.pipeline - 1):
+            out += [*self.prefetch(piped, str(j)), "cp_async_commit();"]
+        return out
+
     # -- the kernel -----------------------------------------------------------------------------
     def emit(self) -> tuple[str, LaunchSpec]:
         sched, smem = self.plan.schedule, self.plan.smem
@@ -343,9 +387,12 @@ class BlockKernelEmitter:
         for buf in sorted(smem.buffers, key=lambda b: (smem.offsets[b.name], b.name)):
             ct = CTYPES[self.info.dtypes[buf.name]]
             z = self.plan.swizzles.get(buf.name)
-            body.append(f"{ct}* const {self.tile(buf.name)} = reinterpret_cast<{ct}*>"
+            piped = buf.name in self.plan.pipelined
+            name = self.stage_buffers(buf.name) if piped else self.tile(buf.name)
+            body.append(f"{ct}* const {name} = reinterpret_cast<{ct}*>"
                         f"(smem + {smem.offsets[buf.name]});  // {self.shape(buf.name)} "
                         f"{self.info.dtypes[buf.name]}, stages {buf.start}-{buf.end}"
+                        + (f", {self.plan.pipeline} pipeline buffers" if piped else "")
                         + (f", stored with {z}" if z else ""))
         indent = ""
         for kind, arg in sched.program():
@@ -353,17 +400,20 @@ class BlockKernelEmitter:
                 seg = next(s.segment for s in sched.in_stage(arg))
                 body.append("")
                 body.append(f"{indent}// == stage {arg} ({_SEGMENT_TEXT[seg]}) ==")
-                for st in sched.in_stage(arg):
-                    body += [indent + s for s in self.emit_step(st)]
-                if any(st.kind == LOAD and st.vector > 1 for st in sched.in_stage(arg)):
-                    body.append(f"{indent}cp_async_wait_all();  // this thread's copies landed")
+                body += [indent + s for s in self.emit_stage(arg)]
             elif kind == "barrier":
                 body.append(f"{indent}__syncthreads();  // {arg}")
             elif kind == "loop":
+                if self.plan.pipelined:
+                    body.append("")
+                    body += self.pipeline_prologue()
                 if self.F > 1:
                     body.append("")
                     body.append(f"for (int it = 0; it < {self.F}; ++it) {{")
                     indent = "  "
+                    for t in self.plan.pipelined:
+                        ct = CTYPES[self.info.dtypes[t]]
+                        body.append(f"  {ct}* const {self.tile(t)} = {self.buffer(t, 'it')};")
             elif kind == "end_loop" and self.F > 1:
                 indent = ""
                 body.append("}")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from ..layout.plan import GraphPlan, plan_graph
 from ..ugraph.graph import GraphKernel, KernelGraph
@@ -76,13 +76,19 @@ def graph_prefix(graph: KernelGraph) -> str:
     return ident(graph.name)
 
 
-def emit_cuda(graph: KernelGraph | GraphPlan, target: Any = "h100",
-              prefix: str | None = None, tensor_cores: bool = True) -> CudaSource:
-    """Plan (unless given a plan) and emit the CUDA C++ of ``graph``. Every exported symbol
-    starts with ``prefix`` (default: the graph's name), so several graphs can share one
-    translation unit (:func:`translation_unit`). ``tensor_cores=False`` keeps every tile matmul
-    on fp32 FMA (exact fp32 products; slower)."""
-    plan = graph if isinstance(graph, GraphPlan) else plan_graph(graph, target)
+def emit_cuda(graph: Any, target: Any = "h100", prefix: str | None = None,
+              tensor_cores: bool = True, stages: Sequence[int] | None = None) -> CudaSource:
+    """Plan (unless given a plan) and emit the CUDA C++ of ``graph`` (a KernelGraph, a
+    GraphPlan, or an annotated graph with ``.graph`` and ``.stages_full()``, such as
+    ``OptimizedProgram.annotated``). Every exported symbol starts with ``prefix`` (default: the
+    graph's name), so several graphs can share one translation unit (:func:`translation_unit`).
+    ``tensor_cores=False`` keeps every tile matmul on fp32 FMA (exact fp32 products; slower).
+    ``stages``: cp.async pipeline depth per graph-defined kernel (default: the annotation's, else
+    2)."""
+    if hasattr(graph, "stages_full") and hasattr(graph, "graph"):
+        stages = tuple(graph.stages_full()) if stages is None else stages
+        graph = graph.graph
+    plan = graph if isinstance(graph, GraphPlan) else plan_graph(graph, target, stages)
     g = plan.graph
     prefix = ident(prefix) if prefix else graph_prefix(g)
     kernel_names = Names(taken={prefix})

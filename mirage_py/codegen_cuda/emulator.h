@@ -51,6 +51,15 @@ struct Fiber {
   long syncs = 0;
   int at = 0;  // source line of the barrier it waits at
   std::vector<char> stack;
+  // cp.async copies in flight: the source bytes are read at issue, the destination written at
+  // the wait that completes their group (so a missing wait shows as a stale tile)
+  struct Copy {
+    void* dst;
+    unsigned char data[16];
+    long group;
+  };
+  std::vector<Copy> copies;
+  long committed = 0;  // groups committed so far; uncommitted copies carry group `committed`
 };
 
 jmp_buf g_sched;  // where the scheduler continues
@@ -101,6 +110,25 @@ inline float shfl_xor(float v, int mask, int line) {
   const float r = g_slots[me ^ static_cast<unsigned int>(mask)];
   sync(-line);
   return r;
+}
+
+// cp.async emulation: copies land when a wait_group covers their group (or at wait_all).
+inline void cp_async(void* dst, const void* src) {
+  Fiber::Copy c;
+  c.dst = dst;
+  memcpy(c.data, src, 16);
+  c.group = g_current->committed;
+  g_current->copies.push_back(c);
+}
+inline void cp_commit() { g_current->committed++; }
+inline void cp_wait(long pending) {  // at most `pending` of the newest committed groups stay
+  Fiber& f = *g_current;
+  std::vector<Fiber::Copy> keep;
+  for (const Fiber::Copy& c : f.copies) {
+    if (pending < 0 || c.group < f.committed - pending) memcpy(c.dst, c.data, 16);
+    else keep.push_back(c);
+  }
+  f.copies.swap(keep);
 }
 
 // Warp-collective exchange: every thread of the block calls xput / xpeer ... / xdone in the same
@@ -215,6 +243,8 @@ int launch(dim3 grid, dim3 block, size_t smem_bytes, int order,
           f.tid = dim3{i % block.x, (i / block.x) % block.y, i / (block.x * block.y)};
           f.done = false;
           f.syncs = 0;
+          f.copies.clear();
+          f.committed = 0;
         }
         for (long round = 0;; ++round) {
           if (order >= 2) std::shuffle(seq.begin(), seq.end(), rng);

@@ -47,9 +47,17 @@ __device__ __forceinline__ void cp_async16(void* smem_dst, const void* global_sr
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(d), "l"(global_src) : "memory");
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+// software pipelines: close a group of copies; wait until at most N of the newest groups are
+// still in flight (all older ones have landed)
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_async_wait_group() {
+  asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
+}
 #else
-inline void cp_async16(void* smem_dst, const void* global_src) { memcpy(smem_dst, global_src, 16); }
-inline void cp_async_wait_all() {}
+inline void cp_async16(void* smem_dst, const void* global_src) { mp_emu::cp_async(smem_dst, global_src); }
+inline void cp_async_wait_all() { mp_emu::cp_wait(-1); }
+inline void cp_async_commit() { mp_emu::cp_commit(); }
+template <int N> inline void cp_async_wait_group() { mp_emu::cp_wait(N); }
 #endif
 // Round 16 / sizeof(T) consecutive values to T and write them with one 16-byte store.
 template <class T, class S>

@@ -4,13 +4,13 @@ kernel its stage schedule and shared-memory plan. Code generation reads only thi
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 from ..errors import MirageError
 from ..targets import Target, get_target
 from ..ugraph.graph import GraphKernel, KernelGraph
 from ..ugraph.validate import BlockInfo, validate
-from .schedule import BlockSchedule, schedule_block
+from .schedule import LOAD, BlockSchedule, schedule_block
 from .smem import SmemPlan, plan_shared_memory
 from .swizzle import Swizzle
 from .tile_swizzle import plan_swizzles
@@ -28,6 +28,8 @@ class KernelPlan:
     schedule: BlockSchedule
     smem: SmemPlan
     swizzles: dict[str, Swizzle] = field(default_factory=dict)  # tile -> XOR swizzle
+    pipeline: int = 1  # cp.async stages in flight over the for-loop (1: no software pipeline)
+    pipelined: tuple[str, ...] = ()  # the body tiles with `pipeline` buffers each
 
 
 @dataclass(frozen=True)
@@ -38,15 +40,31 @@ class GraphPlan:
     kernels: dict[int, KernelPlan]  # graph-defined kernels by position in graph.ops
 
 
-def plan_graph(graph: KernelGraph, target: Any = "h100") -> GraphPlan:
-    """Validate ``graph`` and plan its memory; raises ValidationError / LayoutError."""
+DEFAULT_PIPELINE = 2  # cp.async stages of a loop when no annotation says otherwise
+
+
+def pipeline_tiles(sched: BlockSchedule) -> tuple[str, ...]:
+    """Body tiles loaded with 16-byte cp.async copies: the software pipeline prefetches them."""
+    return tuple(st.writes for st in sched.steps
+                 if st.kind == LOAD and st.segment == "body" and st.vector > 1 and not st.into)
+
+
+def plan_graph(graph: KernelGraph, target: Any = "h100",
+               stages: Sequence[int] | None = None) -> GraphPlan:
+    """Validate ``graph`` and plan its memory; raises ValidationError / LayoutError.
+
+    ``stages``: cp.async pipeline depth per graph-defined kernel, in order (the tuner's
+    ``stages`` annotation; default 2, i.e. double buffering). A depth is capped by the loop's
+    iterations and lowered until the buffers fit the target's shared memory."""
     tgt = get_target(target)
     infos = validate(graph, tgt)
     device = plan_device_memory(graph)
     kernels = {}
+    ordinal = -1
     for k, op in enumerate(graph.ops):
         if not isinstance(op, GraphKernel):
             continue
+        ordinal += 1
         info = infos[k]
         layouts = [device.layouts[n] for n in op.inputs]
         outs = [device.layouts[t.name] for t in op.outputs]
@@ -58,7 +76,19 @@ def plan_graph(graph: KernelGraph, target: Any = "h100") -> GraphPlan:
             lean_smem = plan_shared_memory(lean, info)
             if lean_smem.total_bytes < smem.total_bytes:
                 sched, smem = lean, lean_smem
-        kernels[k] = KernelPlan(k, info, sched, smem, plan_swizzles(op.block, info, sched))
+        depth = DEFAULT_PIPELINE if stages is None or ordinal >= len(stages) else stages[ordinal]
+        depth = min(max(1, int(depth)), op.block.forloop)
+        tiles = pipeline_tiles(sched) if depth > 1 else ()
+        while tiles and depth > 1:
+            piped = plan_shared_memory(sched, info, {t: depth for t in tiles})
+            if piped.total_bytes <= tgt.smem_per_block:
+                smem = piped
+                break
+            depth -= 1
+        if depth == 1:
+            tiles = ()
+        kernels[k] = KernelPlan(k, info, sched, smem, plan_swizzles(op.block, info, sched),
+                                depth if tiles else 1, tiles)
     plan = GraphPlan(graph, tgt, device, kernels)
     check_fits(plan, tgt)
     return plan

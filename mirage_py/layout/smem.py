@@ -42,7 +42,11 @@ def tile_bytes(shape: tuple[int, ...], dtype: str) -> int:
     return n * DTYPES[dtype]
 
 
-def live_ranges(sched: BlockSchedule, info: BlockInfo) -> list[Buffer]:
+def live_ranges(sched: BlockSchedule, info: BlockInfo,
+                copies: dict[str, int] | None = None) -> list[Buffer]:
+    """Buffers of every tile; ``copies`` (tile -> n, the software pipeline's tiles) gives a tile
+    n copies live for the whole loop (prefetched before it, refilled during it)."""
+    copies = copies or {}
     start: dict[str, int] = {}
     end: dict[str, int] = {}
     body = sched.stages["body"]
@@ -54,11 +58,15 @@ def live_ranges(sched: BlockSchedule, info: BlockInfo) -> list[Buffer]:
             end[t] = max(end[t], st.stage)
             if st.segment == "body" and start[t] not in body:
                 end[t] = max(end[t], body[-1])  # read or updated by every iteration
-    return [Buffer(t, tile_bytes(info.shapes[t], info.dtypes[t]), start[t], end[t])
+    last = max(body, default=0)
+    return [Buffer(t, tile_bytes(info.shapes[t], info.dtypes[t]) * copies[t], 0,
+                   max(end[t], last)) if t in copies else
+            Buffer(t, tile_bytes(info.shapes[t], info.dtypes[t]), start[t], end[t])
             for t in start]
 
 
-def plan_shared_memory(sched: BlockSchedule, info: BlockInfo) -> SmemPlan:
-    bufs = live_ranges(sched, info)
+def plan_shared_memory(sched: BlockSchedule, info: BlockInfo,
+                       copies: dict[str, int] | None = None) -> SmemPlan:
+    bufs = live_ranges(sched, info, copies)
     offsets, total = first_fit(bufs, SMEM_ALIGN, pad=False)
     return SmemPlan(offsets, tuple(bufs), total)

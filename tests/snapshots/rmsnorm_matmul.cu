@@ -58,9 +58,17 @@ __device__ __forceinline__ void cp_async16(void* smem_dst, const void* global_sr
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(d), "l"(global_src) : "memory");
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+// software pipelines: close a group of copies; wait until at most N of the newest groups are
+// still in flight (all older ones have landed)
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_async_wait_group() {
+  asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
+}
 #else
-inline void cp_async16(void* smem_dst, const void* global_src) { memcpy(smem_dst, global_src, 16); }
-inline void cp_async_wait_all() {}
+inline void cp_async16(void* smem_dst, const void* global_src) { mp_emu::cp_async(smem_dst, global_src); }
+inline void cp_async_wait_all() { mp_emu::cp_wait(-1); }
+inline void cp_async_commit() { mp_emu::cp_commit(); }
+template <int N> inline void cp_async_wait_group() { mp_emu::cp_wait(N); }
 #endif
 // Round 16 / sizeof(T) consecutive values to T and write them with one 16-byte store.
 template <class T, class S>
@@ -323,7 +331,7 @@ struct NoOffset {
 //     sacc = accum.sum(ss)
 //     y = thread[(in0 / sqrt(((in1 / 64.0) + 1e-06)))](acc, sacc)
 //     save y -> Y omap={x->1}
-// shared memory: 1168 bytes (validate() bound 1168); barriers per block: 14
+// shared memory: 1808 bytes (validate() bound 1168); barriers per block: 14
 // ----------------------------------------------------------------------------------------------
 extern "C" __global__ void __launch_bounds__(64)
 rmsnorm_matmul_k0_graph_Y(
@@ -331,12 +339,12 @@ rmsnorm_matmul_k0_graph_Y(
     const fp16_t* __restrict__ g_W,
     fp16_t* __restrict__ g_Y) {
   extern __shared__ __align__(16) unsigned char smem[];
-  fp16_t* const s_w = reinterpret_cast<fp16_t*>(smem + 0);  // (16, 16) float16, stages 1-2, stored with Swizzle<1,3,3>
+  fp16_t* const s_w_stages = reinterpret_cast<fp16_t*>(smem + 0);  // (16, 16) float16, stages 0-3, 2 pipeline buffers, stored with Swizzle<1,3,3>
   float* const s_y = reinterpret_cast<float*>(smem + 0);  // (4, 16) float32, stages 4-5
-  float* const s_acc = reinterpret_cast<float*>(smem + 512);  // (4, 16) float32, stages 0-4
-  float* const s_x2 = reinterpret_cast<float*>(smem + 768);  // (4, 16) float32, stages 2-3
-  fp16_t* const s_x = reinterpret_cast<fp16_t*>(smem + 1024);  // (4, 16) float16, stages 1-2
-  float* const s_sacc = reinterpret_cast<float*>(smem + 1152);  // (4, 1) float32, stages 0-4
+  float* const s_acc = reinterpret_cast<float*>(smem + 1024);  // (4, 16) float32, stages 0-4
+  fp16_t* const s_x_stages = reinterpret_cast<fp16_t*>(smem + 1280);  // (4, 16) float16, stages 0-3, 2 pipeline buffers
+  float* const s_x2 = reinterpret_cast<float*>(smem + 1536);  // (4, 16) float32, stages 2-3
+  float* const s_sacc = reinterpret_cast<float*>(smem + 1792);  // (4, 1) float32, stages 0-4
 
   // == stage 0 (before the loop) ==
   // acc = accum.sum(xw): start at zero
@@ -349,22 +357,42 @@ rmsnorm_matmul_k0_graph_Y(
   }
   __syncthreads();  // loop-invariant tiles and accumulators are ready
 
+  // software pipeline: iterations 0..0 of x, w in flight before the loop
+  // x = iter X imap={} fmap=1: 16-byte asynchronous copies (cp.async) of 8 elements
+  for (int v = threadIdx.x; v < 8; v += 64) {
+    const int i = v * 8;
+    const int c0 = i / 16, c1 = i % 16;
+    cp_async16((s_x_stages + (0) % 2 * 64) + i, g_X + c0 * 64 + c1);
+  }
+  // w = iter W imap={x->1} fmap=0: 16-byte asynchronous copies (cp.async) of 8 elements
+  for (int v = threadIdx.x; v < 32; v += 64) {
+    const int i = v * 8;
+    const int c0 = i / 16, c1 = i % 16;
+    cp_async16((s_w_stages + (0) % 2 * 256) + Swizzle<1, 3, 3>::at(i), g_W + blockIdx.x * 16 + c0 * 32 + c1);
+  }
+  cp_async_commit();
+
   for (int it = 0; it < 4; ++it) {
+    fp16_t* const s_x = s_x_stages + (it) % 2 * 64;
+    fp16_t* const s_w = s_w_stages + (it) % 2 * 256;
 
     // == stage 1 (loop body) ==
-    // x = iter X imap={} fmap=1: 16-byte asynchronous copies (cp.async) of 8 elements
-    for (int v = threadIdx.x; v < 8; v += 64) {
-      const int i = v * 8;
-      const int c0 = i / 16, c1 = i % 16;
-      cp_async16(s_x + i, g_X + it * 16 + c0 * 64 + c1);
+    if (it + 1 < 4) {  // prefetch iteration it + 1 (2 stages in flight)
+      // x = iter X imap={} fmap=1: 16-byte asynchronous copies (cp.async) of 8 elements
+      for (int v = threadIdx.x; v < 8; v += 64) {
+        const int i = v * 8;
+        const int c0 = i / 16, c1 = i % 16;
+        cp_async16((s_x_stages + (it + 1) % 2 * 64) + i, g_X + (it + 1) * 16 + c0 * 64 + c1);
+      }
+      // w = iter W imap={x->1} fmap=0: 16-byte asynchronous copies (cp.async) of 8 elements
+      for (int v = threadIdx.x; v < 32; v += 64) {
+        const int i = v * 8;
+        const int c0 = i / 16, c1 = i % 16;
+        cp_async16((s_w_stages + (it + 1) % 2 * 256) + Swizzle<1, 3, 3>::at(i), g_W + blockIdx.x * 16 + (it + 1) * 512 + c0 * 32 + c1);
+      }
     }
-    // w = iter W imap={x->1} fmap=0: 16-byte asynchronous copies (cp.async) of 8 elements
-    for (int v = threadIdx.x; v < 32; v += 64) {
-      const int i = v * 8;
-      const int c0 = i / 16, c1 = i % 16;
-      cp_async16(s_w + Swizzle<1, 3, 3>::at(i), g_W + blockIdx.x * 16 + it * 512 + c0 * 32 + c1);
-    }
-    cp_async_wait_all();  // this thread's copies landed
+    cp_async_commit();
+    cp_async_wait_group<1>();  // this iteration's tiles landed
     __syncthreads();  // stage 2 reads what stage 1 wrote
 
     // == stage 2 (loop body) ==
@@ -465,7 +493,7 @@ extern "C" cudaError_t rmsnorm_matmul_launch(const rmsnorm_matmul_tensors* tenso
   fp16_t* d_Y = static_cast<fp16_t*>(tensors->Y);
   cudaError_t err = cudaSuccess;
   // kernel #0
-  rmsnorm_matmul_k0_graph_Y<<<dim3(2, 1, 1), dim3(64, 1, 1), 1168, stream>>>(d_X, d_W, d_Y);
+  rmsnorm_matmul_k0_graph_Y<<<dim3(2, 1, 1), dim3(64, 1, 1), 1808, stream>>>(d_X, d_W, d_Y);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   return err;
