@@ -7,6 +7,7 @@ bf16, several column tiles per warp (ng = 1, 2, 4), more units than warps, batch
 block, accumulation over a for-loop, and the pre-defined (naive lowering) matmul kernel. A
 prelude with two fragment registers swapped must fail, or the test could not tell."""
 
+import re
 import shutil
 
 import numpy as np
@@ -83,7 +84,7 @@ def built():
 def test_tile_mma_matches_interpreter(case, built):
     graphs, sources, lib = built
     g, src = graphs[case], sources[case]
-    assert "tile_mma<" in src.device_code().split("// ---- end of prelude ----")[1]
+    assert re.search(r"tile_mma(_regs)?<", src.device_code().split("// ---- end of prelude ----")[1])
     x = _inputs(g, 3)
     ref = g.run(x, precision="gpu")["Y"]
     for order in ("forward", 5):
@@ -161,3 +162,12 @@ def test_a_missing_pipeline_wait_is_caught():
     out = EmulatedGraph(bad)(x)["Y"]
     ref = g.run(x, precision="gpu")["Y"]
     assert not np.all(np.isfinite(out)) or _rel(out, ref) > 0.1
+
+
+def test_loop_accumulators_stay_in_registers(built):
+    """A tile matmul accumulated over the for-loop keeps its fragments in registers and writes
+    them to shared memory once, after the loop; the results above went through that path."""
+    _, sources, _ = built
+    k = sources["ldsm_ng4_loop"].kernels[0]
+    assert "tile_mma_regs<" in k and "frags_to_smem<" in k and "tile_mma<" not in k
+    assert k.index("frags_to_smem<") > k.index("for (int it = 0;")

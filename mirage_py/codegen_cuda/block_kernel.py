@@ -25,7 +25,7 @@ from .cexpr import (CTYPES, Names, broadcast_coords, elementwise, flit, linear, 
                     prune_unused, row_major, declare_coords)
 from .errors import CodegenError
 from .launch import KernelParam, LaunchSpec
-from ..layout.mma import mma_config
+from ..layout.mma import mma_config, register_budget
 from ..layout.swizzle import Swizzle
 
 BLOCK_IDX = ("blockIdx.x", "blockIdx.y", "blockIdx.z")
@@ -51,12 +51,38 @@ class BlockKernelEmitter:
                 raise CodegenError(f"graph kernel #{kplan.index}: tensor {n!r} has 2^31 or more "
                                    "elements; graph-defined kernels index with 32-bit ints")
         self.tile = Names("s_")
+        self.reg_acc = self._register_accumulators()
         pnames = Names("g_")
         self.in_params = [KernelParam(n, CTYPES[device.layouts[n].dtype], True, pnames(f"{n}#{i}")
                                       if n in gk.inputs[:i] else pnames(n))
                           for i, n in enumerate(gk.inputs)]
         self.out_params = [KernelParam(t.name, CTYPES[t.dtype], False, pnames(t.name))
                            for t in gk.outputs]
+
+    def _register_accumulators(self) -> dict[str, tuple[str, str]]:
+        """Accumulators that stay in registers over the loop: a tile matmul folded into a sum
+        accumulator on tensor cores whose fragments fit the register budget.
+        accumulator -> (the template arguments of its tiling, its register array's dims)."""
+        out: dict[str, tuple[str, str]] = {}
+        if not self.tensor_cores:
+            return out
+        for st in self.plan.schedule.steps:
+            n = st.node
+            if not (st.kind == COMPUTE and st.into and isinstance(n, BlockOp) and
+                    n.op == "matmul"):
+                continue
+            a, b = n.operands
+            sa, sb = self.shape(a), self.shape(b)
+            m, k, nn, batch = sa[-2], sa[-1], sb[-1], prod(self.shape(n.out)[:-2])
+            cfg = mma_config(batch, m, nn, self.T, self.info.dtypes[a], self.info.dtypes[b])
+            if cfg is None or cfg.register_floats(batch, m, nn) > register_budget(self.T):
+                continue
+            out[st.writes] = (f"{batch}, {m}, {nn}, {k}, {cfg.warps}, {cfg.ng}",
+                              f"[{cfg.rounds(batch, m, nn)}][{cfg.ng}][4]")
+        return out
+
+    def regs(self, acc: str) -> str:
+        return "r_" + self.tile(acc)[2:]
 
     # -- small pieces ---------------------------------------------------------------------------
     def shape(self, tile: str) -> tuple[int, ...]:
@@ -94,6 +120,10 @@ class BlockKernelEmitter:
         n = st.node
         if st.kind == LOAD:
             return self.emit_load(st)
+        if st.kind == INIT and n.out in self.reg_acc:
+            return [f"// {n.out} = accum.{n.kind}({n.input}): in registers (mma fragments) "
+                    "until the loop ends",
+                    f"float {self.regs(n.out)}{self.reg_acc[n.out][1]} = {{}};"]
         if st.kind == INIT:
             return [f"// {n.out} = accum.{n.kind}({n.input}): start at zero",
                     *self.loop(prod(self.shape(n.out)), [f"{self.tile(n.out)}[i] = 0.0f;"])]
@@ -227,11 +257,17 @@ class BlockKernelEmitter:
         head = self._header(st, f"{n.out} = matmul({a}, {b}): {sa} @ {sb}, tensor cores "
                                 f"({mma.etype}, {mma.warps} warps x units of 16 x {8 * mma.ng})")
         swz = [self.plan.swizzles.get(t) for t in (a, b)]
-        tparams = f"{prod(batch)}, {m}, {nn}, {k}, {mma.warps}, {mma.ng}, {acc}, {mma.etype}"
+        swz_args = ""
         if any(swz):
-            tparams += ", " + ", ".join("NoSwizzle" if z is None else swizzle_type(z)
+            swz_args = ", " + ", ".join("NoSwizzle" if z is None else swizzle_type(z)
                                         for z in swz)
-        return [head, f"tile_mma<{tparams}>(", f"    {args},", f"    {offsets[0]},",
+        if st.into and st.writes in self.reg_acc:
+            tparams = f"{self.reg_acc[st.writes][0]}, {mma.etype}{swz_args}"
+            return [head + " (registers)", f"tile_mma_regs<{tparams}>(",
+                    f"    {self.regs(st.writes)}, {self.tile(a)}, {self.tile(b)},",
+                    f"    {offsets[0]},", f"    {offsets[1]});"]
+        tparams = f"{prod(batch)}, {m}, {nn}, {k}, {mma.warps}, {mma.ng}, {acc}, {mma.etype}"
+        return [head, f"tile_mma<{tparams}{swz_args}>(", f"    {args},", f"    {offsets[0]},",
                 f"    {offsets[1]});"]
 
     def emit_sum(self, st: Step) -> list[str]:
@@ -414,9 +450,15 @@ class BlockKernelEmitter:
                     for t in self.plan.pipelined:
                         ct = CTYPES[self.info.dtypes[t]]
                         body.append(f"  {ct}* const {self.tile(t)} = {self.buffer(t, 'it')};")
-            elif kind == "end_loop" and self.F > 1:
-                indent = ""
-                body.append("}")
+            elif kind == "end_loop":
+                if self.F > 1:
+                    indent = ""
+                    body.append("}")
+                for acc, (tiling, _) in self.reg_acc.items():
+                    body += [f"// {acc}: the accumulator's fragments to shared memory, once",
+                             f"frags_to_smem<{tiling}>({self.tile(acc)}, {self.regs(acc)});"]
+                if self.reg_acc and sched.loop_barrier:
+                    body.append("__syncthreads();  // accumulators are complete")
         lines += ["  " + s if s else "" for s in prune_unused(body)]
         lines.append("}")
         return "\n".join(lines) + "\n", spec

@@ -227,79 +227,145 @@ inline void mma16816(float (&c)[4], const unsigned int (&a)[4], const unsigned i
 }
 #endif
 
-// C = A @ B on tensor cores for BATCH pairs of tiles in shared memory: A (M, K) and B (K, N)
-// row-major in any storage type, C (BATCH, M, N) fp32 (with ACCUMULATE: C +=). Operands are
-// rounded to E (fp16_t or bf16_t) -- exact for tiles stored as E -- and products accumulate in
-// fp32. a_off(b) / b_off(b): element offset of the b-th operand matrix (0: broadcast). The warps
-// share out units of 16 x (8 NG) outputs; a unit's A fragment serves its NG column tiles.
-// ldmatrix reads 16-bit E tiles whose sizes are multiples of the fragment; other tiles are read
-// element by element with zeros past the edges. Every warp runs the same number of rounds (a
-// warp without a unit in the last one repeats the last unit and stores nothing), so the
-// warp-collective instructions stay uniform over the block. SA / SB: the operands' swizzles.
+// Tensor-core tile matmuls, C = A @ B for BATCH pairs of tiles in shared memory: A (M, K) and
+// B (K, N) row-major in any storage type, C (BATCH, M, N) fp32. Operands are rounded to E (fp16_t
+// or bf16_t) -- exact for tiles stored as E -- and products accumulate in fp32. a_off(b) /
+// b_off(b): element offset of the b-th operand matrix (0: broadcast); SA / SB: the operands'
+// swizzles. The warps share out units of 16 x (8 NG) outputs; a unit's A fragment serves its NG
+// column tiles. ldmatrix reads 16-bit E tiles whose sizes are multiples of the fragment; other
+// tiles are read element by element with zeros past the edges. Every warp runs the same number
+// of ROUNDS (a warp without a unit in the last one repeats the last unit and stores nothing), so
+// the warp-collective instructions stay uniform over the block.
+template <int BATCH, int M, int N, int K, int WARPS, int NG> struct MmaTiling {
+  static constexpr int MT = (M + 15) / 16, NT = (N + 7) / 8, NB = NT / NG, KT = (K + 15) / 16;
+  static constexpr int UNITS = BATCH * MT * NB, ROUNDS = (UNITS + WARPS - 1) / WARPS;
+  static_assert(NT % NG == 0, "NG must divide the column tiles");
+  // the unit of this warp in round r (clamped), its batch index, first row and first column
+  static __device__ __forceinline__ int unit(int r) {
+    const int u = r * WARPS + static_cast<int>(threadIdx.x) / 32;
+    return u < UNITS ? u : UNITS - 1;
+  }
+  static __device__ __forceinline__ bool owns(int r) {
+    return r * WARPS + static_cast<int>(threadIdx.x) / 32 < UNITS;
+  }
+  static __device__ __forceinline__ int batch(int u) { return u / (MT * NB); }
+  static __device__ __forceinline__ int row0(int u) { return (u / NB) % MT * 16; }
+  static __device__ __forceinline__ int col0(int u) { return u % NB * NG * 8; }
+};
+
+// acc += the products of one unit (rows m0.., columns c0..) over all of K.
+template <int M, int N, int K, int NG, class E, class SA, class SB, class TA, class TB>
+__device__ __forceinline__ void mma_unit(float (&acc)[NG][4], const TA* __restrict__ A,
+                                         const TB* __restrict__ B, int m0, int c0) {
+  constexpr int KT = (K + 15) / 16;
+  constexpr bool LDSM_A = same_type<TA, E>::value && M % 16 == 0 && K % 16 == 0;
+  constexpr bool LDSM_B = same_type<TB, E>::value && N % 8 == 0 && K % 16 == 0;
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll 2
+  for (int k0 = 0; k0 < KT * 16; k0 += 16) {
+    unsigned int a[4];
+    if constexpr (LDSM_A) {
+      ldsm_x4(a, A + SA::at((m0 + lane % 16) * K + k0 + lane / 16 * 8));
+    } else {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int row = m0 + g + 8 * (r & 1), col = k0 + 2 * t + 8 * (r >> 1);
+        unsigned int lo = 0, hi = 0;
+        if (row < M && col < K) lo = MmaBits<E, TA>::of(A[SA::at(row * K + col)]);
+        if (row < M && col + 1 < K) hi = MmaBits<E, TA>::of(A[SA::at(row * K + col + 1)]);
+        a[r] = lo | (hi << 16);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < NG; ++j) {
+      const int n0 = c0 + j * 8;
+      unsigned int b[2];
+      if constexpr (LDSM_B) {
+        ldsm_x2_trans(b, B + SB::at((k0 + lane % 16) * N + n0));
+      } else {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int k = k0 + 2 * t + 8 * r, col = n0 + g;
+          unsigned int lo = 0, hi = 0;
+          if (k < K && col < N) lo = MmaBits<E, TB>::of(B[SB::at(k * N + col)]);
+          if (k + 1 < K && col < N) hi = MmaBits<E, TB>::of(B[SB::at((k + 1) * N + col)]);
+          b[r] = lo | (hi << 16);
+        }
+      }
+      mma16816(acc[j], a, b, E{});
+    }
+  }
+}
+
+// Fragment element i (0..3) of column tile j of the unit at (m0, c0) is C[row][col]:
+template <int N> struct FragCoord {
+  static __device__ __forceinline__ int row(int m0, int i) {
+    return m0 + static_cast<int>(threadIdx.x) % 32 / 4 + 8 * (i / 2);
+  }
+  static __device__ __forceinline__ int col(int c0, int j, int i) {
+    return c0 + j * 8 + 2 * (static_cast<int>(threadIdx.x) % 4) + i % 2;
+  }
+};
+
+// C (+)= A @ B with C in shared memory (fp32).
 template <int BATCH, int M, int N, int K, int WARPS, int NG, bool ACCUMULATE, class E,
           class SA = NoSwizzle, class SB = NoSwizzle, class TA, class TB, class AOff, class BOff>
 __device__ __forceinline__ void tile_mma(float* __restrict__ C, const TA* __restrict__ A,
                                          const TB* __restrict__ B, AOff a_off, BOff b_off) {
-  constexpr int MT = (M + 15) / 16, NT = (N + 7) / 8, NB = NT / NG, KT = (K + 15) / 16;
-  constexpr int UNITS = BATCH * MT * NB;
-  static_assert(NT % NG == 0, "NG must divide the column tiles");
-  constexpr bool LDSM_A = same_type<TA, E>::value && M % 16 == 0 && K % 16 == 0;
-  constexpr bool LDSM_B = same_type<TB, E>::value && N % 8 == 0 && K % 16 == 0;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  for (int u0 = 0; u0 < UNITS; u0 += WARPS) {
-    const int u = u0 + warp < UNITS ? u0 + warp : UNITS - 1;
-    const int bt = u / (MT * NB), m0 = (u / NB) % MT * 16, c0 = u % NB * NG * 8;
-    const TA* __restrict__ Ab = A + a_off(bt);
-    const TB* __restrict__ Bb = B + b_off(bt);
+  using T = MmaTiling<BATCH, M, N, K, WARPS, NG>;
+  for (int r = 0; r < T::ROUNDS; ++r) {
+    const int u = T::unit(r), bt = T::batch(u), m0 = T::row0(u), c0 = T::col0(u);
     float acc[NG][4];
 #pragma unroll
     for (int j = 0; j < NG; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-#pragma unroll 2
-    for (int k0 = 0; k0 < KT * 16; k0 += 16) {
-      unsigned int a[4];
-      if constexpr (LDSM_A) {
-        ldsm_x4(a, Ab + SA::at((m0 + lane % 16) * K + k0 + lane / 16 * 8));
-      } else {
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int row = m0 + g + 8 * (r & 1), col = k0 + 2 * t + 8 * (r >> 1);
-          unsigned int lo = 0, hi = 0;
-          if (row < M && col < K) lo = MmaBits<E, TA>::of(Ab[SA::at(row * K + col)]);
-          if (row < M && col + 1 < K) hi = MmaBits<E, TA>::of(Ab[SA::at(row * K + col + 1)]);
-          a[r] = lo | (hi << 16);
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < NG; ++j) {
-        const int n0 = c0 + j * 8;
-        unsigned int b[2];
-        if constexpr (LDSM_B) {
-          ldsm_x2_trans(b, Bb + SB::at((k0 + lane % 16) * N + n0));
-        } else {
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int k = k0 + 2 * t + 8 * r, col = n0 + g;
-            unsigned int lo = 0, hi = 0;
-            if (k < K && col < N) lo = MmaBits<E, TB>::of(Bb[SB::at(k * N + col)]);
-            if (k + 1 < K && col < N) hi = MmaBits<E, TB>::of(Bb[SB::at((k + 1) * N + col)]);
-            b[r] = lo | (hi << 16);
-          }
-        }
-        mma16816(acc[j], a, b, E{});
-      }
-    }
-    if (u0 + warp < UNITS) {
+    mma_unit<M, N, K, NG, E, SA, SB>(acc, A + a_off(bt), B + b_off(bt), m0, c0);
+    if (T::owns(r)) {
       float* __restrict__ Cb = C + bt * (M * N);
 #pragma unroll
       for (int j = 0; j < NG; ++j)
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          const int row = m0 + g + 8 * (i / 2), col = c0 + j * 8 + 2 * t + i % 2;
+          const int row = FragCoord<N>::row(m0, i), col = FragCoord<N>::col(c0, j, i);
           if (row < M && col < N) {
             if (ACCUMULATE) Cb[row * N + col] += acc[j][i]; else Cb[row * N + col] = acc[j][i];
           }
         }
     }
+  }
+}
+
+// A for-loop accumulator kept in registers: acc[r] holds this warp's unit of round r.
+// tile_mma_regs adds A @ B into it each iteration; frags_to_smem writes it out once, after the
+// loop, for the epilogue.
+template <int BATCH, int M, int N, int K, int WARPS, int NG, class E, class SA = NoSwizzle,
+          class SB = NoSwizzle, class TA, class TB, class AOff, class BOff>
+__device__ __forceinline__ void tile_mma_regs(
+    float (&acc)[MmaTiling<BATCH, M, N, K, WARPS, NG>::ROUNDS][NG][4], const TA* __restrict__ A,
+    const TB* __restrict__ B, AOff a_off, BOff b_off) {
+  using T = MmaTiling<BATCH, M, N, K, WARPS, NG>;
+#pragma unroll
+  for (int r = 0; r < T::ROUNDS; ++r) {
+    const int u = T::unit(r), bt = T::batch(u);
+    mma_unit<M, N, K, NG, E, SA, SB>(acc[r], A + a_off(bt), B + b_off(bt), T::row0(u),
+                                     T::col0(u));
+  }
+}
+template <int BATCH, int M, int N, int K, int WARPS, int NG>
+__device__ __forceinline__ void frags_to_smem(
+    float* __restrict__ C, const float (&acc)[MmaTiling<BATCH, M, N, K, WARPS, NG>::ROUNDS][NG][4]) {
+  using T = MmaTiling<BATCH, M, N, K, WARPS, NG>;
+#pragma unroll
+  for (int r = 0; r < T::ROUNDS; ++r) {
+    const int u = T::unit(r), m0 = T::row0(u), c0 = T::col0(u);
+    if (!T::owns(r)) continue;
+    float* __restrict__ Cb = C + T::batch(u) * (M * N);
+#pragma unroll
+    for (int j = 0; j < NG; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int row = FragCoord<N>::row(m0, i), col = FragCoord<N>::col(c0, j, i);
+        if (row < M && col < N) Cb[row * N + col] = acc[r][j][i];
+      }
   }
 }
 struct NoOffset {

@@ -31,6 +31,20 @@ class MmaConfig:
     def units(self, batch: int, m: int, n: int) -> int:
         return batch * -(-m // MMA_M) * (-(-n // MMA_N) // self.ng)
 
+    def rounds(self, batch: int, m: int, n: int) -> int:
+        """Units per warp (``MmaTiling::ROUNDS`` in prelude.py)."""
+        return -(-self.units(batch, m, n) // self.warps)
+
+    def register_floats(self, batch: int, m: int, n: int) -> int:
+        """Accumulator registers per thread when the whole output stays in registers."""
+        return self.rounds(batch, m, n) * self.ng * 4
+
+
+def register_budget(threads: int) -> int:
+    """Accumulator floats a thread may keep in registers across a for-loop: at most 64, and a
+    quarter of its share of the register file (64K registers per block at most)."""
+    return min(64, 65536 // max(threads, 1) // 4)
+
 
 def mma_etype(dtype_a: str, dtype_b: str) -> str:
     return "bf16_t" if "bfloat16" in (dtype_a, dtype_b) else "fp16_t"
