@@ -206,3 +206,17 @@ def test_pipeline_depth_follows_annotation_loop_and_smem():
     assert plan_graph(hand_built("gqa", 1), stages=[4]).kernels[0].pipeline == 2  # 2 iterations
     huge = plan_graph(g, stages=[64]).kernels[0]
     assert 4 < huge.pipeline < 64 and huge.smem.total_bytes <= plan_graph(g).target.smem_per_block
+
+
+def test_epilogues_computed_from_register_fragments():
+    """rms-norm division, silu(a) * b and exp of an accumulator run on the mma fragments in
+    registers: those accumulators never get shared memory (the emulator tests run this code)."""
+    expect = {"rmsnorm_linear": ("acc", "y"), "gated_mlp": ("sa", "y"), "exp_matmul": ("acc", "e")}
+    for name, (acc, epi) in expect.items():
+        kp = plan_graph(hand_built(name, 1)).kernels[0]
+        assert acc in kp.schedule.registers and acc not in kp.schedule.spilled, name
+        assert [s.node.out for s in kp.schedule.steps if s.frag] == [epi], name
+        assert acc not in kp.smem.offsets, name
+    # without tensor cores nothing stays in registers
+    kp = plan_graph(hand_built("rmsnorm_linear", 1), tensor_cores=False).kernels[0]
+    assert kp.schedule.registers == {} and "acc" in kp.smem.offsets

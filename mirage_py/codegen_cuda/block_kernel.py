@@ -25,7 +25,7 @@ from .cexpr import (CTYPES, Names, broadcast_coords, elementwise, flit, linear, 
                     prune_unused, row_major, declare_coords)
 from .errors import CodegenError
 from .launch import KernelParam, LaunchSpec
-from ..layout.mma import mma_config, register_budget
+from ..layout.mma import mma_config
 from ..layout.swizzle import Swizzle
 
 BLOCK_IDX = ("blockIdx.x", "blockIdx.y", "blockIdx.z")
@@ -51,35 +51,13 @@ class BlockKernelEmitter:
                 raise CodegenError(f"graph kernel #{kplan.index}: tensor {n!r} has 2^31 or more "
                                    "elements; graph-defined kernels index with 32-bit ints")
         self.tile = Names("s_")
-        self.reg_acc = self._register_accumulators()
+        self.reg_acc = kplan.schedule.registers  # accumulator -> RegisterAccumulator
         pnames = Names("g_")
         self.in_params = [KernelParam(n, CTYPES[device.layouts[n].dtype], True, pnames(f"{n}#{i}")
                                       if n in gk.inputs[:i] else pnames(n))
                           for i, n in enumerate(gk.inputs)]
         self.out_params = [KernelParam(t.name, CTYPES[t.dtype], False, pnames(t.name))
                            for t in gk.outputs]
-
-    def _register_accumulators(self) -> dict[str, tuple[str, str]]:
-        """Accumulators that stay in registers over the loop: a tile matmul folded into a sum
-        accumulator on tensor cores whose fragments fit the register budget.
-        accumulator -> (the template arguments of its tiling, its register array's dims)."""
-        out: dict[str, tuple[str, str]] = {}
-        if not self.tensor_cores:
-            return out
-        for st in self.plan.schedule.steps:
-            n = st.node
-            if not (st.kind == COMPUTE and st.into and isinstance(n, BlockOp) and
-                    n.op == "matmul"):
-                continue
-            a, b = n.operands
-            sa, sb = self.shape(a), self.shape(b)
-            m, k, nn, batch = sa[-2], sa[-1], sb[-1], prod(self.shape(n.out)[:-2])
-            cfg = mma_config(batch, m, nn, self.T, self.info.dtypes[a], self.info.dtypes[b])
-            if cfg is None or cfg.register_floats(batch, m, nn) > register_budget(self.T):
-                continue
-            out[st.writes] = (f"{batch}, {m}, {nn}, {k}, {cfg.warps}, {cfg.ng}",
-                              f"[{cfg.rounds(batch, m, nn)}][{cfg.ng}][4]")
-        return out
 
     def regs(self, acc: str) -> str:
         return "r_" + self.tile(acc)[2:]
@@ -123,7 +101,7 @@ class BlockKernelEmitter:
         if st.kind == INIT and n.out in self.reg_acc:
             return [f"// {n.out} = accum.{n.kind}({n.input}): in registers (mma fragments) "
                     "until the loop ends",
-                    f"float {self.regs(n.out)}{self.reg_acc[n.out][1]} = {{}};"]
+                    f"float {self.regs(n.out)}{self.reg_acc[n.out].dims} = {{}};"]
         if st.kind == INIT:
             return [f"// {n.out} = accum.{n.kind}({n.input}): start at zero",
                     *self.loop(prod(self.shape(n.out)), [f"{self.tile(n.out)}[i] = 0.0f;"])]
@@ -192,7 +170,8 @@ class BlockKernelEmitter:
     def emit_elementwise(self, st: Step) -> list[str]:
         n = st.node
         out_shape = self.shape(n.out)
-        tiles = [o for o in n.operands if isinstance(o, str)]
+        regs = {t for t in n.operands if isinstance(t, str) and st.frag and t in self.reg_acc}
+        tiles = [o for o in n.operands if isinstance(o, str) and o not in regs]
         body: list[str] = []
         out_coords = None
         if self.needs_coords(tiles, out_shape):
@@ -201,8 +180,9 @@ class BlockKernelEmitter:
         if isinstance(n, Fused):
             text = f"{n.out} = thread[{n.thread.describe()}]({', '.join(n.operands)})"
             for k, t in enumerate(n.operands):
-                body.append(f"const float in{k} = "
-                            f"{self.read(t, self.operand_offset(t, out_shape, out_coords))};")
+                val = f"{self.regs(t)}[fr][fj][fi]" if t in regs else \
+                    self.read(t, self.operand_offset(t, out_shape, out_coords))
+                body.append(f"const float in{k} = {val};")
             vals = Names("v_", {f"in{k}" for k in range(len(n.operands))})
             env = {f"in{k}": f"in{k}" for k in range(len(n.operands))}
             for t in n.thread.ops:
@@ -215,13 +195,34 @@ class BlockKernelEmitter:
             text = f"{n.out} = {n.op}({', '.join(map(str, n.operands))})"
             args = []
             for o in n.operands:
-                if isinstance(o, str):
+                if o in regs:
+                    args.append(f"{self.regs(o)}[fr][fj][fi]")
+                elif isinstance(o, str):
                     args.append(self.read(o, self.operand_offset(o, out_shape, out_coords)))
                 else:
                     args.append(flit(o))
             consts = tuple(None if isinstance(o, str) else o for o in n.operands)
             body.append(self._result(st, elementwise(n.op, args, consts)))
+        if st.frag:
+            return [self._header(st, text + f", from {st.frag}'s fragments in registers"),
+                    *self.fragment_loop(self.reg_acc[st.frag], body)]
         return [self._header(st, text), *self.loop(prod(out_shape), body)]
+
+    def fragment_loop(self, ra, body: list[str]) -> list[str]:
+        """Run ``body`` for every output element this thread holds as an mma fragment of a
+        register accumulator with tiling ``ra``; ``i`` is the element's offset in the tile."""
+        m, n = ra.m, ra.n
+        return ["{", f"  using FT = MmaTiling<{ra.tiling}>;",
+                "  for (int fr = 0; fr < FT::ROUNDS; ++fr) {",
+                "    if (!FT::owns(fr)) continue;",
+                "    const int fu = FT::unit(fr), fm0 = FT::row0(fu), fc0 = FT::col0(fu);",
+                f"    for (int fj = 0; fj < {ra.cfg.ng}; ++fj)",
+                "      for (int fi = 0; fi < 4; ++fi) {",
+                f"        const int frow = FragCoord<{n}>::row(fm0, fi);",
+                f"        const int fcol = FragCoord<{n}>::col(fc0, fj, fi);",
+                f"        if (frow >= {m} || fcol >= {n}) continue;",
+                f"        const int i = FT::batch(fu) * {m * n} + frow * {n} + fcol;",
+                *("        " + b for b in body), "      }", "  }", "}"]
 
     def emit_matmul(self, st: Step) -> list[str]:
         n: BlockOp = st.node
@@ -262,7 +263,7 @@ class BlockKernelEmitter:
             swz_args = ", " + ", ".join("NoSwizzle" if z is None else swizzle_type(z)
                                         for z in swz)
         if st.into and st.writes in self.reg_acc:
-            tparams = f"{self.reg_acc[st.writes][0]}, {mma.etype}{swz_args}"
+            tparams = f"{self.reg_acc[st.writes].tiling}, {mma.etype}{swz_args}"
             return [head + " (registers)", f"tile_mma_regs<{tparams}>(",
                     f"    {self.regs(st.writes)}, {self.tile(a)}, {self.tile(b)},",
                     f"    {offsets[0]},", f"    {offsets[1]});"]
@@ -454,10 +455,11 @@ class BlockKernelEmitter:
                 if self.F > 1:
                     indent = ""
                     body.append("}")
-                for acc, (tiling, _) in self.reg_acc.items():
+                for acc in sched.spilled:
                     body += [f"// {acc}: the accumulator's fragments to shared memory, once",
-                             f"frags_to_smem<{tiling}>({self.tile(acc)}, {self.regs(acc)});"]
-                if self.reg_acc and sched.loop_barrier:
+                             f"frags_to_smem<{self.reg_acc[acc].tiling}>({self.tile(acc)}, "
+                             f"{self.regs(acc)});"]
+                if sched.spilled and sched.loop_barrier:
                     body.append("__syncthreads();  // accumulators are complete")
         lines += ["  " + s if s else "" for s in prune_unused(body)]
         lines.append("}")

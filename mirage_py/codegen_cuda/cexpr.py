@@ -159,6 +159,19 @@ def row_major(shape: tuple[int, ...]) -> tuple[int, ...]:
 _DECL = re.compile(r"^(\s*)const (int|long long) (.*);$")
 
 
+def _declarators(text: str) -> list[str]:
+    """``a = f(x, y), b = 2`` -> ["a = f(x, y)", "b = 2"]: split at commas outside parentheses."""
+    out, depth, cur = [], 0, ""
+    for ch in text:
+        depth += (ch in "([") - (ch in ")]")
+        if ch == "," and depth == 0:
+            out.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    return out + [cur.strip()]
+
+
 def prune_unused(lines: list[str]) -> list[str]:
     """Drop declarators of ``const int a = ..., b = ...;`` lines whose name is not used later in
     the same scope (unused index variables make nvcc warn)."""
@@ -179,7 +192,7 @@ def prune_unused(lines: list[str]) -> list[str]:
             if depth < 0:
                 break
         text = " ".join(later)
-        keep = [d for d in m.group(3).split(", ")
+        keep = [d for d in _declarators(m.group(3))
                 if re.search(rf"\b{re.escape(d.split(' = ')[0])}\b", text)]
         if keep:
             out.append(f"{m.group(1)}const {m.group(2)} {', '.join(keep)};")

@@ -88,7 +88,8 @@ def emit_cuda(graph: Any, target: Any = "h100", prefix: str | None = None,
     if hasattr(graph, "stages_full") and hasattr(graph, "graph"):
         stages = tuple(graph.stages_full()) if stages is None else stages
         graph = graph.graph
-    plan = graph if isinstance(graph, GraphPlan) else plan_graph(graph, target, stages)
+    plan = graph if isinstance(graph, GraphPlan) else plan_graph(graph, target, stages,
+                                                                 tensor_cores)
     g = plan.graph
     prefix = ident(prefix) if prefix else graph_prefix(g)
     kernel_names = Names(taken={prefix})

@@ -16,7 +16,9 @@ whole warps: a block whose thread count is not a multiple of 32 keeps the fp32 F
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Any
 
 WARP = 32
 MMA_M, MMA_N, MMA_K = 16, 8, 16
@@ -74,3 +76,43 @@ def ldmatrix_operands(m: int, k: int, n: int, dtype_a: str, dtype_b: str,
     a = ctype.get(dtype_a) == cfg.etype and m % MMA_M == 0 and k % MMA_K == 0
     b = ctype.get(dtype_b) == cfg.etype and n % MMA_N == 0 and k % MMA_K == 0
     return a, b
+
+
+@dataclass(frozen=True)
+class RegisterAccumulator:
+    """A for-loop sum accumulator of a tensor-core tile matmul kept in registers (mma
+    fragments): ``tile_mma_regs`` adds into it each iteration."""
+
+    batch: int
+    m: int
+    n: int
+    k: int
+    cfg: MmaConfig
+
+    @property
+    def tiling(self) -> str:
+        """The template arguments of ``MmaTiling`` (prelude.py)."""
+        return f"{self.batch}, {self.m}, {self.n}, {self.k}, {self.cfg.warps}, {self.cfg.ng}"
+
+    @property
+    def dims(self) -> str:
+        """The register array's C dims."""
+        return f"[{self.cfg.rounds(self.batch, self.m, self.n)}][{self.cfg.ng}][4]"
+
+
+def register_accumulators(bg: Any, info: Any, folded: dict[str, str]) -> dict[str, RegisterAccumulator]:
+    """Accumulators that stay in registers over the loop: a tile matmul folded into a sum
+    accumulator (``folded``: tile -> accumulator) that runs on tensor cores and whose fragments
+    fit :func:`register_budget`."""
+    out: dict[str, RegisterAccumulator] = {}
+    for node in bg.ops:
+        if getattr(node, "op", None) != "matmul" or node.out not in folded:
+            continue
+        a, b = node.operands
+        sa, sb = info.shapes[a], info.shapes[b]
+        m, k, n = sa[-2], sa[-1], sb[-1]
+        batch = math.prod(info.shapes[node.out][:-2])
+        cfg = mma_config(batch, m, n, bg.threads, info.dtypes[a], info.dtypes[b])
+        if cfg is not None and cfg.register_floats(batch, m, n) <= register_budget(bg.threads):
+            out[folded[node.out]] = RegisterAccumulator(batch, m, n, k, cfg)
+    return out

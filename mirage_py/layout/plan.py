@@ -50,7 +50,7 @@ def pipeline_tiles(sched: BlockSchedule) -> tuple[str, ...]:
 
 
 def plan_graph(graph: KernelGraph, target: Any = "h100",
-               stages: Sequence[int] | None = None) -> GraphPlan:
+               stages: Sequence[int] | None = None, tensor_cores: bool = True) -> GraphPlan:
     """Validate ``graph`` and plan its memory; raises ValidationError / LayoutError.
 
     ``stages``: cp.async pipeline depth per graph-defined kernel, in order (the tuner's
@@ -68,11 +68,13 @@ def plan_graph(graph: KernelGraph, target: Any = "h100",
         info = infos[k]
         layouts = [device.layouts[n] for n in op.inputs]
         outs = [device.layouts[t.name] for t in op.outputs]
-        sched = schedule_block(op.block, info, layouts, output_layouts=outs)
+        sched = schedule_block(op.block, info, layouts, output_layouts=outs,
+                               tensor_cores=tensor_cores)
         smem = plan_shared_memory(sched, info)
         if smem.total_bytes > info.smem_bytes:
             # fewest barriers needs more space than validation assumed: serialise if that helps
-            lean = schedule_block(op.block, info, layouts, lean=True, output_layouts=outs)
+            lean = schedule_block(op.block, info, layouts, lean=True, output_layouts=outs,
+                                  tensor_cores=tensor_cores)
             lean_smem = plan_shared_memory(lean, info)
             if lean_smem.total_bytes < smem.total_bytes:
                 sched, smem = lean, lean_smem

@@ -25,13 +25,14 @@ The loop needs a barrier at the end of each iteration only when its body has mor
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..lax.ops import DTYPES, OPS
 from ..ugraph.graph import (Accum, BlockGraph, BlockOp, Fused, InputIter, OutputSaver,
                             tiles_read)
 from ..ugraph.validate import BlockInfo
+from .mma import register_accumulators
 from .tensors import ROW_ALIGN, TensorLayout
 
 SEGMENTS = ("pre", "body", "post")
@@ -52,10 +53,13 @@ class Step:
     reads: tuple[str, ...]
     vector: int = 1  # elements per 16-byte copy of a vectorised load or store (1: scalar)
     into: bool = False  # a compute step that adds its result into the accumulator ``writes``
+    frag: str | None = None  # an epilogue computed on this register accumulator's fragments
 
     @property
     def flat(self) -> bool:
         """Element i of the written tile is produced by thread i % threads."""
+        if self.frag is not None:
+            return False
         if self.kind == LOAD:
             return self.vector == 1
         if self.kind == COMPUTE:
@@ -69,6 +73,8 @@ class BlockSchedule:
     steps: tuple[Step, ...]  # in emission order (by stage, then graph order)
     stages: dict[str, tuple[int, ...]]  # segment -> its stage numbers (consecutive)
     loop_barrier: bool  # a barrier closes every loop iteration
+    registers: dict = field(default_factory=dict)  # accumulator -> RegisterAccumulator
+    spilled: tuple[str, ...] = ()  # register accumulators also written to shared memory
 
     @property
     def last_stage(self) -> int:
@@ -157,11 +163,33 @@ def fold_into_accumulators(bg: BlockGraph, info: BlockInfo) -> dict[str, str]:
     return out
 
 
+def fragment_epilogues(bg: BlockGraph, info: BlockInfo,
+                       registers: dict) -> dict[str, str]:
+    """Epilogue operators computed straight from register accumulators' fragments: element-wise
+    (or fused) operators after the loop whose operands include register accumulators, all with
+    the same warp tiling and the operator's own shape. operator output -> that accumulator."""
+    out = {}
+    for node in bg.ops:
+        if not isinstance(node, (BlockOp, Fused)) or info.phases.get(node.out) != "epi":
+            continue
+        if isinstance(node, BlockOp) and not (OPS.get(node.op) and OPS[node.op].elementwise):
+            continue
+        accs = [t for t in tiles_read(node) if t in registers]
+        if not accs or len({registers[t].tiling for t in accs}) != 1:
+            continue
+        if all(tuple(info.shapes[t]) == tuple(info.shapes[node.out]) for t in accs):
+            out[node.out] = accs[0]
+    return out
+
+
 def schedule_block(bg: BlockGraph, info: BlockInfo, input_layouts: list[TensorLayout],
                    lean: bool = False,
-                   output_layouts: list[TensorLayout] | None = None) -> BlockSchedule:
+                   output_layouts: list[TensorLayout] | None = None,
+                   tensor_cores: bool = True) -> BlockSchedule:
     """Group the block graph's steps into stages (see the module docstring)."""
     folded = fold_into_accumulators(bg, info)
+    registers = register_accumulators(bg, info, folded) if tensor_cores else {}
+    frags = fragment_epilogues(bg, info, registers)
     raw: list[tuple[str, str, Any, str | None, tuple[str, ...], int, bool]] = []
     for node in bg.ops:
         if isinstance(node, InputIter):
@@ -172,7 +200,9 @@ def schedule_block(bg: BlockGraph, info: BlockInfo, input_layouts: list[TensorLa
         elif isinstance(node, (BlockOp, Fused)):
             seg = {"inv": "pre", "body": "body", "epi": "post"}[info.phases[node.out]]
             acc = folded.get(node.out)
-            raw.append((COMPUTE, seg, node, acc or node.out, tiles_read(node), 1, acc is not None))
+            reads = tuple(t for t in tiles_read(node) if not (node.out in frags and
+                                                            t in registers))
+            raw.append((COMPUTE, seg, node, acc or node.out, reads, 1, acc is not None))
         elif isinstance(node, Accum):
             raw.append((INIT, "pre", node, node.out, (), 1, False))
             if node.input not in folded:
@@ -191,18 +221,19 @@ def schedule_block(bg: BlockGraph, info: BlockInfo, input_layouts: list[TensorLa
         top = start - 1
         for kind, _, node, out, reads, vec, into in mine:
             stage = top + 1 if lean else start
-            flat_probe = Step(kind, node, seg, 0, out, reads, vec, into)
+            frag = frags.get(getattr(node, "out", None)) if kind == COMPUTE else None
+            flat_probe = Step(kind, node, seg, 0, out, reads, vec, into, frag)
             for t in reads:
                 w = writer.get(t)
                 if w is None or w.segment != seg:
                     continue  # written in an earlier segment: a barrier already separates them
                 if (kind == ACCUMULATE and w.kind == INIT) or \
-                        (w.flat and _aligned_read(kind, node, t, info, vec) and
+                        (w.flat and frag is None and _aligned_read(kind, node, t, info, vec) and
                          (kind == SAVE or flat_probe.flat)):
                     stage = max(stage, w.stage)
                 else:
                     stage = max(stage, w.stage + 1)
-            step = Step(kind, node, seg, stage, out, reads, vec, into)
+            step = Step(kind, node, seg, stage, out, reads, vec, into, frag)
             placed.append(step)
             if out is not None:
                 writer[out] = step
@@ -210,4 +241,8 @@ def schedule_block(bg: BlockGraph, info: BlockInfo, input_layouts: list[TensorLa
         stages[seg] = tuple(range(start, top + 1))
         start = top + 1
     steps = tuple(sorted(placed, key=lambda s: (s.stage, placed.index(s))))
-    return BlockSchedule(steps, stages, loop_barrier=len(stages["body"]) > 1)
+    # a register accumulator goes to shared memory after the loop unless every reader of it
+    # computes from its fragments
+    spilled = tuple(a for a in registers if any(a in st.reads for st in steps))
+    return BlockSchedule(steps, stages, loop_barrier=len(stages["body"]) > 1,
+                         registers=registers, spilled=spilled)

@@ -59,6 +59,9 @@ def live_ranges(sched: BlockSchedule, info: BlockInfo,
             if st.segment == "body" and start[t] not in body:
                 end[t] = max(end[t], body[-1])  # read or updated by every iteration
     last = max(body, default=0)
+    in_registers = set(sched.registers) - set(sched.spilled)  # never stored in shared memory
+    for t in in_registers:
+        start.pop(t, None)
     return [Buffer(t, tile_bytes(info.shapes[t], info.dtypes[t]) * copies[t], 0,
                    max(end[t], last)) if t in copies else
             Buffer(t, tile_bytes(info.shapes[t], info.dtypes[t]), start[t], end[t])

@@ -397,7 +397,7 @@ struct NoOffset {
 //     sacc = accum.sum(ss)
 //     y = thread[(in0 / sqrt(((in1 / 64.0) + 1e-06)))](acc, sacc)
 //     save y -> Y omap={x->1}
-// shared memory: 1808 bytes (validate() bound 1168); barriers per block: 14
+// shared memory: 1552 bytes (validate() bound 1168); barriers per block: 14
 // ----------------------------------------------------------------------------------------------
 extern "C" __global__ void __launch_bounds__(64)
 rmsnorm_matmul_k0_graph_Y(
@@ -407,10 +407,9 @@ rmsnorm_matmul_k0_graph_Y(
   extern __shared__ __align__(16) unsigned char smem[];
   fp16_t* const s_w_stages = reinterpret_cast<fp16_t*>(smem + 0);  // (16, 16) float16, stages 0-3, 2 pipeline buffers, stored with Swizzle<1,3,3>
   float* const s_y = reinterpret_cast<float*>(smem + 0);  // (4, 16) float32, stages 4-5
-  float* const s_acc = reinterpret_cast<float*>(smem + 1024);  // (4, 16) float32, stages 0-4
-  fp16_t* const s_x_stages = reinterpret_cast<fp16_t*>(smem + 1280);  // (4, 16) float16, stages 0-3, 2 pipeline buffers
-  float* const s_x2 = reinterpret_cast<float*>(smem + 1536);  // (4, 16) float32, stages 2-3
-  float* const s_sacc = reinterpret_cast<float*>(smem + 1792);  // (4, 1) float32, stages 0-4
+  fp16_t* const s_x_stages = reinterpret_cast<fp16_t*>(smem + 1024);  // (4, 16) float16, stages 0-3, 2 pipeline buffers
+  float* const s_x2 = reinterpret_cast<float*>(smem + 1280);  // (4, 16) float32, stages 2-3
+  float* const s_sacc = reinterpret_cast<float*>(smem + 1536);  // (4, 1) float32, stages 0-4
 
   // == stage 0 (before the loop) ==
   // acc = accum.sum(xw): in registers (mma fragments) until the loop ends
@@ -489,21 +488,30 @@ rmsnorm_matmul_k0_graph_Y(
     }
     __syncthreads();  // end of iteration: the next one overwrites body tiles
   }
-  // acc: the accumulator's fragments to shared memory, once
-  frags_to_smem<1, 4, 16, 16, 2, 1>(s_acc, r_acc);
-  __syncthreads();  // accumulators are complete
 
   // == stage 4 (after the loop) ==
-  // y = thread[(in0 / sqrt(((in1 / 64.0) + 1e-06)))](acc, sacc)
-  for (int i = threadIdx.x; i < 64; i += 64) {
-    const int c0 = i / 16;
-    const float in0 = s_acc[i];
-    const float in1 = s_sacc[c0];
-    const float v_m = in1 * 0.015625f;
-    const float v_v = v_m + 1e-06f;
-    const float v_r = sqrtf(v_v);
-    const float v_y = in0 / v_r;
-    s_y[i] = v_y;
+  // y = thread[(in0 / sqrt(((in1 / 64.0) + 1e-06)))](acc, sacc), from acc's fragments in registers
+  {
+    using FT = MmaTiling<1, 4, 16, 16, 2, 1>;
+    for (int fr = 0; fr < FT::ROUNDS; ++fr) {
+      if (!FT::owns(fr)) continue;
+      const int fu = FT::unit(fr), fm0 = FT::row0(fu), fc0 = FT::col0(fu);
+      for (int fj = 0; fj < 1; ++fj)
+        for (int fi = 0; fi < 4; ++fi) {
+          const int frow = FragCoord<16>::row(fm0, fi);
+          const int fcol = FragCoord<16>::col(fc0, fj, fi);
+          if (frow >= 4 || fcol >= 16) continue;
+          const int i = FT::batch(fu) * 64 + frow * 16 + fcol;
+          const int c0 = i / 16;
+          const float in0 = r_acc[fr][fj][fi];
+          const float in1 = s_sacc[c0];
+          const float v_m = in1 * 0.015625f;
+          const float v_v = v_m + 1e-06f;
+          const float v_r = sqrtf(v_v);
+          const float v_y = in0 / v_r;
+          s_y[i] = v_y;
+        }
+    }
   }
   __syncthreads();  // stage 5 reads what stage 4 wrote
 
@@ -560,7 +568,7 @@ extern "C" cudaError_t rmsnorm_matmul_launch(const rmsnorm_matmul_tensors* tenso
   fp16_t* d_Y = static_cast<fp16_t*>(tensors->Y);
   cudaError_t err = cudaSuccess;
   // kernel #0
-  rmsnorm_matmul_k0_graph_Y<<<dim3(2, 1, 1), dim3(64, 1, 1), 1808, stream>>>(d_X, d_W, d_Y);
+  rmsnorm_matmul_k0_graph_Y<<<dim3(2, 1, 1), dim3(64, 1, 1), 1552, stream>>>(d_X, d_W, d_Y);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   return err;
