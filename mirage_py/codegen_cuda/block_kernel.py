@@ -140,6 +140,14 @@ class BlockKernelEmitter:
         fmap = f" fmap={it.fmap}" if it.fmap >= 0 else ""
         head = f"// {it.out} = iter {inp} imap={{{imap}}}{fmap}"
         src = self.in_params[it.input].cname
+        if st.vector > 1 and st.into:
+            v = st.vector
+            decls, cs = _declare("i", shape)
+            off = linear(terms + list(zip(cs, lay.strides)))
+            body = [f"const int i = v * {v};", *_const_ints(decls),
+                    f"add16({self.tile(st.writes)} + i, {src} + {off});"]
+            return [head + f", added into {st.writes}: 16-byte loads of {v} elements",
+                    *self.loop(prod(shape) // v, body, var="v")]
         if st.vector > 1:
             v = st.vector
             decls, cs = _declare("i", shape)
@@ -390,7 +398,7 @@ class BlockKernelEmitter:
                     *("  " + x for x in self.prefetch(piped, ahead)), "}",
                     "cp_async_commit();",
                     f"cp_async_wait_group<{s - 1}>();  // this iteration's tiles landed"]
-        elif any(st.kind == LOAD and st.vector > 1 for st in steps):
+        elif any(st.kind == LOAD and st.vector > 1 and not st.into for st in steps):
             out.append("cp_async_wait_all();  // this thread's copies landed")
         return out
 

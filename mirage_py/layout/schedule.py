@@ -195,7 +195,7 @@ def schedule_block(bg: BlockGraph, info: BlockInfo, input_layouts: list[TensorLa
         if isinstance(node, InputIter):
             seg = "body" if info.phases[node.out] == "body" else "pre"
             acc = folded.get(node.out)
-            vec = 1 if acc else vector_width(input_layouts[node.input], info.shapes[node.out])
+            vec = vector_width(input_layouts[node.input], info.shapes[node.out])
             raw.append((LOAD, seg, node, acc or node.out, (), vec, acc is not None))
         elif isinstance(node, (BlockOp, Fused)):
             seg = {"inv": "pre", "body": "body", "epi": "post"}[info.phases[node.out]]

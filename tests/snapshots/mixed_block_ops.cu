@@ -77,6 +77,15 @@ inline void cp_async_wait_all() { mp_emu::cp_wait(-1); }
 inline void cp_async_commit() { mp_emu::cp_commit(); }
 template <int N> inline void cp_async_wait_group() { mp_emu::cp_wait(N); }
 #endif
+// acc[0 .. 16 / sizeof(T)) += the values of one 16-byte global load (a tile folded into a sum).
+template <class T>
+__device__ __forceinline__ void add16(float* acc, const T* src) {
+  constexpr int N = 16 / sizeof(T);
+  union { vec16_t v; T e[N]; } u;
+  u.v = *reinterpret_cast<const vec16_t*>(src);
+#pragma unroll
+  for (int j = 0; j < N; ++j) acc[j] += to_float(u.e[j]);
+}
 // Round 16 / sizeof(T) consecutive values to T and write them with one 16-byte store.
 template <class T, class S>
 __device__ __forceinline__ void store16(T* dst, const S* src) {
