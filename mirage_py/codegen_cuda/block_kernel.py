@@ -270,9 +270,11 @@ class BlockKernelEmitter:
         if any(swz):
             swz_args = ", " + ", ".join("NoSwizzle" if z is None else swizzle_type(z)
                                         for z in swz)
-        if st.into and st.writes in self.reg_acc:
-            tparams = f"{self.reg_acc[st.writes].tiling}, {mma.etype}{swz_args}"
-            return [head + " (registers)", f"tile_mma_regs<{tparams}>(",
+        if st.writes in self.reg_acc:
+            reg = self.reg_acc[st.writes]
+            tparams = f"{reg.tiling}, {mma.etype}{swz_args}"
+            decl = [] if reg.carried else [f"float {self.regs(st.writes)}{reg.dims} = {{}};"]
+            return [head + " (registers)", *decl, f"tile_mma_regs<{tparams}>(",
                     f"    {self.regs(st.writes)}, {self.tile(a)}, {self.tile(b)},",
                     f"    {offsets[0]},", f"    {offsets[1]});"]
         tparams = f"{prod(batch)}, {m}, {nn}, {k}, {mma.warps}, {mma.ng}, {acc}, {mma.etype}"

@@ -80,14 +80,16 @@ def ldmatrix_operands(m: int, k: int, n: int, dtype_a: str, dtype_b: str,
 
 @dataclass(frozen=True)
 class RegisterAccumulator:
-    """A for-loop sum accumulator of a tensor-core tile matmul kept in registers (mma
-    fragments): ``tile_mma_regs`` adds into it each iteration."""
+    """A tensor-core tile matmul's result kept in registers (mma fragments), written by
+    ``tile_mma_regs``: a for-loop sum accumulator (``carried``: zeroed before the loop, added to
+    each iteration) or one iteration's product whose readers all compute on the fragments."""
 
     batch: int
     m: int
     n: int
     k: int
     cfg: MmaConfig
+    carried: bool = True
 
     @property
     def tiling(self) -> str:
@@ -100,19 +102,29 @@ class RegisterAccumulator:
         return f"[{self.cfg.rounds(self.batch, self.m, self.n)}][{self.cfg.ng}][4]"
 
 
-def register_accumulators(bg: Any, info: Any, folded: dict[str, str]) -> dict[str, RegisterAccumulator]:
+def register_tile(node: Any, info: Any, threads: int,
+                  carried: bool) -> RegisterAccumulator | None:
+    """The register form of a tile matmul node's result, or None when it does not run on tensor
+    cores or its fragments exceed :func:`register_budget`."""
+    a, b = node.operands
+    sa, sb = info.shapes[a], info.shapes[b]
+    m, k, n = sa[-2], sa[-1], sb[-1]
+    batch = math.prod(info.shapes[node.out][:-2])
+    cfg = mma_config(batch, m, n, threads, info.dtypes[a], info.dtypes[b])
+    if cfg is None or cfg.register_floats(batch, m, n) > register_budget(threads):
+        return None
+    return RegisterAccumulator(batch, m, n, k, cfg, carried)
+
+
+def register_accumulators(bg: Any, info: Any,
+                          folded: dict[str, str]) -> dict[str, RegisterAccumulator]:
     """Accumulators that stay in registers over the loop: a tile matmul folded into a sum
     accumulator (``folded``: tile -> accumulator) that runs on tensor cores and whose fragments
     fit :func:`register_budget`."""
     out: dict[str, RegisterAccumulator] = {}
     for node in bg.ops:
-        if getattr(node, "op", None) != "matmul" or node.out not in folded:
-            continue
-        a, b = node.operands
-        sa, sb = info.shapes[a], info.shapes[b]
-        m, k, n = sa[-2], sa[-1], sb[-1]
-        batch = math.prod(info.shapes[node.out][:-2])
-        cfg = mma_config(batch, m, n, bg.threads, info.dtypes[a], info.dtypes[b])
-        if cfg is not None and cfg.register_floats(batch, m, n) <= register_budget(bg.threads):
-            out[folded[node.out]] = RegisterAccumulator(batch, m, n, k, cfg)
+        if getattr(node, "op", None) == "matmul" and node.out in folded:
+            reg = register_tile(node, info, bg.threads, carried=True)
+            if reg is not None:
+                out[folded[node.out]] = reg
     return out

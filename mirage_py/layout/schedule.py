@@ -32,7 +32,7 @@ from ..lax.ops import DTYPES, OPS
 from ..ugraph.graph import (Accum, BlockGraph, BlockOp, Fused, InputIter, OutputSaver,
                             tiles_read)
 from ..ugraph.validate import BlockInfo
-from .mma import register_accumulators
+from .mma import register_accumulators, register_tile
 from .tensors import ROW_ALIGN, TensorLayout
 
 SEGMENTS = ("pre", "body", "post")
@@ -163,23 +163,54 @@ def fold_into_accumulators(bg: BlockGraph, info: BlockInfo) -> dict[str, str]:
     return out
 
 
-def fragment_epilogues(bg: BlockGraph, info: BlockInfo,
-                       registers: dict) -> dict[str, str]:
-    """Epilogue operators computed straight from register accumulators' fragments: element-wise
-    (or fused) operators after the loop whose operands include register accumulators, all with
-    the same warp tiling and the operator's own shape. operator output -> that accumulator."""
-    out = {}
+def _fragment_reader(node: Any, info: BlockInfo, tiles: dict, phase: str) -> str | None:
+    """The register tile an element-wise (or fused) operator of ``phase`` can compute from:
+    its register operands share one warp tiling and have the operator's own shape."""
+    if not isinstance(node, (BlockOp, Fused)) or info.phases.get(node.out) != phase:
+        return None
+    if isinstance(node, BlockOp) and not (OPS.get(node.op) and OPS[node.op].elementwise):
+        return None
+    regs = [t for t in tiles_read(node) if t in tiles]
+    if not regs or len({tiles[t].tiling for t in regs}) != 1:
+        return None
+    if any(tuple(info.shapes[t]) != tuple(info.shapes[node.out]) for t in regs):
+        return None
+    return regs[0]
+
+
+def register_tiles(bg: BlockGraph, info: BlockInfo,
+                   folded: dict[str, str]) -> tuple[dict, dict[str, str]]:
+    """Tiles held as mma fragments in registers, and the operators that compute from them.
+
+    * loop accumulators of tensor-core matmuls (:func:`register_accumulators`), read after the
+      loop by *register epilogues* -- element-wise or fused operators on their fragments;
+    * one iteration's tensor-core matmul result (such as an attention score tile) whose every
+      reader is an element-wise or fused operator of the loop body that can compute on its
+      fragments (the exp of the scores): it never touches shared memory.
+
+    Returns (tile -> RegisterAccumulator, operator output -> the register tile it reads)."""
+    tiles = register_accumulators(bg, info, folded)
+    readers: dict[str, list[Any]] = {}
     for node in bg.ops:
-        if not isinstance(node, (BlockOp, Fused)) or info.phases.get(node.out) != "epi":
+        for t in tiles_read(node):
+            readers.setdefault(t, []).append(node)
+    for node in bg.ops:
+        if getattr(node, "op", None) != "matmul" or node.out in folded or \
+                info.phases.get(node.out) != "body":
             continue
-        if isinstance(node, BlockOp) and not (OPS.get(node.op) and OPS[node.op].elementwise):
-            continue
-        accs = [t for t in tiles_read(node) if t in registers]
-        if not accs or len({registers[t].tiling for t in accs}) != 1:
-            continue
-        if all(tuple(info.shapes[t]) == tuple(info.shapes[node.out]) for t in accs):
-            out[node.out] = accs[0]
-    return out
+        reg = register_tile(node, info, bg.threads, carried=False)
+        rs = readers.get(node.out, [])
+        if reg is not None and rs and all(
+                _fragment_reader(r, info, {node.out: reg}, "body") == node.out for r in rs):
+            tiles[node.out] = reg
+    frags = {}
+    for node in bg.ops:
+        for phase in ("epi", "body"):
+            owners = {t: r for t, r in tiles.items() if r.carried == (phase == "epi")}
+            t = _fragment_reader(node, info, owners, phase)
+            if t is not None:
+                frags[node.out] = t
+    return tiles, frags
 
 
 def schedule_block(bg: BlockGraph, info: BlockInfo, input_layouts: list[TensorLayout],
@@ -188,9 +219,9 @@ def schedule_block(bg: BlockGraph, info: BlockInfo, input_layouts: list[TensorLa
                    tensor_cores: bool = True) -> BlockSchedule:
     """Group the block graph's steps into stages (see the module docstring)."""
     folded = fold_into_accumulators(bg, info)
-    registers = register_accumulators(bg, info, folded) if tensor_cores else {}
-    frags = fragment_epilogues(bg, info, registers)
+    registers, frags = register_tiles(bg, info, folded) if tensor_cores else ({}, {})
     raw: list[tuple[str, str, Any, str | None, tuple[str, ...], int, bool]] = []
+    reg_reads: dict[str, str] = {}
     for node in bg.ops:
         if isinstance(node, InputIter):
             seg = "body" if info.phases[node.out] == "body" else "pre"
@@ -203,6 +234,8 @@ def schedule_block(bg: BlockGraph, info: BlockInfo, input_layouts: list[TensorLa
             reads = tuple(t for t in tiles_read(node) if not (node.out in frags and
                                                             t in registers))
             raw.append((COMPUTE, seg, node, acc or node.out, reads, 1, acc is not None))
+            if node.out in frags:  # runs after the fragments' producer (same stage is fine)
+                reg_reads[node.out] = frags[node.out]
         elif isinstance(node, Accum):
             raw.append((INIT, "pre", node, node.out, (), 1, False))
             if node.input not in folded:
@@ -223,6 +256,10 @@ def schedule_block(bg: BlockGraph, info: BlockInfo, input_layouts: list[TensorLa
             stage = top + 1 if lean else start
             frag = frags.get(getattr(node, "out", None)) if kind == COMPUTE else None
             flat_probe = Step(kind, node, seg, 0, out, reads, vec, into, frag)
+            if frag is not None:
+                w = writer.get(reg_reads[node.out])
+                if w is not None and w.segment == seg:
+                    stage = max(stage, w.stage)
             for t in reads:
                 w = writer.get(t)
                 if w is None or w.segment != seg:
