@@ -26,6 +26,12 @@ TILE = 16  # matmul output tile and K step (fp32 FMA version)
 MMA_BM, MMA_BN, MMA_BK, MMA_THREADS = 64, 64, 32, 128  # tensor-core version
 
 
+def _guarded(conds: list[str], expr: str) -> str:
+    """``expr`` where every non-empty condition holds, else 0."""
+    cs = [x for x in conds if x]
+    return f"{' && '.join(cs)} ? {expr} : 0.0f" if cs else expr
+
+
 def _index_type(*layouts: TensorLayout, n: int = 0) -> str:
     big = max([lay.extent for lay in layouts] + [n])
     return "int" if big + THREADS * MAX_BLOCKS < 2**31 else "long long"
@@ -223,38 +229,37 @@ class KernelOpEmitter:
         return self.finish(spec, body, f"one warp per row: x / sqrt(mean(x^2) + eps) over "
                                        f"{rows} rows of {n}")
 
-    def emit_matmul(self) -> tuple[str, LaunchSpec]:
+    def _matmul_setup(self, a_k: str, b_k: str) -> dict:
+        """What both matmul kernels share: sizes, batch coordinates, the operands' batch bases
+        and element offsets (row / col / the given k expressions) and the output's offset."""
         a, b, c = self.layout(0), self.layout(1), self.out_layout
         m, k = a.shape[-2:]
-        n = b.shape[-1]
-        batch = c.shape[:-2]
-        nb = prod(batch)
         itype = _index_type(a, b, c)
-        gz = min(nb, 65535)
-        decls, bc = _coords("bt", batch, "b", itype)
+        decls, bc = _coords("bt", c.shape[:-2], "b", itype)
 
         def batch_terms(lay: TensorLayout) -> list[tuple[str, int]]:
             return list(zip(broadcast_coords(bc, lay.shape[:-2]), lay.strides[:-2]))
 
-        def base(lay: TensorLayout) -> str:
-            return linear(batch_terms(lay))
+        def ptr(i: int, lay: TensorLayout) -> str:
+            off = linear(batch_terms(lay))
+            return self.arg[i] if off == "0" else f"{self.arg[i]} + {off}"
 
-        def plus(ptr: str, off: str) -> str:
-            return ptr if off == "0" else f"{ptr} + {off}"
+        sa, sb, sc = a.strides, b.strides, c.strides
+        return dict(a=a, b=b, m=m, k=k, n=b.shape[-1], nb=prod(c.shape[:-2]), decls=decls,
+                    a_ptr=ptr(0, a), b_ptr=ptr(1, b),
+                    a_at=linear([("row", sa[-2]), (a_k, sa[-1])]),
+                    b_at=linear([(b_k, sb[-2]), ("col", sb[-1])]),
+                    c_at=linear(batch_terms(c) + [("row", sc[-2]), ("col", sc[-1])]))
 
+    def emit_matmul(self) -> tuple[str, LaunchSpec]:
+        mm = self._matmul_setup("k0 + tx", "k0 + ty")
+        m, k, n, nb, decls = mm["m"], mm["k"], mm["n"], mm["nb"], mm["decls"]
+        a_at, b_at, c_at = mm["a_at"], mm["b_at"], mm["c_at"]
+        gz = min(nb, 65535)
         row_ok = "" if m % TILE == 0 else "row < %d" % m
         col_ok = "" if n % TILE == 0 else "col < %d" % n
         ka_ok = "" if k % TILE == 0 else f"k0 + tx < {k}"
         kb_ok = "" if k % TILE == 0 else f"k0 + ty < {k}"
-
-        def guarded(conds: list[str], expr: str) -> str:
-            cs = [x for x in conds if x]
-            return f"{' && '.join(cs)} ? {expr} : 0.0f" if cs else expr
-
-        sa, sb, sc = a.strides, b.strides, c.strides
-        a_at = linear([("row", sa[-2]), ("k0 + tx", sa[-1])])
-        b_at = linear([("k0 + ty", sb[-2]), ("col", sb[-1])])
-        c_at = linear(batch_terms(c) + [("row", sc[-2]), ("col", sc[-1])])
         done = " && ".join(x for x in (row_ok, col_ok) if x)
         t = TILE
         body = ["extern __shared__ __align__(16) unsigned char smem[];",
@@ -265,12 +270,12 @@ class KernelOpEmitter:
                 f"const int row = blockIdx.y * {t} + ty, col = blockIdx.x * {t} + tx;",
                 f"for (int bt = blockIdx.z; bt < {nb}; bt += gridDim.z) {{",
                 *("  " + d for d in decls),
-                f"  const {self.params[0].ctype}* A = {plus(self.arg[0], base(a))};",
-                f"  const {self.params[1].ctype}* B = {plus(self.arg[1], base(b))};",
+                f"  const {self.params[0].ctype}* A = {mm['a_ptr']};",
+                f"  const {self.params[1].ctype}* B = {mm['b_ptr']};",
                 "  float acc = 0.0f;",
                 f"  for (int k0 = 0; k0 < {k}; k0 += {t}) {{",
-                f"    a_tile[ty][tx] = {guarded([row_ok, ka_ok], f'to_float(A[{a_at}])')};",
-                f"    b_tile[ty][tx] = {guarded([kb_ok, col_ok], f'to_float(B[{b_at}])')};",
+                f"    a_tile[ty][tx] = {_guarded([row_ok, ka_ok], f'to_float(A[{a_at}])')};",
+                f"    b_tile[ty][tx] = {_guarded([kb_ok, col_ok], f'to_float(B[{b_at}])')};",
                 "    __syncthreads();",
                 f"    for (int kk = 0; kk < {t}; ++kk) acc = fmaf(a_tile[ty][kk], b_tile[kk][tx], acc);",
                 "    __syncthreads();", "  }",
@@ -288,13 +293,9 @@ class KernelOpEmitter:
         """Tensor cores: a block of 4 warps computes a (BM, BN) output tile; K runs in steps of
         MMA_BK through shared memory (operands rounded to the mma type as they are staged, zeros
         past the edges), ``tile_mma`` accumulates into an fp32 tile that is stored at the end."""
-        a, b, c = self.layout(0), self.layout(1), self.out_layout
-        m, k = a.shape[-2:]
-        n = b.shape[-1]
-        batch = c.shape[:-2]
-        nb = prod(batch)
-        itype = _index_type(a, b, c)
-        decls, bc = _coords("bt", batch, "b", itype)
+        mm = self._matmul_setup("kk", "kk")
+        a, b, m, k, n, nb, decls = (mm[x] for x in ("a", "b", "m", "k", "n", "nb", "decls"))
+        a_at, b_at, c_at = mm["a_at"], mm["b_at"], mm["c_at"]
         bm = min(MMA_BM, -(-m // 16) * 16)
         bn = min(MMA_BN, -(-n // 8) * 8)
         bk = min(MMA_BK, -(-k // 16) * 16)
@@ -305,27 +306,12 @@ class KernelOpEmitter:
             raise CodegenError(f"kernel #{self.index}: matmul with {m} rows needs more than "
                                "65535 row tiles (grid.y)")
 
-        def base(lay: TensorLayout) -> str:
-            return linear(list(zip(broadcast_coords(bc, lay.shape[:-2]), lay.strides[:-2])))
-
-        def plus(ptr: str, off: str) -> str:
-            return ptr if off == "0" else f"{ptr} + {off}"
-
-        sa, sb, sc = a.strides, b.strides, c.strides
-        a_at = linear([("row", sa[-2]), ("kk", sa[-1])])
-        b_at = linear([("kk", sb[-2]), ("col", sb[-1])])
-        c_at = linear(list(zip(broadcast_coords(bc, c.shape[:-2]), sc[:-2])) +
-                      [("row", sc[-2]), ("col", sc[-1])])
         a_bytes, b_bytes = bm * bk * 2, bk * bn * 2
         t = MMA_THREADS
         # bounds checks only where a tile can reach past the edge
         row_ok = "" if m % bm == 0 else f"row < {m}"
         col_ok = "" if n % bn == 0 else f"col < {n}"
         k_ok = "" if k % bk == 0 else f"kk < {k}"
-
-        def guarded(conds: list[str], expr: str) -> str:
-            cs = [x for x in conds if x]
-            return f"{' && '.join(cs)} ? {expr} : 0.0f" if cs else expr
         done = " && ".join(x for x in (row_ok, col_ok) if x)
         body = ["extern __shared__ __align__(16) unsigned char smem[];",
                 f"{e}* const a_s = reinterpret_cast<{e}*>(smem);  // ({bm}, {bk})",
@@ -335,17 +321,17 @@ class KernelOpEmitter:
                 f"const int r0 = blockIdx.y * {bm}, n0 = blockIdx.x * {bn};",
                 f"for (int bt = blockIdx.z; bt < {nb}; bt += gridDim.z) {{",
                 *("  " + d for d in decls),
-                f"  const {self.params[0].ctype}* A = {plus(self.arg[0], base(a))};",
-                f"  const {self.params[1].ctype}* B = {plus(self.arg[1], base(b))};",
+                f"  const {self.params[0].ctype}* A = {mm['a_ptr']};",
+                f"  const {self.params[1].ctype}* B = {mm['b_ptr']};",
                 f"  for (int i = threadIdx.x; i < {bm * bn}; i += {t}) c_s[i] = 0.0f;",
                 f"  for (int k0 = 0; k0 < {k}; k0 += {bk}) {{",
                 f"    for (int i = threadIdx.x; i < {bm * bk}; i += {t}) {{",
                 f"      const int row = r0 + i / {bk}, kk = k0 + i % {bk};",
-                f"      store(a_s + i, {guarded([row_ok, k_ok], f'to_float(A[{a_at}])')});",
+                f"      store(a_s + i, {_guarded([row_ok, k_ok], f'to_float(A[{a_at}])')});",
                 "    }",
                 f"    for (int i = threadIdx.x; i < {bk * bn}; i += {t}) {{",
                 f"      const int kk = k0 + i / {bn}, col = n0 + i % {bn};",
-                f"      store(b_s + i, {guarded([k_ok, col_ok], f'to_float(B[{b_at}])')});",
+                f"      store(b_s + i, {_guarded([k_ok, col_ok], f'to_float(B[{b_at}])')});",
                 "    }",
                 "    __syncthreads();",
                 f"    tile_mma<1, {bm}, {bn}, {bk}, {cfg.warps}, {cfg.ng}, true, {e}>"
