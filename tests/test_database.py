@@ -324,3 +324,18 @@ def test_command_line_database_option(tmp_path):
                         str(junk)], capture_output=True, text=True, env=env, cwd=root, timeout=600)
     assert r.returncode == 2 and "DatabaseError" in r.stderr and str(junk) in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_lookup_ignores_answers_of_other_versions(tmp_path):
+    """An upgrade of mirage_py does not reuse answers an older search, cost model or code
+    generator produced; they stay in the file as training data."""
+    from dataclasses import replace
+    p = small_program()
+    with ResultsDB(tmp_path / "r.sqlite") as db:
+        old = replace(record(0, chosen=True), tool_version="0.0.1")
+        db.add(p, [old])
+        assert db.lookup(p.structural_hash(), "h100") is None
+        assert db.lookup(p.structural_hash(), "h100", tool_version="0.0.1").predicted_us == 10.0
+        assert db.count() == 1
+        db.add(p, [record(1, chosen=True)])
+        assert db.lookup(p.structural_hash(), "h100").tool_version == mp.__version__

@@ -279,13 +279,17 @@ class ResultsDB:
             rows = self._connect().execute(sql, args).fetchall()
             return [self._record(row) for row in rows]
 
-    def lookup(self, workload: str, target: str) -> Record | None:
-        """The latest chosen (verified) record for (subprogram hash, target), or None."""
+    def lookup(self, workload: str, target: str, tool_version: str | None = None) -> Record | None:
+        """The latest chosen (verified) record for (subprogram hash, target) written by this
+        version of mirage_py (``tool_version``, default the running one), or None. Answers of
+        other versions stay in the file (training data) but are not reused: their search space,
+        cost model or code generation may differ."""
+        version = _tool_version() if tool_version is None else tool_version
         with self._guard("look up a result"):
             row = self._connect().execute(
                 f"SELECT {self._COLS} FROM records r JOIN workloads w ON w.id = r.workload_id "
-                "WHERE w.hash = ? AND r.target = ? AND r.chosen = 1 ORDER BY r.id DESC LIMIT 1",
-                (workload, target)).fetchone()
+                "WHERE w.hash = ? AND r.target = ? AND r.chosen = 1 AND r.tool_version = ? "
+                "ORDER BY r.id DESC LIMIT 1", (workload, target, version)).fetchone()
             return None if row is None else self._record(row)
 
     def workloads(self) -> list[Workload]:
