@@ -95,3 +95,30 @@ def test_emulator_reports_barrier_divergence():
     bad = replace(src, kernels=(text,))
     with pytest.raises(RuntimeError, match="barrier divergence"):
         EmulatedGraph(bad)(cc.random_inputs(src.graph))
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    """What superopt ships for small versions of the nine benchmarks (search, tuning, stages),
+    emitted from the annotated graph and built as one emulator library."""
+    import mirage_py as mp
+    opts = {n: mp.superopt(cc.small_benchmark(n), target="h100", database=False) for n in NAMES}
+    sources = {n: emit_cuda(o.annotated, prefix=f"shipped_{n}") for n, o in opts.items()}
+    return opts, sources, build_emulator(list(sources.values()))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_superopt_result_runs_as_emitted(name, shipped):
+    """End to end on the CPU: the search's answer, through layout planning and code generation
+    (tensor cores, swizzles, pipeline, register epilogues as they apply), computes what the
+    interpreter computes for that answer, and what the program means."""
+    opts, sources, lib = shipped
+    o = opts[name]
+    x = cc.random_inputs(o.graph, seed=13)
+    ref = o.graph.run(x, precision="gpu")
+    exact = o.program.evaluate(x)
+    out = EmulatedGraph(sources[name], order=3, lib=lib)(x)
+    for k in ref:
+        assert np.all(np.isfinite(out[k])), (name, k)
+        assert _rel(out[k], ref[k]) <= 2e-3, (name, k, _rel(out[k], ref[k]))
+        assert _rel(out[k], np.asarray(exact[k], np.float64)) <= 2e-2, (name, k)
