@@ -236,3 +236,20 @@ def test_attention_scores_stay_in_registers():
     assert exp_step.stage == mm.stage and not exp_step.flat
     fma = plan_graph(hand_built("gqa", 1), tensor_cores=False).kernels[0]
     assert "s" in fma.smem.offsets
+
+
+def test_computed_fp32_operands_are_swizzled_for_fragment_reads():
+    """The attention probabilities e (fp32, written by exp in fragment order, read as the A
+    operand of e @ v element by element) get a swizzle that cuts the model's wavefronts of
+    those reads at least fourfold; the emulator tests run the swizzled kernels."""
+    from mirage_py.layout.swizzle import Swizzle, cost
+    from mirage_py.layout.tile_swizzle import _fragment_a_reads
+    from mirage_py.ugraph.graph import BlockOp
+    g = hand_built("gqa", 1)
+    kp = plan_graph(g).kernels[0]
+    assert "e" in kp.swizzles
+    (pv,) = [op for op in g.ops[0].block.ops if isinstance(op, BlockOp) and op.op == "matmul"
+             and op.operands[0] == "e"]
+    tile, reads = _fragment_a_reads(pv, kp.info, g.ops[0].block.threads)
+    assert tile == "e"
+    assert cost(reads, Swizzle.identity()) >= 4 * cost(reads, kp.swizzles["e"])

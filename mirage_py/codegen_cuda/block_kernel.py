@@ -170,7 +170,7 @@ class BlockKernelEmitter:
 
     def _result(self, st: Step, value: str) -> str:
         op = "+=" if st.into else "="
-        return f"{self.tile(st.writes)}[i] {op} {value};"
+        return f"{self.tile(st.writes)}[{self.sw(st.writes, 'i')}] {op} {value};"
 
     def _header(self, st: Step, text: str) -> str:
         return f"// {text}" + (f", added into {st.writes}" if st.into else "")
@@ -220,11 +220,15 @@ class BlockKernelEmitter:
         """Run ``body`` for every output element this thread holds as an mma fragment of a
         register accumulator with tiling ``ra``; ``i`` is the element's offset in the tile."""
         m, n = ra.m, ra.n
+        # fully unrolled: the register array must only ever be indexed by constants
         return ["{", f"  using FT = MmaTiling<{ra.tiling}>;",
+                "#pragma unroll",
                 "  for (int fr = 0; fr < FT::ROUNDS; ++fr) {",
                 "    if (!FT::owns(fr)) continue;",
                 "    const int fu = FT::unit(fr), fm0 = FT::row0(fu), fc0 = FT::col0(fu);",
+                "#pragma unroll",
                 f"    for (int fj = 0; fj < {ra.cfg.ng}; ++fj)",
+                "#pragma unroll",
                 "      for (int fi = 0; fi < 4; ++fi) {",
                 f"        const int frow = FragCoord<{n}>::row(fm0, fi);",
                 f"        const int fcol = FragCoord<{n}>::col(fc0, fj, fi);",

@@ -502,10 +502,13 @@ rmsnorm_matmul_k0_graph_Y(
   // y = thread[(in0 / sqrt(((in1 / 64.0) + 1e-06)))](acc, sacc), from acc's fragments in registers
   {
     using FT = MmaTiling<1, 4, 16, 16, 2, 1>;
+  #pragma unroll
     for (int fr = 0; fr < FT::ROUNDS; ++fr) {
       if (!FT::owns(fr)) continue;
       const int fu = FT::unit(fr), fm0 = FT::row0(fu), fc0 = FT::col0(fu);
+  #pragma unroll
       for (int fj = 0; fj < 1; ++fj)
+  #pragma unroll
         for (int fi = 0; fi < 4; ++fi) {
           const int frow = FragCoord<16>::row(fm0, fi);
           const int fcol = FragCoord<16>::col(fc0, fj, fi);
