@@ -58,7 +58,7 @@ def plan_graph(graph: KernelGraph, target: Any = "h100",
     iterations and lowered until the buffers fit the target's shared memory."""
     tgt = get_target(target)
     infos = validate(graph, tgt)
-    device = plan_device_memory(graph)
+    device = plan_device_memory(graph, infos)
     kernels = {}
     ordinal = -1
     for k, op in enumerate(graph.ops):

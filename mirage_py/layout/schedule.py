@@ -128,9 +128,14 @@ def vector_width(layout: TensorLayout, tile: tuple[int, ...]) -> int:
     innermost dim are multiples of the tile size, so the tile's innermost size and the tensor's
     row strides decide."""
     per = ROW_ALIGN // DTYPES[layout.dtype]
-    if not tile or layout.strides[-1] != 1 or tile[-1] % per:
+    big = [d for d, n in enumerate(tile) if n > 1]
+    if not big:
         return 1
-    return 1 if any(s % per for s in layout.strides[:-1]) else per
+    d = big[-1]  # consecutive tile elements run along this dim (trailing dims are 1 wide)
+    if layout.strides[d] != 1 or tile[d] % per:
+        return 1
+    return 1 if any(s % per for i, s in enumerate(layout.strides)
+                    if i != d and layout.shape[i] > 1) else per
 
 
 def _aligned_read(step_kind: str, node: Any, tile: str, info: BlockInfo,

@@ -1,7 +1,9 @@
 """Device tensor layouts and the workspace plan of a kernel graph.
 
-Every device tensor is row-major with its innermost dim contiguous. Intermediates (tensors that
-are neither graph inputs nor graph outputs) live in one workspace buffer and get *padded rows*:
+Graph inputs and outputs are row-major with the innermost dim contiguous. Intermediates (tensors
+that are neither graph inputs nor graph outputs) nest their dims in the order
+:mod:`.innermost` chooses for the tiles that move them (row-major unless another dim
+innermost moves fewer sectors), live in one workspace buffer and get *padded rows*:
 the row (the innermost dim of size > 1, when a dim above it exists) starts on a 16-byte boundary,
 so that kernels may load rows with 16-byte vector accesses. Graph inputs and outputs are the
 caller's dense arrays (rows there are 16-byte aligned whenever the row length allows).
@@ -62,21 +64,25 @@ def dense_layout(name: str, shape: tuple[int, ...], dtype: str) -> TensorLayout:
     return TensorLayout(name, tuple(shape), dtype, row_major(tuple(shape)))
 
 
-def padded_layout(name: str, shape: tuple[int, ...], dtype: str) -> TensorLayout:
-    """Row-major with 16-byte aligned rows: the innermost dim of size > 1 is padded to a multiple
-    of 16 bytes when a dim of size > 1 lies above it (a single row needs no padding)."""
+def padded_layout(name: str, shape: tuple[int, ...], dtype: str,
+                  order: tuple[int, ...] | None = None) -> TensorLayout:
+    """Dims nested in ``order`` (outermost first; default row-major) with 16-byte aligned rows:
+    the innermost dim of size > 1 is padded to a multiple of 16 bytes when a dim of size > 1
+    lies above it (a single row needs no padding)."""
     shape = tuple(shape)
-    big = [d for d, n in enumerate(shape) if n > 1]
-    if len(big) < 2:
+    order = tuple(range(len(shape))) if order is None else tuple(order)
+    if sorted(order) != list(range(len(shape))):
+        raise ValueError(f"layout of {name!r}: {order} is not an order of the dims of {shape}")
+    big = [d for d in order if shape[d] > 1]
+    if len(big) < 2 and order == tuple(range(len(shape))):
         return dense_layout(name, shape, dtype)
-    row = big[-1]
+    row = big[-1] if len(big) >= 2 else None
     per = ROW_ALIGN // DTYPES[dtype]
     strides = [0] * len(shape)
     s = 1
-    for d in reversed(range(len(shape))):
+    for d in reversed(order):
         strides[d] = s
-        n = shape[d]
-        s *= align_up(n, per) if d == row else n
+        s *= align_up(shape[d], per) if d == row else shape[d]
     return TensorLayout(name, shape, dtype, tuple(strides))
 
 
@@ -92,16 +98,21 @@ class DevicePlan:
         return name in self.workspace
 
 
-def plan_device_memory(graph: KernelGraph) -> DevicePlan:
+def plan_device_memory(graph: KernelGraph, infos: dict | None = None) -> DevicePlan:
+    """Layouts and workspace. With ``infos`` (validate()'s BlockInfo per graph kernel) each
+    intermediate's dim order is chosen for the tiles its kernels move (:mod:`.innermost`);
+    without, intermediates are row-major."""
+    from .innermost import choose_orders  # a sibling that builds on this module
     tensors = graph.tensors()
     inputs = {t.name for t in graph.inputs}
     outputs = set(graph.outputs)
+    orders = choose_orders(graph, infos) if infos is not None else {}
     layouts: dict[str, TensorLayout] = {}
     for name, t in tensors.items():
         if name in inputs or name in outputs:
             layouts[name] = dense_layout(name, t.shape, t.dtype)
         else:
-            layouts[name] = padded_layout(name, t.shape, t.dtype)
+            layouts[name] = padded_layout(name, t.shape, t.dtype, orders.get(name))
     # live range of an intermediate: from the launch producing it to its last reader
     last: dict[str, int] = {}
     first: dict[str, int] = {}

@@ -1,0 +1,119 @@
+"""Which dim of an intermediate tensor is innermost (contiguous) in device memory.
+
+Graph inputs and outputs are the caller's row-major arrays; intermediates are ours to lay out.
+Every kernel that writes or reads an intermediate moves it in tiles: an output saver writes one
+tile per block, an input iterator reads one per block (and iteration), a pre-defined kernel
+walks it in logical row-major order. Memory moves whole 32-byte sectors, so a tile costs
+``(elements / run) * ceil(run * itemsize / 32) * 32`` bytes, where ``run`` is how many of its
+elements lie contiguously: along the innermost dim, continuing outward while the tile spans a
+dim whole and the layout has no padding there.
+
+For each intermediate the candidates are row-major and, for every other dim of size > 1, the
+order that moves just that dim innermost (the rest keep their order); exact enumeration picks
+the one that moves the fewest bytes over all its accesses, row-major on ties. Example: a
+flash-decoding kernel saves one float per row as a ``(rows, 1)`` tile of a ``(heads, rows,
+parts)`` partial-sum tensor -- 4 useful bytes per 32-byte sector row-major; with ``rows``
+innermost the tile is one contiguous run and the saver stores 16 bytes at a time.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..ugraph.graph import GraphKernel, InputIter, KernelGraph, OutputSaver
+from .tensors import TensorLayout, padded_layout
+
+SECTOR = 32  # bytes
+
+
+@dataclass(frozen=True)
+class TileAccess:
+    """``count`` moves of a tile of shape ``tile`` (same rank as the tensor)."""
+
+    tile: tuple[int, ...]
+    count: int
+
+
+def contiguous_run(layout: TensorLayout, tile: tuple[int, ...]) -> int:
+    """Elements of a tile that lie contiguously in ``layout`` (a tile starting on tile
+    boundaries)."""
+    dims = sorted(range(len(tile)), key=lambda d: (layout.strides[d], d))
+    run, span = 1, 1  # elements in the run; the stride the next dim must have to continue it
+    for d in dims:
+        if layout.shape[d] == 1:
+            continue
+        if layout.strides[d] != span:
+            break
+        run *= tile[d]
+        if tile[d] != layout.shape[d]:
+            break
+        span = layout.strides[d] * layout.shape[d]
+    return run
+
+
+def moved_bytes(layout: TensorLayout, accesses: list[TileAccess]) -> int:
+    """Sector bytes the accesses move in ``layout``."""
+    total = 0
+    for a in accesses:
+        n = math.prod(a.tile)
+        run = max(1, contiguous_run(layout, a.tile))
+        total += a.count * -(-n // run) * (-(-run * layout.itemsize // SECTOR) * SECTOR)
+    return total
+
+
+def tile_accesses(graph: KernelGraph, infos: dict) -> dict[str, list[TileAccess]]:
+    """Every tile move of every device tensor by the graph's kernels."""
+    tensors = graph.tensors()
+    out: dict[str, list[TileAccess]] = {}
+    for k, op in enumerate(graph.ops):
+        if isinstance(op, GraphKernel):
+            bg, info = op.block, infos[k]
+            for n in bg.ops:
+                if isinstance(n, InputIter):
+                    reps = bg.forloop if n.fmap >= 0 else 1
+                    out.setdefault(op.inputs[n.input], []).append(
+                        TileAccess(tuple(info.shapes[n.out]), bg.num_blocks * reps))
+                elif isinstance(n, OutputSaver):
+                    out.setdefault(op.outputs[n.output].name, []).append(
+                        TileAccess(tuple(info.shapes[n.input]), bg.num_blocks))
+        else:
+            for name in (*op.inputs, op.output.name):
+                shape = tensors[name].shape
+                if shape:
+                    row = (1,) * (len(shape) - 1) + (shape[-1],)
+                    out.setdefault(name, []).append(TileAccess(row, math.prod(shape[:-1])))
+    return out
+
+
+def candidate_orders(shape: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """Row-major first, then each other dim of size > 1 moved innermost."""
+    ident = tuple(range(len(shape)))
+    out = [ident]
+    big = [d for d in ident if shape[d] > 1]
+    for d in big[:-1]:
+        out.append(tuple(x for x in ident if x != d) + (d,))
+    return out
+
+
+def choose_order(name: str, shape: tuple[int, ...], dtype: str,
+                 accesses: list[TileAccess]) -> tuple[tuple[int, ...], dict]:
+    """The cheapest candidate order and the cost of every candidate (sector bytes)."""
+    table = {o: moved_bytes(padded_layout(name, shape, dtype, o), accesses)
+             for o in candidate_orders(shape)}
+    return min(table, key=lambda o: table[o]), table  # first minimum: row-major on ties
+
+
+def choose_orders(graph: KernelGraph, infos: dict) -> dict[str, tuple[int, ...]]:
+    """Intermediate -> chosen dim order, for the intermediates where it is not row-major."""
+    tensors = graph.tensors()
+    ends = {t.name for t in graph.inputs} | set(graph.outputs)
+    out = {}
+    for name, acc in tile_accesses(graph, infos).items():
+        if name in ends:
+            continue
+        t = tensors[name]
+        order, _ = choose_order(name, tuple(t.shape), t.dtype, acc)
+        if order != tuple(range(len(t.shape))):
+            out[name] = order
+    return out
