@@ -14,14 +14,13 @@ from mirage_py.layout.innermost import (TileAccess, candidate_orders, choose_ord
 
 
 def _brute_run(layout, tile):
-    """Longest stretch of consecutive addresses among a tile at the origin, by enumeration."""
-    addrs = sorted(sum(c * s for c, s in zip(idx, layout.strides))
-                   for idx in itertools.product(*(range(t) for t in tile)))
-    best = cur = 1
-    for a, b in zip(addrs, addrs[1:]):
-        cur = cur + 1 if b == a + 1 else 1
-        best = max(best, cur)
-    return best
+    """Consecutive addresses at the start of the tile's elements in logical order."""
+    addrs = [sum(c * s for c, s in zip(idx, layout.strides))
+             for idx in itertools.product(*(range(t) for t in tile))]
+    run = 1
+    while run < len(addrs) and addrs[run] == addrs[run - 1] + 1:
+        run += 1
+    return run
 
 
 @pytest.mark.parametrize("shape,order,tile", [

@@ -202,6 +202,11 @@ inline float __int_as_float(int i) {
   memcpy(&f, &i, 4);
   return f;
 }
+inline unsigned int __float_as_uint(float f) {
+  unsigned int i;
+  memcpy(&i, &f, 4);
+  return i;
+}
 inline float __uint_as_float(unsigned int i) {
   float f;
   memcpy(&f, &i, 4);

@@ -59,23 +59,49 @@ inline void cp_async_wait_all() { mp_emu::cp_wait(-1); }
 inline void cp_async_commit() { mp_emu::cp_commit(); }
 template <int N> inline void cp_async_wait_group() { mp_emu::cp_wait(N); }
 #endif
+// The j-th of the 16 / sizeof(T) values packed in a 16-byte vector (no union or local array:
+// ptxas keeps everything in registers).
+__device__ __forceinline__ unsigned int vec_word(const vec16_t& v, int w) {
+  return w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w;
+}
+__device__ __forceinline__ float vec_value(const vec16_t& v, int j, float) {
+  return __uint_as_float(vec_word(v, j));
+}
+template <class T> __device__ __forceinline__ float vec_value(const vec16_t& v, int j, T) {
+  T e;
+  e.bits = static_cast<unsigned short>(vec_word(v, j / 2) >> (16 * (j % 2)));
+  return to_float(e);
+}
+__device__ __forceinline__ unsigned int word_bits(float x) { return __float_as_uint(x); }
+template <class T> __device__ __forceinline__ unsigned int word_bits(float lo, float hi, T) {
+  T a, b;
+  store(&a, lo);
+  store(&b, hi);
+  return a.bits | (static_cast<unsigned int>(b.bits) << 16);
+}
 // acc[0 .. 16 / sizeof(T)) += the values of one 16-byte global load (a tile folded into a sum).
 template <class T>
 __device__ __forceinline__ void add16(float* acc, const T* src) {
-  constexpr int N = 16 / sizeof(T);
-  union { vec16_t v; T e[N]; } u;
-  u.v = *reinterpret_cast<const vec16_t*>(src);
+  const vec16_t v = *reinterpret_cast<const vec16_t*>(src);
 #pragma unroll
-  for (int j = 0; j < N; ++j) acc[j] += to_float(u.e[j]);
+  for (int j = 0; j < static_cast<int>(16 / sizeof(T)); ++j) acc[j] += vec_value(v, j, T{});
 }
 // Round 16 / sizeof(T) consecutive values to T and write them with one 16-byte store.
 template <class T, class S>
 __device__ __forceinline__ void store16(T* dst, const S* src) {
-  constexpr int N = 16 / sizeof(T);
-  union { vec16_t v; T e[N]; } u;
-#pragma unroll
-  for (int j = 0; j < N; ++j) store(&u.e[j], to_float(src[j]));
-  *reinterpret_cast<vec16_t*>(dst) = u.v;
+  vec16_t v;
+  if constexpr (sizeof(T) == 4) {
+    v.x = word_bits(to_float(src[0]));
+    v.y = word_bits(to_float(src[1]));
+    v.z = word_bits(to_float(src[2]));
+    v.w = word_bits(to_float(src[3]));
+  } else {
+    v.x = word_bits(to_float(src[0]), to_float(src[1]), T{});
+    v.y = word_bits(to_float(src[2]), to_float(src[3]), T{});
+    v.z = word_bits(to_float(src[4]), to_float(src[5]), T{});
+    v.w = word_bits(to_float(src[6]), to_float(src[7]), T{});
+  }
+  *reinterpret_cast<vec16_t*>(dst) = v;
 }
 
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }

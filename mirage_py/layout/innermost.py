@@ -5,8 +5,10 @@ Every kernel that writes or reads an intermediate moves it in tiles: an output s
 tile per block, an input iterator reads one per block (and iteration), a pre-defined kernel
 walks it in logical row-major order. Memory moves whole 32-byte sectors, so a tile costs
 ``(elements / run) * ceil(run * itemsize / 32) * 32`` bytes, where ``run`` is how many of its
-elements lie contiguously: along the innermost dim, continuing outward while the tile spans a
-dim whole and the layout has no padding there.
+elements, taken in the tile's logical order (as threads and 16-byte vectors take them), lie at
+consecutive addresses: along the tile's last dim wider than 1 if that dim is contiguous,
+continuing outward while the tile spans a dim whole and the layout nests the next one around
+it. A layout whose contiguous dim is not the one the tile walks costs a sector per element.
 
 For each intermediate the candidates are row-major and, for every other dim of size > 1, the
 order that moves just that dim innermost (the rest keep their order); exact enumeration picks
@@ -36,13 +38,16 @@ class TileAccess:
 
 
 def contiguous_run(layout: TensorLayout, tile: tuple[int, ...]) -> int:
-    """Elements of a tile that lie contiguously in ``layout`` (a tile starting on tile
-    boundaries)."""
-    dims = sorted(range(len(tile)), key=lambda d: (layout.strides[d], d))
-    run, span = 1, 1  # elements in the run; the stride the next dim must have to continue it
-    for d in dims:
-        if layout.shape[d] == 1:
-            continue
+    """How many consecutive elements of a tile -- in its logical row-major order, the order in
+    which threads and 16-byte vectors take them -- lie at consecutive addresses of ``layout``
+    (a tile starting on tile boundaries): along the tile's last dim wider than 1 when that dim
+    is contiguous, continuing outward while the tile spans a dim whole and the layout nests the
+    next dim right around it."""
+    dims = [d for d in range(len(tile)) if tile[d] > 1]
+    if not dims:
+        return 1
+    run, span = 1, 1
+    for d in reversed(dims):
         if layout.strides[d] != span:
             break
         run *= tile[d]
