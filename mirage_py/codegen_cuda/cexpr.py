@@ -24,7 +24,7 @@ UNARY = {
     "gelu": "gelu({0})",
     "relu": "relu({0})",
 }
-BINARY = {"add": "{0} + {1}", "sub": "{0} - {1}", "mul": "{0} * {1}", "div": "{0} / {1}"}
+BINARY = {"add": "{0} + {1}", "sub": "{0} - {1}", "mul": "{0} * {1}", "div": "fdiv({0}, {1})"}
 
 _KEYWORDS = set("""alignas alignof asm auto bool break case catch char class const constexpr
 const_cast continue decltype default delete do double dynamic_cast else enum explicit export extern

@@ -224,7 +224,7 @@ class KernelOpEmitter:
                 *self._warp_reduce("ss"),
                 f"const float rms = sqrtf(ss / {flit(n)} + {eps});",
                 f"for (int j = lane; j < {n}; j += 32) "
-                "store(out_row + j, to_float(in_row[j]) / rms);"]
+                "store(out_row + j, fdiv(to_float(in_row[j]), rms));"]
         spec = self.spec((max(1, -(-rows // warps)), 1, 1), (THREADS, 1, 1))
         return self.finish(spec, body, f"one warp per row: x / sqrt(mean(x^2) + eps) over "
                                        f"{rows} rows of {n}")

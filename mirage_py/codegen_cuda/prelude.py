@@ -104,8 +104,19 @@ __device__ __forceinline__ void store16(T* dst, const S* src) {
   *reinterpret_cast<vec16_t*>(dst) = v;
 }
 
-__device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
-__device__ __forceinline__ float gelu(float x) { return 0.5f * x * (1.0f + erff(x / 1.41421356f)); }
+// Division of tensor values: PTX div.full.f32 (full range, at most 2 ulp, no slow-path call;
+// IEEE '/' calls a subroutine whose register saves go to local memory)
+#ifndef MIRAGE_EMULATE
+__device__ __forceinline__ float fdiv(float a, float b) {
+  float r;
+  asm("div.full.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+#else
+inline float fdiv(float a, float b) { return a / b; }
+#endif
+__device__ __forceinline__ float silu(float x) { return fdiv(x, 1.0f + expf(-x)); }
+__device__ __forceinline__ float gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678f)); }
 __device__ __forceinline__ float relu(float x) { return x > 0.0f || x != x ? x : 0.0f; }
 
 // C = A @ B for tiles in shared memory, row-major: A (M, K), B (K, N), C (M, N) fp32. Products

@@ -130,8 +130,19 @@ __device__ __forceinline__ void store16(T* dst, const S* src) {
   *reinterpret_cast<vec16_t*>(dst) = v;
 }
 
-__device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
-__device__ __forceinline__ float gelu(float x) { return 0.5f * x * (1.0f + erff(x / 1.41421356f)); }
+// Division of tensor values: PTX div.full.f32 (full range, at most 2 ulp, no slow-path call;
+// IEEE '/' calls a subroutine whose register saves go to local memory)
+#ifndef MIRAGE_EMULATE
+__device__ __forceinline__ float fdiv(float a, float b) {
+  float r;
+  asm("div.full.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+#else
+inline float fdiv(float a, float b) { return a / b; }
+#endif
+__device__ __forceinline__ float silu(float x) { return fdiv(x, 1.0f + expf(-x)); }
+__device__ __forceinline__ float gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678f)); }
 __device__ __forceinline__ float relu(float x) { return x > 0.0f || x != x ? x : 0.0f; }
 
 // C = A @ B for tiles in shared memory, row-major: A (M, K), B (K, N), C (M, N) fp32. Products
@@ -471,7 +482,7 @@ kernel_ops_k2_div_t6(
     fp16_t* __restrict__ g_t6) {
   for (int i = blockIdx.x * 256 + threadIdx.x; i < 6; i += gridDim.x * 256) {
     const int c0 = i / 3, c1 = i % 3;
-    store(g_t6 + c0 * 8 + c1, to_float(g_t4[c0 * 8 + c1]) / 24.0f);
+    store(g_t6 + c0 * 8 + c1, fdiv(to_float(g_t4[c0 * 8 + c1]), 24.0f));
   }
 }
 
@@ -508,7 +519,7 @@ kernel_ops_k5_div_t10(
     fp16_t* __restrict__ g_t10) {
   for (int i = blockIdx.x * 256 + threadIdx.x; i < 144; i += gridDim.x * 256) {
     const int c0 = i / 72, c1 = (i / 24) % 3, c2 = i % 24;
-    store(g_t10 + c0 * 72 + c1 * 24 + c2, to_float(g_X[c0 * 72 + c1 * 24 + c2]) / to_float(g_t9[c0 * 8 + c1]));
+    store(g_t10 + c0 * 72 + c1 * 24 + c2, fdiv(to_float(g_X[c0 * 72 + c1 * 24 + c2]), to_float(g_t9[c0 * 8 + c1])));
   }
 }
 
@@ -674,7 +685,7 @@ kernel_ops_k16_div_t23(
     float* __restrict__ g_t23) {
   for (int i = blockIdx.x * 256 + threadIdx.x; i < 60; i += gridDim.x * 256) {
     const int c0 = i / 30, c1 = (i / 3) % 10, c2 = i % 3;
-    store(g_t23 + c0 * 40 + c1 * 4 + c2, to_float(g_t18[c0 * 40 + c1 * 4 + c2]) / to_float(g_t22[c0 * 4 + c2]));
+    store(g_t23 + c0 * 40 + c1 * 4 + c2, fdiv(to_float(g_t18[c0 * 40 + c1 * 4 + c2]), to_float(g_t22[c0 * 4 + c2])));
   }
 }
 

@@ -122,8 +122,19 @@ __device__ __forceinline__ void store16(T* dst, const S* src) {
   *reinterpret_cast<vec16_t*>(dst) = v;
 }
 
-__device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
-__device__ __forceinline__ float gelu(float x) { return 0.5f * x * (1.0f + erff(x / 1.41421356f)); }
+// Division of tensor values: PTX div.full.f32 (full range, at most 2 ulp, no slow-path call;
+// IEEE '/' calls a subroutine whose register saves go to local memory)
+#ifndef MIRAGE_EMULATE
+__device__ __forceinline__ float fdiv(float a, float b) {
+  float r;
+  asm("div.full.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+#else
+inline float fdiv(float a, float b) { return a / b; }
+#endif
+__device__ __forceinline__ float silu(float x) { return fdiv(x, 1.0f + expf(-x)); }
+__device__ __forceinline__ float gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678f)); }
 __device__ __forceinline__ float relu(float x) { return x > 0.0f || x != x ? x : 0.0f; }
 
 // C = A @ B for tiles in shared memory, row-major: A (M, K), B (K, N), C (M, N) fp32. Products
@@ -619,7 +630,7 @@ mixed_k2_rms_norm_Z(
   }
   for (int s = 16; s > 0; s >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, s);
   const float rms = sqrtf(ss / 4.0f + 1e-05f);
-  for (int j = lane; j < 4; j += 32) store(out_row + j, to_float(in_row[j]) / rms);
+  for (int j = lane; j < 4; j += 32) store(out_row + j, fdiv(to_float(in_row[j]), rms));
 }
 
 #if !defined(__CUDACC_RTC__) && !defined(MIRAGE_EMULATE)
