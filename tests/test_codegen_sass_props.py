@@ -19,7 +19,7 @@ from mirage_py.codegen_cuda import emit_cuda
 from mirage_py.codegen_cuda.emit import translation_unit
 from mirage_py.codegen_cuda.nvcc import find_nvcc
 from mirage_py.codegen_cuda.sass import find_cuobjdump, sass_stats
-from mirage_py.layout.mma import ldmatrix_operands, mma_config
+from mirage_py.layout.mma import ldmatrix_operands, tile_matmul
 from mirage_py.layout.schedule import LOAD, SAVE
 from mirage_py.ugraph.graph import BlockOp, GraphKernel, KernelOp
 
@@ -46,11 +46,9 @@ def _matmuls(op, plan):
     out = []
     for n in op.block.ops:
         if isinstance(n, BlockOp) and n.op == "matmul":
-            a, b = n.operands
-            sa, sb = info.shapes[a], info.shapes[b]
-            cfg = mma_config(1, sa[-2], sb[-1], op.block.threads, info.dtypes[a], info.dtypes[b])
-            out.append(any(ldmatrix_operands(sa[-2], sa[-1], sb[-1], info.dtypes[a],
-                                             info.dtypes[b], cfg)))
+            t = tile_matmul(n, info, op.block.threads)
+            out.append(any(ldmatrix_operands(t.m, t.k, t.n, info.dtypes[t.a], info.dtypes[t.b],
+                                             t.cfg)))
     return out
 
 

@@ -102,18 +102,38 @@ class RegisterAccumulator:
         return f"[{self.cfg.rounds(self.batch, self.m, self.n)}][{self.cfg.ng}][4]"
 
 
-def register_tile(node: Any, info: Any, threads: int,
-                  carried: bool) -> RegisterAccumulator | None:
-    """The register form of a tile matmul node's result, or None when it does not run on tensor
-    cores or its fragments exceed :func:`register_budget`."""
+@dataclass(frozen=True)
+class TileMatmul:
+    """A block matmul node's operand tiles, sizes and tensor-core plan (``cfg`` None: no tensor
+    cores in this block)."""
+
+    a: str
+    b: str
+    batch: int
+    m: int
+    k: int
+    n: int
+    cfg: MmaConfig | None
+
+
+def tile_matmul(node: Any, info: Any, threads: int) -> TileMatmul:
+    """The geometry of a block matmul ``node`` (BlockInfo ``info``, ``threads`` per block)."""
     a, b = node.operands
     sa, sb = info.shapes[a], info.shapes[b]
     m, k, n = sa[-2], sa[-1], sb[-1]
     batch = math.prod(info.shapes[node.out][:-2])
-    cfg = mma_config(batch, m, n, threads, info.dtypes[a], info.dtypes[b])
-    if cfg is None or cfg.register_floats(batch, m, n) > register_budget(threads):
+    return TileMatmul(a, b, batch, m, k, n,
+                      mma_config(batch, m, n, threads, info.dtypes[a], info.dtypes[b]))
+
+
+def register_tile(node: Any, info: Any, threads: int,
+                  carried: bool) -> RegisterAccumulator | None:
+    """The register form of a tile matmul node's result, or None when it does not run on tensor
+    cores or its fragments exceed :func:`register_budget`."""
+    t = tile_matmul(node, info, threads)
+    if t.cfg is None or t.cfg.register_floats(t.batch, t.m, t.n) > register_budget(threads):
         return None
-    return RegisterAccumulator(batch, m, n, k, cfg, carried)
+    return RegisterAccumulator(t.batch, t.m, t.n, t.k, t.cfg, carried)
 
 
 def register_accumulators(bg: Any, info: Any,

@@ -226,7 +226,6 @@ def schedule_block(bg: BlockGraph, info: BlockInfo, input_layouts: list[TensorLa
     folded = fold_into_accumulators(bg, info)
     registers, frags = register_tiles(bg, info, folded) if tensor_cores else ({}, {})
     raw: list[tuple[str, str, Any, str | None, tuple[str, ...], int, bool]] = []
-    reg_reads: dict[str, str] = {}
     for node in bg.ops:
         if isinstance(node, InputIter):
             seg = "body" if info.phases[node.out] == "body" else "pre"
@@ -239,8 +238,6 @@ def schedule_block(bg: BlockGraph, info: BlockInfo, input_layouts: list[TensorLa
             reads = tuple(t for t in tiles_read(node) if not (node.out in frags and
                                                             t in registers))
             raw.append((COMPUTE, seg, node, acc or node.out, reads, 1, acc is not None))
-            if node.out in frags:  # runs after the fragments' producer (same stage is fine)
-                reg_reads[node.out] = frags[node.out]
         elif isinstance(node, Accum):
             raw.append((INIT, "pre", node, node.out, (), 1, False))
             if node.input not in folded:
@@ -261,8 +258,8 @@ def schedule_block(bg: BlockGraph, info: BlockInfo, input_layouts: list[TensorLa
             stage = top + 1 if lean else start
             frag = frags.get(getattr(node, "out", None)) if kind == COMPUTE else None
             flat_probe = Step(kind, node, seg, 0, out, reads, vec, into, frag)
-            if frag is not None:
-                w = writer.get(reg_reads[node.out])
+            if frag is not None:  # after the fragments' producer (its stage is fine)
+                w = writer.get(frag)
                 if w is not None and w.segment == seg:
                     stage = max(stage, w.stage)
             for t in reads:
