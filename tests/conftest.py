@@ -26,3 +26,20 @@ def _results_database(tmp_path_factory, monkeypatch):
     path = tmp_path_factory.mktemp("resultsdb") / "results.sqlite"
     monkeypatch.setenv("MIRAGE_PY_DATABASE", str(path))
     yield path
+
+
+@pytest.fixture(scope="session")
+def superopt_bs1():
+    """superopt's answer for a benchmark at batch size 1 (full shapes), searched once per session
+    and shared by the tests that need it: ``superopt_bs1("gqa")``."""
+    import mirage_py as mp
+    from benchmarks.programs import get_program
+
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            cache[name] = mp.superopt(get_program(name, 1), target="h100", workers=2,
+                                      progress=False, database=False)
+        return cache[name]
+    return get

@@ -1,6 +1,6 @@
 """What the machine code of the emitted kernels does, read from SASS for sm_90 on the CPU
-(cuobjdump), for the nine benchmarks' hand-built fusions at batch size 1 and the tensor-core
-cases of small graphs:
+(cuobjdump), for the nine benchmarks at batch size 1 -- both the hand-built fusions and the
+kernels superopt finds -- and the tensor-core cases of small graphs:
 
 * every kernel that has a tile matmul runs it on tensor cores (HMMA) with ldmatrix (LDSM)
   wherever its operand tiles are whole fragments stored in the operand type;
@@ -27,10 +27,23 @@ pytestmark = pytest.mark.skipif(find_nvcc() is None or find_cuobjdump() is None,
                                 reason="needs nvcc and cuobjdump")
 
 
-@pytest.fixture(scope="module")
-def fixtures_sm90():
-    sources = [emit_cuda(hand_built(n, 1), "h100", prefix=f"{n}_bs1") for n in NAMES]
-    return sources, sass_stats(translation_unit(sources), "sm_90")
+_BUILT: dict = {}
+
+
+@pytest.fixture(params=["fixtures", "superopt"])
+def fixtures_sm90(request, superopt_bs1):
+    """The nine benchmarks' kernels at bs 1 -- the hand-built fusions, or what superopt ships
+    (emitted from its annotated graph, with the tuner's pipeline depths) -- compiled for sm_90
+    in one translation unit, and their SASS statistics."""
+    kind = request.param
+    if kind not in _BUILT:
+        if kind == "fixtures":
+            sources = [emit_cuda(hand_built(n, 1), "h100", prefix=f"{n}_bs1") for n in NAMES]
+        else:
+            sources = [emit_cuda(superopt_bs1(n).annotated, "h100", prefix=f"{n}_opt_bs1")
+                       for n in NAMES]
+        _BUILT[kind] = sources, sass_stats(translation_unit(sources), "sm_90")
+    return _BUILT[kind]
 
 
 def _kernels(sources):

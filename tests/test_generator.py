@@ -233,7 +233,7 @@ def test_no_benchmark_knowledge_in_the_generator():
                 assert shape not in text, (fn, shape)
 
 
-def test_no_plan_cuts_rows_below_16_bytes():
+def test_no_plan_cuts_rows_below_16_bytes(superopt_bs1):
     """Every kernel superopt finds for the matmul benchmarks loads tiles whose rows (innermost,
     contiguous dim) are at least 16 bytes wherever the tensor's rows are, so they move as
     128-bit vectors; narrow_split is the rule behind it."""
@@ -244,7 +244,7 @@ def test_no_plan_cuts_rows_below_16_bytes():
     assert narrow_split("n", 1024, [a]) and not narrow_split("n", 512, [a])
     assert not narrow_split("k", 64, [a])  # not the innermost dim
     for name in ("rmsnorm_linear", "gated_mlp"):
-        g = mp.superopt(get_program(name, 1), target="h100", database=False).graph
+        g = superopt_bs1(name).graph
         for op in g.ops:
             if not hasattr(op, "block"):
                 continue

@@ -13,20 +13,9 @@ from benchmarks.programs import NAMES, get_inputs, get_program
 from mirage_py.cost_model import estimate_us
 
 
-@pytest.fixture(scope="module")
-def results():
-    cache = {}
-
-    def get(name):
-        if name not in cache:
-            cache[name] = mp.superopt(get_program(name, 1), workers=2, progress=False)
-        return cache[name]
-    return get
-
-
 @pytest.mark.parametrize("name", NAMES)
-def test_benchmark_found_verified_and_no_worse_than_the_fixture(name, results):
-    opt = results(name)
+def test_benchmark_found_verified_and_no_worse_than_the_fixture(name, superopt_bs1):
+    opt = superopt_bs1(name)
     assert all(v.equivalent and v.bound <= 1e-9 for v in opt.verification)
     assert opt.num_kernels < opt.naive_num_kernels
     fixture_us = estimate_us(hand_built(name, 1), "h100")
@@ -41,8 +30,8 @@ def test_benchmark_found_verified_and_no_worse_than_the_fixture(name, results):
         assert np.abs(out64[k] - ref[k]).max() <= 1e-9 * np.abs(ref[k]).max()
 
 
-def test_summary_and_save_load_roundtrip(results, tmp_path):
-    opt = results("lora")
+def test_summary_and_save_load_roundtrip(superopt_bs1, tmp_path):
+    opt = superopt_bs1("lora")
     text = opt.summary()
     assert "lora" in text and "naive ->" in text and "bound" in text
     path = tmp_path / "lora.json"

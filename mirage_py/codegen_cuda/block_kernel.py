@@ -76,8 +76,16 @@ class BlockKernelEmitter:
         return e if self.info.dtypes[tile] == "float32" else f"to_float({e})"
 
     def loop(self, n: int, body: list[str], var: str = "i") -> list[str]:
-        return [f"for (int {var} = threadIdx.x; {var} < {n}; {var} += {self.T}) {{",
-                *("  " + b for b in body), "}"]
+        """Spread ``n`` work items over the block's T threads. With n <= T each thread has at
+        most one item and gets no loop: ptxas cannot know blockDim.x == T, and unrolling a
+        grid-stride loop it cannot bound made it spill in the combine kernels. Larger n keep the
+        grid-stride loop (a counted, unrolled form made the attention kernels spill instead)."""
+        inner = ["  " + b for b in body]
+        if n > self.T:
+            return [f"for (int {var} = threadIdx.x; {var} < {n}; {var} += {self.T}) {{", *inner,
+                    "}"]
+        head = f"  const int {var} = threadIdx.x;"
+        return ["{" if n == self.T else f"if (threadIdx.x < {n}) {{", head, *inner, "}"]
 
     def operand_offset(self, tile: str, out_shape: tuple[int, ...],
                        out_coords: list[str] | None) -> str:

@@ -85,6 +85,16 @@ inline void cp_async_wait_all() { mp_emu::cp_wait(-1); }
 inline void cp_async_commit() { mp_emu::cp_commit(); }
 template <int N> inline void cp_async_wait_group() { mp_emu::cp_wait(N); }
 #endif
+// One 16-byte global store, written as PTX: through a plain struct assignment NVVM may split
+// the store into four 4-byte ones (it did in the combine kernels' savers).
+#ifndef MIRAGE_EMULATE
+__device__ __forceinline__ void st_global16(void* dst, const vec16_t& v) {
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};"
+               :: "l"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+}
+#else
+inline void st_global16(void* dst, const vec16_t& v) { *static_cast<vec16_t*>(dst) = v; }
+#endif
 // The j-th of the 16 / sizeof(T) values packed in a 16-byte vector (no union or local array:
 // ptxas keeps everything in registers).
 __device__ __forceinline__ unsigned int vec_word(const vec16_t& v, int w) {
@@ -127,7 +137,7 @@ __device__ __forceinline__ void store16(T* dst, const S* src) {
     v.z = word_bits(to_float(src[4]), to_float(src[5]), T{});
     v.w = word_bits(to_float(src[6]), to_float(src[7]), T{});
   }
-  *reinterpret_cast<vec16_t*>(dst) = v;
+  st_global16(dst, v);
 }
 
 // Division of tensor values: PTX div.full.f32 (full range, at most 2 ulp, no slow-path call;

@@ -77,6 +77,16 @@ inline void cp_async_wait_all() { mp_emu::cp_wait(-1); }
 inline void cp_async_commit() { mp_emu::cp_commit(); }
 template <int N> inline void cp_async_wait_group() { mp_emu::cp_wait(N); }
 #endif
+// One 16-byte global store, written as PTX: through a plain struct assignment NVVM may split
+// the store into four 4-byte ones (it did in the combine kernels' savers).
+#ifndef MIRAGE_EMULATE
+__device__ __forceinline__ void st_global16(void* dst, const vec16_t& v) {
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};"
+               :: "l"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+}
+#else
+inline void st_global16(void* dst, const vec16_t& v) { *static_cast<vec16_t*>(dst) = v; }
+#endif
 // The j-th of the 16 / sizeof(T) values packed in a 16-byte vector (no union or local array:
 // ptxas keeps everything in registers).
 __device__ __forceinline__ unsigned int vec_word(const vec16_t& v, int w) {
@@ -119,7 +129,7 @@ __device__ __forceinline__ void store16(T* dst, const S* src) {
     v.z = word_bits(to_float(src[4]), to_float(src[5]), T{});
     v.w = word_bits(to_float(src[6]), to_float(src[7]), T{});
   }
-  *reinterpret_cast<vec16_t*>(dst) = v;
+  st_global16(dst, v);
 }
 
 // Division of tensor values: PTX div.full.f32 (full range, at most 2 ulp, no slow-path call;
@@ -488,23 +498,27 @@ mixed_k1_graph_Y_Ccopy(
 
   // == stage 0 (before the loop) ==
   // a = iter At imap={x->0}: 16-byte asynchronous copies (cp.async) of 8 elements
-  for (int v = threadIdx.x; v < 12; v += 64) {
+  if (threadIdx.x < 12) {
+    const int v = threadIdx.x;
     const int i = v * 8;
     const int c0 = i / 48, c1 = (i / 8) % 6, c2 = i % 8;
     cp_async16(s_a + i, g_At + blockIdx.x * 96 + c0 * 48 + c1 * 8 + c2);
   }
   // c = iter C imap={x->0}: 16-byte asynchronous copies (cp.async) of 4 elements
-  for (int v = threadIdx.x; v < 12; v += 64) {
+  if (threadIdx.x < 12) {
+    const int v = threadIdx.x;
     const int i = v * 4;
     const int c0 = i / 24, c1 = (i / 4) % 6, c2 = i % 4;
     cp_async16(s_c + i, g_C + blockIdx.x * 48 + c0 * 24 + c1 * 4 + c2);
   }
   // acc = accum.sum(sc): start at zero
-  for (int i = threadIdx.x; i < 48; i += 64) {
+  if (threadIdx.x < 48) {
+    const int i = threadIdx.x;
     s_acc[i] = 0.0f;
   }
   // cacc = accum.sum(c): start at zero
-  for (int i = threadIdx.x; i < 48; i += 64) {
+  if (threadIdx.x < 48) {
+    const int i = threadIdx.x;
     s_cacc[i] = 0.0f;
   }
   cp_async_wait_all();  // this thread's copies landed
@@ -514,12 +528,14 @@ mixed_k1_graph_Y_Ccopy(
 
     // == stage 1 (loop body) ==
     // b = iter B imap={} fmap=1
-    for (int i = threadIdx.x; i < 16; i += 64) {
+    if (threadIdx.x < 16) {
+      const int i = threadIdx.x;
       const int c0 = i / 2, c1 = i % 2;
       s_b[i] = g_B[it * 2 + c0 * 4 + c1];
     }
     // cacc += c
-    for (int i = threadIdx.x; i < 48; i += 64) {
+    if (threadIdx.x < 48) {
+      const int i = threadIdx.x;
       s_cacc[i] += s_c[i];
     }
     __syncthreads();  // stage 2 reads what stage 1 wrote
@@ -534,7 +550,8 @@ mixed_k1_graph_Y_Ccopy(
 
     // == stage 3 (loop body) ==
     // cat = concat(ab, ab) axis=2
-    for (int i = threadIdx.x; i < 48; i += 64) {
+    if (threadIdx.x < 48) {
+      const int i = threadIdx.x;
       const int c0 = i / 24, c1 = (i / 4) % 6, c2 = i % 4;
       float v;
       if (c2 < 2) v = s_ab[c0 * 12 + c1 * 2 + c2];
@@ -545,7 +562,8 @@ mixed_k1_graph_Y_Ccopy(
 
     // == stage 4 (loop body) ==
     // sc = mul(cat, 0.25), added into acc
-    for (int i = threadIdx.x; i < 48; i += 64) {
+    if (threadIdx.x < 48) {
+      const int i = threadIdx.x;
       s_acc[i] += s_cat[i] * 0.25f;
     }
     __syncthreads();  // end of iteration: the next one overwrites body tiles
@@ -581,7 +599,8 @@ mixed_k1_graph_Y_Ccopy(
     if (o < 6 && lane == 0) s_s2[o] = acc;
   }
   // save c -> Ccopy omap={x->0}
-  for (int i = threadIdx.x; i < 48; i += 64) {
+  if (threadIdx.x < 48) {
+    const int i = threadIdx.x;
     const int c0 = i / 24, c1 = (i / 4) % 6, c2 = i % 4;
     store(g_Ccopy + blockIdx.x * 48 + c0 * 24 + c1 * 4 + c2, s_c[i]);
   }
@@ -589,7 +608,8 @@ mixed_k1_graph_Y_Ccopy(
 
   // == stage 6 (after the loop) ==
   // y = thread[relu(((in0 + in1) - (in2 * 0.1)))](cacc, tot, s2)
-  for (int i = threadIdx.x; i < 48; i += 64) {
+  if (threadIdx.x < 48) {
+    const int i = threadIdx.x;
     const int c1 = (i / 4) % 6, c2 = i % 4;
     const float in0 = s_cacc[i];
     const float in1 = s_tot[c1 * 4 + c2];
@@ -604,7 +624,8 @@ mixed_k1_graph_Y_Ccopy(
 
   // == stage 7 (after the loop) ==
   // save y -> Y omap={x->0}: 16-byte stores of 4 elements
-  for (int v = threadIdx.x; v < 12; v += 64) {
+  if (threadIdx.x < 12) {
+    const int v = threadIdx.x;
     const int i = v * 4;
     const int c0 = i / 24, c1 = (i / 4) % 6, c2 = i % 4;
     store16(g_Y + blockIdx.x * 48 + c0 * 24 + c1 * 4 + c2, s_y + i);

@@ -70,6 +70,16 @@ inline void cp_async_wait_all() { mp_emu::cp_wait(-1); }
 inline void cp_async_commit() { mp_emu::cp_commit(); }
 template <int N> inline void cp_async_wait_group() { mp_emu::cp_wait(N); }
 #endif
+// One 16-byte global store, written as PTX: through a plain struct assignment NVVM may split
+// the store into four 4-byte ones (it did in the combine kernels' savers).
+#ifndef MIRAGE_EMULATE
+__device__ __forceinline__ void st_global16(void* dst, const vec16_t& v) {
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};"
+               :: "l"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+}
+#else
+inline void st_global16(void* dst, const vec16_t& v) { *static_cast<vec16_t*>(dst) = v; }
+#endif
 // The j-th of the 16 / sizeof(T) values packed in a 16-byte vector (no union or local array:
 // ptxas keeps everything in registers).
 __device__ __forceinline__ unsigned int vec_word(const vec16_t& v, int w) {
@@ -112,7 +122,7 @@ __device__ __forceinline__ void store16(T* dst, const S* src) {
     v.z = word_bits(to_float(src[4]), to_float(src[5]), T{});
     v.w = word_bits(to_float(src[6]), to_float(src[7]), T{});
   }
-  *reinterpret_cast<vec16_t*>(dst) = v;
+  st_global16(dst, v);
 }
 
 // Division of tensor values: PTX div.full.f32 (full range, at most 2 ulp, no slow-path call;
@@ -461,20 +471,23 @@ rmsnorm_matmul_k0_graph_Y(
   // acc = accum.sum(xw): in registers (mma fragments) until the loop ends
   float r_acc[1][1][4] = {};
   // sacc = accum.sum(ss): start at zero
-  for (int i = threadIdx.x; i < 4; i += 64) {
+  if (threadIdx.x < 4) {
+    const int i = threadIdx.x;
     s_sacc[i] = 0.0f;
   }
   __syncthreads();  // loop-invariant tiles and accumulators are ready
 
   // software pipeline: iterations 0..0 of x, w in flight before the loop
   // x = iter X imap={} fmap=1: 16-byte asynchronous copies (cp.async) of 8 elements
-  for (int v = threadIdx.x; v < 8; v += 64) {
+  if (threadIdx.x < 8) {
+    const int v = threadIdx.x;
     const int i = v * 8;
     const int c0 = i / 16, c1 = i % 16;
     cp_async16((s_x_stages + (0) % 2 * 64) + i, g_X + c0 * 64 + c1);
   }
   // w = iter W imap={x->1} fmap=0: 16-byte asynchronous copies (cp.async) of 8 elements
-  for (int v = threadIdx.x; v < 32; v += 64) {
+  if (threadIdx.x < 32) {
+    const int v = threadIdx.x;
     const int i = v * 8;
     const int c0 = i / 16, c1 = i % 16;
     cp_async16((s_w_stages + (0) % 2 * 256) + Swizzle<1, 3, 3>::at(i), g_W + blockIdx.x * 16 + c0 * 32 + c1);
@@ -488,13 +501,15 @@ rmsnorm_matmul_k0_graph_Y(
     // == stage 1 (loop body) ==
     if (it + 1 < 4) {  // prefetch iteration it + 1 (2 stages in flight)
       // x = iter X imap={} fmap=1: 16-byte asynchronous copies (cp.async) of 8 elements
-      for (int v = threadIdx.x; v < 8; v += 64) {
+      if (threadIdx.x < 8) {
+        const int v = threadIdx.x;
         const int i = v * 8;
         const int c0 = i / 16, c1 = i % 16;
         cp_async16((s_x_stages + (it + 1) % 2 * 64) + i, g_X + (it + 1) * 16 + c0 * 64 + c1);
       }
       // w = iter W imap={x->1} fmap=0: 16-byte asynchronous copies (cp.async) of 8 elements
-      for (int v = threadIdx.x; v < 32; v += 64) {
+      if (threadIdx.x < 32) {
+        const int v = threadIdx.x;
         const int i = v * 8;
         const int c0 = i / 16, c1 = i % 16;
         cp_async16((s_w_stages + (it + 1) % 2 * 256) + Swizzle<1, 3, 3>::at(i), g_W + blockIdx.x * 16 + (it + 1) * 512 + c0 * 32 + c1);
@@ -511,7 +526,8 @@ rmsnorm_matmul_k0_graph_Y(
         NoOffset(),
         NoOffset());
     // x2 = thread[square(in0)](x)
-    for (int i = threadIdx.x; i < 64; i += 64) {
+    {
+      const int i = threadIdx.x;
       const float in0 = to_float(s_x[i]);
       const float v_y = in0 * in0;
       s_x2[i] = v_y;
@@ -566,7 +582,8 @@ rmsnorm_matmul_k0_graph_Y(
 
   // == stage 5 (after the loop) ==
   // save y -> Y omap={x->1}: 16-byte stores of 8 elements
-  for (int v = threadIdx.x; v < 8; v += 64) {
+  if (threadIdx.x < 8) {
+    const int v = threadIdx.x;
     const int i = v * 8;
     const int c0 = i / 16, c1 = i % 16;
     store16(g_Y + blockIdx.x * 16 + c0 * 32 + c1, s_y + i);
