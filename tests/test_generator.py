@@ -255,3 +255,21 @@ def test_no_plan_cuts_rows_below_16_bytes(superopt_bs1):
                     cut = src.shape[-1] // op.block.grid[[*n.imap].index(len(src.shape) - 1)] \
                         if len(src.shape) - 1 in n.imap else src.shape[-1]
                     assert cut * 2 >= 16 or src.shape[-1] * 2 < 16, (name, n, cut)
+
+
+def test_batch_labels_get_one_entry_per_block():
+    """A label found only in leading dims (attention heads) is split one entry per block,
+    however many there are: with 256 heads (mha at bs 8) tiles of 64 heads per block fit no
+    block, and the search used to find nothing but the naive lowering."""
+    from mirage_py.generator.kernel_search import batch_labels
+    from benchmarks.programs import get_program
+    s = Searcher(get_program("mha", 8), get_target("h100"))
+    heads = s.avail0[0].dims[0][0][0]
+    assert batch_labels(s.avail0) == {heads}
+    plans = s.plans(s.avail0)
+    parts = {n for p in plans for lbl, n in p.grid if lbl == heads}
+    assert parts == {256}
+    rows = s.avail0[0].dims[1][0][0]  # 16 query rows: an inner dim, not a batch one
+    assert rows not in batch_labels(s.avail0)
+    cand = search(get_program("mha", 8), get_target("h100"), max_kernels=1)
+    assert cand and all(len(c.graph.ops) == 1 for c in cand)

@@ -4,7 +4,8 @@ compute the target outputs from the program inputs.
 State: the device tensors available (inputs, then kernel outputs). A move adds one kernel: for
 every *structure* -- which dimension labels the grid axes split and which label the for-loop runs
 over -- the part counts come from the shapes and the target (tiles of at most 64 along parallel
-labels, split reductions sized to fill the SMs, loop chunks of 64), the block-level search
+labels -- one entry per block along batch-only labels --, split reductions sized
+to fill the SMs, loop chunks of 64), the block-level search
 saturates, and the kernel it yields either finishes target outputs or saves partial results.
 Depth is bounded (``max_kernels``); states already seen are skipped.
 """
@@ -60,6 +61,19 @@ def label_sizes(avail: list[Avail]) -> dict[str, int]:
     return sizes
 
 
+def batch_labels(avail: list[Avail]) -> frozenset:
+    """Labels only ever found in leading (batch) dims -- never in a tensor's last two dims, the
+    ones its matmuls and rows run along -- such as the heads of a batched matmul."""
+    seen, inner = set(), set()
+    for a in avail:
+        for i, d in enumerate(a.dims):
+            for lbl, _ in d or ():
+                seen.add(lbl)
+                if i >= len(a.dims) - 2:
+                    inner.add(lbl)
+    return frozenset(seen - inner)
+
+
 ROW_BYTES = 16  # one 16-byte vector (cp.async, ldmatrix row, 128-bit load) per tile row
 
 
@@ -82,6 +96,7 @@ def plans_for(avail: list[Avail], reduced: frozenset, parallel: frozenset, targe
     """Grid/loop plans from the labels present in the available tensors (see module doc)."""
     sizes = label_sizes(avail)
     labels = sorted(sizes)
+    batch = batch_labels(avail)
     loop_labels = [None] + [l for l in labels if l in reduced or l not in parallel]
     want = 2 * target.sm_count
     plans: list[Plan] = []
@@ -95,7 +110,10 @@ def plans_for(avail: list[Avail], reduced: frozenset, parallel: frozenset, targe
                 ok = True
                 for l in par:
                     n = sizes[l]
-                    parts = n if n <= 64 else n // _largest_divisor_at_most(n, 64)
+                    # one batch entry per block (nothing is reused across a batch dim);
+                    # other dims in tiles of up to 64
+                    parts = n if n <= 64 or l in batch else \
+                        n // _largest_divisor_at_most(n, 64)
                     while parts > 1 and narrow_split(l, parts, avail):
                         parts = _largest_divisor_at_most(n, parts - 1)
                     grid.append((l, parts))
