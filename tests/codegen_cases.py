@@ -69,6 +69,29 @@ def small_attention() -> KernelGraph:
     return KernelGraph("attention", ins, (k0, k1), ("O",))
 
 
+def attention_row_sums_after_loop() -> KernelGraph:
+    """Attention in one kernel as the search often finds it: the exp of each score tile is
+    summed element-wise over the loop (``accum.sum(e)``) and reduced along rows only once after
+    it. With tensor cores, the scores, their exp and that running sum all stay in registers."""
+    h, rows, d, seq, loop = 2, 16, 16, 64, 4
+    g = BlockGraph((h, 1, 1), 64, loop, (
+        InputIter("q", 0, (0, R, R)),
+        InputIter("k", 1, (0, R, R), fmap=2),
+        InputIter("v", 2, (0, R, R), fmap=1),
+        BlockOp("s", "matmul", ("q", "k")),
+        Fused("e", ("s",), _thread(("y", "exp", "in0"), ninputs=1)),
+        BlockOp("o", "matmul", ("e", "v")),
+        Accum("esum", "e"),
+        Accum("O", "o"),
+        BlockOp("l", "sum", ("esum",), attrs_of(axes=(2,), keepdims=True)),
+        Fused("out", ("O", "l"), _thread(("y", "div", "in0", "in1"), ninputs=2)),
+        OutputSaver("out", 0, (0, R, R)),
+    ))
+    ins = (DTensor("Q", (h, rows, d)), DTensor("K", (h, d, seq)), DTensor("V", (h, seq, d)))
+    return KernelGraph("attention_rowsum_after", ins,
+                       (GraphKernel(("Q", "K", "V"), (DTensor("O", (h, rows, d)),), g),), ("O",))
+
+
 def mixed_block_ops() -> KernelGraph:
     """Every other block operator and mapping: bf16 and fp32 tensors, concat, a batched matmul
     with a broadcast operand, sums without keepdims and over two axes, a scalar operand, a saved

@@ -35,7 +35,7 @@ def _groups():
         g[f"naive_bs{bs}"] = [emit_cuda(naive_lowering(get_program(n, bs)),
                                         prefix=f"{n}_naive_bs{bs}") for n in NAMES]
     g["small"] = [emit_cuda(cc.small_rmsnorm_matmul()), emit_cuda(cc.small_attention()),
-                  emit_cuda(cc.mixed_block_ops()),
+                  emit_cuda(cc.attention_row_sums_after_loop()), emit_cuda(cc.mixed_block_ops()),
                   emit_cuda(naive_lowering(cc.kernel_ops_program()))]
     return g
 

@@ -253,3 +253,21 @@ def test_computed_fp32_operands_are_swizzled_for_fragment_reads():
     tile, reads = _fragment_a_reads(pv, kp.info, g.ops[0].block.threads)
     assert tile == "e"
     assert cost(reads, Swizzle.identity()) >= 4 * cost(reads, kp.swizzles["e"])
+
+
+def test_sum_of_a_fragment_value_accumulates_in_registers():
+    """accum.sum(e) where e = exp(scores) is computed on the score fragments: the running sum
+    stays in registers (added where e is computed, no accumulate step), goes to shared memory
+    once after the loop for the row reduction, and its buffer is live only from then on."""
+    g = cc.attention_row_sums_after_loop()
+    kp = plan_graph(g).kernels[0]
+    sched = kp.schedule
+    assert sched.registers["esum"].carried and "esum" in sched.spilled
+    (step,) = [s for s in sched.steps if s.writes == "e"]
+    assert step.frag == "s" and step.also == "esum"
+    assert not [s for s in sched.steps if s.kind == ACCUMULATE]
+    buf = next(b for b in kp.smem.buffers if b.name == "esum")
+    assert buf.start > max(sched.stages["body"])
+    # without tensor cores nothing is in registers: an accumulate step adds e into esum
+    plain = plan_graph(g, tensor_cores=False).kernels[0].schedule
+    assert [s.writes for s in plain.steps if s.kind == ACCUMULATE] == ["esum"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 from ..layout.plan import KernelPlan
 from ..layout.schedule import ACCUMULATE, COMPUTE, INIT, LOAD, SAVE, Step
 from ..layout.tensors import DevicePlan
+from ..targets import Target
 from ..lax.ops import OPS
 from ..ugraph.graph import AXES, BlockOp, Fused, GraphKernel, InputIter, OutputSaver
 from ..ugraph.printing import format_block
@@ -40,8 +41,9 @@ def _const_ints(decls: list[str]) -> list[str]:
 
 class BlockKernelEmitter:
     def __init__(self, gk: GraphKernel, kplan: KernelPlan, device: DevicePlan, kernel: str,
-                 tensor_cores: bool = True):
+                 tensor_cores: bool = True, target: Target | None = None):
         self.gk, self.bg, self.plan, self.device = gk, gk.block, kplan, device
+        self.target = target
         self.tensor_cores = tensor_cores
         self.info = kplan.info
         self.kernel = kernel
@@ -176,9 +178,17 @@ class BlockKernelEmitter:
                                                f"{self.tile(it.out)}[{self.sw(it.out, 'i')}] = "
                                                f"{src}[{off}];"])]
 
-    def _result(self, st: Step, value: str) -> str:
+    def _result(self, st: Step, value: str) -> list[str]:
+        """Store an element-wise step's ``value`` for element ``i`` (inside a fragment loop:
+        into a register accumulator where the schedule keeps one)."""
+        if st.frag and st.writes in self.reg_acc:  # folded into a register sum accumulator
+            return [f"{self.regs(st.writes)}[fr][fj][fi] += {value};"]
         op = "+=" if st.into else "="
-        return f"{self.tile(st.writes)}[{self.sw(st.writes, 'i')}] {op} {value};"
+        store = f"{self.tile(st.writes)}[{self.sw(st.writes, 'i')}] {op}"
+        if st.also is None:
+            return [f"{store} {value};"]
+        return [f"const float f_val = {value};", f"{store} f_val;",
+                f"{self.regs(st.also)}[fr][fj][fi] += f_val;  // {st.also} += {st.node.out}"]
 
     def _header(self, st: Step, text: str) -> str:
         return f"// {text}" + (f", added into {st.writes}" if st.into else "")
@@ -206,7 +216,7 @@ class BlockKernelEmitter:
                 consts = tuple(None if isinstance(o, str) else o for o in t.operands)
                 env[t.out] = vals(t.out)
                 body.append(f"const float {env[t.out]} = {elementwise(t.op, args, consts)};")
-            body.append(self._result(st, env[n.thread.ops[-1].out]))
+            body += self._result(st, env[n.thread.ops[-1].out])
         else:
             text = f"{n.out} = {n.op}({', '.join(map(str, n.operands))})"
             args = []
@@ -218,7 +228,7 @@ class BlockKernelEmitter:
                 else:
                     args.append(flit(o))
             consts = tuple(None if isinstance(o, str) else o for o in n.operands)
-            body.append(self._result(st, elementwise(n.op, args, consts)))
+            body += self._result(st, elementwise(n.op, args, consts))
         if st.frag:
             return [self._header(st, text + f", from {st.frag}'s fragments in registers"),
                     *self.fragment_loop(self.reg_acc[st.frag], body)]
@@ -356,7 +366,7 @@ class BlockKernelEmitter:
             cond = f"{kw} ({cax} < {hi}) " if j < len(n.operands) - 1 else "else "
             body.append(f"{cond if len(n.operands) > 1 else ''}v = {self.read(t, off)};")
             lo = hi
-        body.append(self._result(st, "v"))
+        body += self._result(st, "v")
         return [self._header(st, f"{n.out} = concat({', '.join(n.operands)}) axis={ax}"),
                 *self.loop(prod(out_shape), body)]
 
@@ -426,10 +436,21 @@ class BlockKernelEmitter:
         return out
 
     # -- the kernel -----------------------------------------------------------------------------
+    def one_block_per_sm(self, smem_bytes: int) -> bool:
+        """Do threads or shared memory alone leave room for only one resident block per SM?"""
+        t = self.target
+        if t is None:
+            return False
+        blocks = t.max_threads_per_sm // self.T
+        if smem_bytes:
+            blocks = min(blocks, t.smem_per_sm // (smem_bytes + t.smem_reserved_per_block))
+        return blocks <= 1
+
     def emit(self) -> tuple[str, LaunchSpec]:
         sched, smem = self.plan.schedule, self.plan.smem
         spec = LaunchSpec(self.kernel, self.plan.index, self.bg.grid, (self.T, 1, 1),
-                          smem.total_bytes, tuple(self.in_params + self.out_params))
+                          smem.total_bytes, tuple(self.in_params + self.out_params),
+                          1 if self.one_block_per_sm(smem.total_bytes) else 0)
         lines = [f"// {'-' * 94}", f"// graph-defined kernel #{self.plan.index}: "
                  f"grid {self.bg.grid}, {self.T} threads, for-loop of {self.F}"]
         outs = ", ".join(f"{t.name}: {t.shape} {t.dtype}" for t in self.gk.outputs)
@@ -497,5 +518,6 @@ _SEGMENT_TEXT = {"pre": "before the loop", "body": "loop body", "post": "after t
 
 
 def emit_block_kernel(gk: GraphKernel, kplan: KernelPlan, device: DevicePlan,
-                      kernel: str, tensor_cores: bool = True) -> tuple[str, LaunchSpec]:
-    return BlockKernelEmitter(gk, kplan, device, kernel, tensor_cores).emit()
+                      kernel: str, tensor_cores: bool = True,
+                      target: Target | None = None) -> tuple[str, LaunchSpec]:
+    return BlockKernelEmitter(gk, kplan, device, kernel, tensor_cores, target).emit()

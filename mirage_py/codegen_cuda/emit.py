@@ -98,7 +98,8 @@ def emit_cuda(graph: Any, target: Any = "h100", prefix: str | None = None,
         if isinstance(op, GraphKernel):
             outs = "_".join(t.name for t in op.outputs)
             name = kernel_names(f"{prefix}_k{k}_graph_{outs}"[:80])
-            text, spec = emit_block_kernel(op, plan.kernels[k], plan.device, name, tensor_cores)
+            text, spec = emit_block_kernel(op, plan.kernels[k], plan.device, name, tensor_cores,
+                                           plan.target)
         else:
             name = kernel_names(f"{prefix}_k{k}_{op.op}_{op.output.name}"[:80])
             text, spec = emit_kernel_op(op, k, plan.device, name, tensor_cores)

@@ -38,7 +38,7 @@ def cache_dir() -> Path:
     return d
 
 
-_SIGNATURE = re.compile(r'extern "C" __global__ void __launch_bounds__\(\d+\)\s*(\w+)\((.*?)\)\s*\{',
+_SIGNATURE = re.compile(r'extern "C" __global__ void __launch_bounds__\(\d+(?:, \d+)?\)\s*(\w+)\((.*?)\)\s*\{',
                         re.DOTALL)
 _PARAM = re.compile(r"(const )?(\w+)\* __restrict__ \w+")
 

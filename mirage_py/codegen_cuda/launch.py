@@ -26,6 +26,12 @@ class LaunchSpec:
     block: tuple[int, int, int]
     smem_bytes: int  # dynamic shared memory per block
     params: tuple[KernelParam, ...]
+    # blocks per SM promised to ptxas (__launch_bounds__'s second argument; 0: not declared).
+    # Declared as 1 when threads or shared memory allow only one resident block anyway: told
+    # the thread count alone, ptxas may budget registers for more blocks than can ever be
+    # resident (it held a 512-thread attention kernel with 128 KB of shared memory to 64
+    # registers, and it spilled). Otherwise ptxas chooses.
+    min_blocks: int = 0
 
     @property
     def threads(self) -> int:
@@ -33,5 +39,6 @@ class LaunchSpec:
 
     def signature(self) -> str:
         args = ",\n    ".join(p.decl() for p in self.params)
-        return (f'extern "C" __global__ void __launch_bounds__({self.threads})\n'
+        bounds = f"{self.threads}, {self.min_blocks}" if self.min_blocks else f"{self.threads}"
+        return (f'extern "C" __global__ void __launch_bounds__({bounds})\n'
                 f"{self.kernel}(\n    {args})")

@@ -25,7 +25,7 @@ The loop needs a barrier at the end of each iteration only when its body has mor
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..lax.ops import DTYPES, OPS
@@ -54,6 +54,7 @@ class Step:
     vector: int = 1  # elements per 16-byte copy of a vectorised load or store (1: scalar)
     into: bool = False  # a compute step that adds its result into the accumulator ``writes``
     frag: str | None = None  # an epilogue computed on this register accumulator's fragments
+    also: str | None = None  # a register sum accumulator this fragment step also adds into
 
     @property
     def flat(self) -> bool:
@@ -184,16 +185,20 @@ def _fragment_reader(node: Any, info: BlockInfo, tiles: dict, phase: str) -> str
 
 
 def register_tiles(bg: BlockGraph, info: BlockInfo,
-                   folded: dict[str, str]) -> tuple[dict, dict[str, str]]:
+                   folded: dict[str, str]) -> tuple[dict, dict[str, str], dict[str, str]]:
     """Tiles held as mma fragments in registers, and the operators that compute from them.
 
     * loop accumulators of tensor-core matmuls (:func:`register_accumulators`), read after the
       loop by *register epilogues* -- element-wise or fused operators on their fragments;
     * one iteration's tensor-core matmul result (such as an attention score tile) whose every
       reader is an element-wise or fused operator of the loop body that can compute on its
-      fragments (the exp of the scores): it never touches shared memory.
+      fragments (the exp of the scores): it never touches shared memory;
+    * a sum accumulator of a value computed on such fragments (the running sum of the exp of
+      the scores): it keeps the fragments' tiling and is added to where the value is computed,
+      with no accumulate step of its own.
 
-    Returns (tile -> RegisterAccumulator, operator output -> the register tile it reads)."""
+    Returns (tile -> RegisterAccumulator, operator output -> the register tile it reads,
+    value -> the register sum accumulator it is added into)."""
     tiles = register_accumulators(bg, info, folded)
     readers: dict[str, list[Any]] = {}
     for node in bg.ops:
@@ -215,7 +220,16 @@ def register_tiles(bg: BlockGraph, info: BlockInfo,
             t = _fragment_reader(node, info, owners, phase)
             if t is not None:
                 frags[node.out] = t
-    return tiles, frags
+    adds: dict[str, str] = {}
+    for node in bg.ops:
+        if not isinstance(node, Accum) or node.kind != "sum" or node.out in tiles:
+            continue
+        owner = tiles.get(frags.get(node.input, ""))
+        if owner is not None and not owner.carried and \
+                tuple(info.shapes[node.out]) == tuple(info.shapes[node.input]):
+            tiles[node.out] = replace(owner, carried=True)
+            adds[node.input] = node.out
+    return tiles, frags, adds
 
 
 def schedule_block(bg: BlockGraph, info: BlockInfo, input_layouts: list[TensorLayout],
@@ -224,7 +238,7 @@ def schedule_block(bg: BlockGraph, info: BlockInfo, input_layouts: list[TensorLa
                    tensor_cores: bool = True) -> BlockSchedule:
     """Group the block graph's steps into stages (see the module docstring)."""
     folded = fold_into_accumulators(bg, info)
-    registers, frags = register_tiles(bg, info, folded) if tensor_cores else ({}, {})
+    registers, frags, adds = register_tiles(bg, info, folded) if tensor_cores else ({}, {}, {})
     raw: list[tuple[str, str, Any, str | None, tuple[str, ...], int, bool]] = []
     for node in bg.ops:
         if isinstance(node, InputIter):
@@ -240,7 +254,7 @@ def schedule_block(bg: BlockGraph, info: BlockInfo, input_layouts: list[TensorLa
             raw.append((COMPUTE, seg, node, acc or node.out, reads, 1, acc is not None))
         elif isinstance(node, Accum):
             raw.append((INIT, "pre", node, node.out, (), 1, False))
-            if node.input not in folded:
+            if node.input not in folded and adds.get(node.input) != node.out:
                 raw.append((ACCUMULATE, "body", node, node.out, (node.input,), 1, False))
         elif isinstance(node, OutputSaver):
             vec = 1 if output_layouts is None else \
@@ -257,7 +271,8 @@ def schedule_block(bg: BlockGraph, info: BlockInfo, input_layouts: list[TensorLa
         for kind, _, node, out, reads, vec, into in mine:
             stage = top + 1 if lean else start
             frag = frags.get(getattr(node, "out", None)) if kind == COMPUTE else None
-            flat_probe = Step(kind, node, seg, 0, out, reads, vec, into, frag)
+            also = adds.get(node.out) if frag is not None and not into else None
+            flat_probe = Step(kind, node, seg, 0, out, reads, vec, into, frag, also)
             if frag is not None:  # after the fragments' producer (its stage is fine)
                 w = writer.get(frag)
                 if w is not None and w.segment == seg:
@@ -272,7 +287,7 @@ def schedule_block(bg: BlockGraph, info: BlockInfo, input_layouts: list[TensorLa
                     stage = max(stage, w.stage)
                 else:
                     stage = max(stage, w.stage + 1)
-            step = Step(kind, node, seg, stage, out, reads, vec, into, frag)
+            step = Step(kind, node, seg, stage, out, reads, vec, into, frag, also)
             placed.append(step)
             if out is not None:
                 writer[out] = step

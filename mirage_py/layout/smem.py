@@ -62,6 +62,13 @@ def live_ranges(sched: BlockSchedule, info: BlockInfo,
     in_registers = set(sched.registers) - set(sched.spilled)  # never stored in shared memory
     for t in in_registers:
         start.pop(t, None)
+    # a register accumulator spilled after the loop is stored there (frags_to_smem) and read
+    # after it: its buffer is live from the loop's last stage on -- overlapping body tiles only
+    # if a barrier closes every iteration, since the spill follows the loop without one
+    for t in sched.spilled:
+        if sched.registers[t].carried and t in start and body:
+            start[t] = body[-1] + (1 if sched.loop_barrier else 0)
+            end[t] = max(end[t], start[t])
     return [Buffer(t, tile_bytes(info.shapes[t], info.dtypes[t]) * copies[t], 0,
                    max(end[t], last)) if t in copies else
             Buffer(t, tile_bytes(info.shapes[t], info.dtypes[t]), start[t], end[t])
