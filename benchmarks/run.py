@@ -51,7 +51,7 @@ def run_one(name: str, bs: int, target: str, workers: int | None, check: bool,
     import mirage_py as mp
     from benchmarks.fixtures import hand_built
     from benchmarks.programs import get_inputs, get_program
-    from mirage_py.cost_model import bytes_moved, estimate_us
+    from mirage_py.cost_model import bytes_moved
 
     p = get_program(name, bs)
     t0 = time.perf_counter()
@@ -74,7 +74,7 @@ def run_one(name: str, bs: int, target: str, workers: int | None, check: bool,
         "bytes_found": bytes_moved(opt.graph, target),
         "predicted_us_naive": round(opt.naive_estimated_time_us, 3),
         "predicted_us_found": round(opt.estimated_time_us, 3),
-        "predicted_us_fixture": round(estimate_us(fixture, target), 3),
+        "predicted_us_fixture": round(opt.model.predict(fixture, target), 3),
         "bound": max((v.bound for v in opt.verification if v is not None), default=None),
         "all_verified": all(v is not None and v.equivalent for v in opt.verification),
         "sources": [pr.source for pr in opt.parts],

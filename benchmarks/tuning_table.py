@@ -29,17 +29,18 @@ RESULTS = os.path.join(ROOT, "benchmarks", "results")
 
 def coordinate_descent(part, target, ranked, top: int) -> float:
     """The generator's own tuner (Searcher.tune: part counts only) on the same structures."""
-    from mirage_py.cost_model import estimate_us
     from mirage_py.generator.kernel_search import Searcher
+    from mirage_py.superopt import default_model
     s = Searcher(part, target)
-    cost = lambda g: estimate_us(g, target)  # noqa: E731
+    model = default_model()  # the model superopt tunes with
+    cost = lambda g: model.predict(g, target)  # noqa: E731
     return min((cost(s.tune(c, cost).graph) for _, c in ranked[:top]), default=float("nan"))
 
 
 def run_one(name: str, bs: int, target: str, workers: int, measure: bool) -> dict:
     import mirage_py as mp
     from benchmarks.programs import get_program
-    from mirage_py.superopt import _parallel_search, _rank
+    from mirage_py.superopt import _parallel_search, _rank, default_model
     from mirage_py.targets import get_target
     from mirage_py.tuning import ModelRunner
 
@@ -47,7 +48,7 @@ def run_one(name: str, bs: int, target: str, workers: int, measure: bool) -> dic
     p = get_program(name, bs)
     t0 = time.perf_counter()
     opt = mp.superopt(p, target=target, workers=workers, progress=False, database=False,
-                      runner=ModelRunner())
+                      runner=ModelRunner(default_model()))
     wall = time.perf_counter() - t0
     (part,) = opt.parts  # every benchmark is one verifiable part
     rec = {

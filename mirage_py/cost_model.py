@@ -50,7 +50,12 @@ latency-bound, so the search's branch and bound would drop looped structures tha
   ``r = min(max_blocks_per_sm, max_threads_per_sm // T, regs_per_sm // (T * REGS_PER_THREAD),
   smem_per_sm // (S_s + smem_reserved_per_block))`` with ``S_s = S + (s - 1) * S_body``
   (each extra pipeline stage holds another copy of the per-iteration input tiles). ``r = 0``
-  (the stages do not fit) makes the kernel impossible: infinite time.
+  (the stages do not fit) makes the kernel impossible: infinite time. With a ``smem_planner``
+  (what ``superopt`` ranks and tunes with) ``S_s`` and ``s`` are instead the layout planner's:
+  buffers reused across stages, register accumulators left out, the pipeline depth code
+  generation really uses (lowered until the buffers fit; 1 for loops whose loads go straight
+  into accumulators). Validation's bound overestimates that by 1-2.5x (mqa bs 1: 98 KB bound
+  vs 56 KB planned); the search's pruning keeps the bound, which costs nothing to compute.
 * **waves**: ``slots = sm_count * r``; the grid runs as ``B // slots`` full waves and one partial
   wave of ``B % slots`` blocks. A wave of ``n`` blocks puts ``q = ceil(n / sm_count)`` blocks on
   the busiest SM, so a partial wave costs as much as a full one whenever ``q`` is the same
@@ -245,7 +250,7 @@ def sector_factor(src: Any, tile: tuple[int, ...]) -> float:
 
 
 def _graph_kernel_cost(op: GraphKernel, info, tensors: dict, t: Target, stages: int,
-                       inter: set[str]) -> KernelCost:
+                       inter: set[str], planned: tuple[int, int] | None = None) -> KernelCost:
     bg = op.block
     B, T, F = bg.num_blocks, bg.threads, bg.forloop
     shapes, phases = info.shapes, info.phases
@@ -274,8 +279,11 @@ def _graph_kernel_cost(op: GraphKernel, info, tensors: dict, t: Target, stages: 
             simt += _steps(_size(shapes[n.out]), T) * len(n.thread.ops) * reps * B
         elif isinstance(n, Accum) and n.input not in mm_outs:  # MMAs accumulate in place
             simt += _steps(_size(shapes[n.out]), T) * F * B
-    stages = min(stages, F)  # a loop of F iterations has at most F of them in flight
-    smem = info.smem_bytes + (stages - 1) * int(body_tiles)
+    if planned is not None:  # the layout planner's footprint and pipeline depth
+        smem, stages = planned
+    else:
+        stages = min(stages, F)  # a loop of F iterations has at most F of them in flight
+        smem = info.smem_bytes + (stages - 1) * int(body_tiles)
     r = occupancy(t, T, smem)
     slots = t.sm_count * max(r, 1)
     nbytes = dram = loaded = reads = ib = 0.0
@@ -322,11 +330,25 @@ def _graph_kernel_cost(op: GraphKernel, info, tensors: dict, t: Target, stages: 
                       total[1], total[2], total[3], total[4], ib, "graph", dram, loaded)
 
 
-def kernel_costs(graph: Any, target: Any = "h100") -> list[KernelCost]:
-    """Per-kernel predictions, in launch order (see the module docstring for the formulas)."""
+def kernel_costs(graph: Any, target: Any = "h100",
+                 smem_planner: Any = None) -> list[KernelCost]:
+    """Per-kernel predictions, in launch order (see the module docstring for the formulas).
+
+    ``smem_planner(graph, target, stages, infos) -> {kernel index: (bytes, pipeline depth)}``
+    gives graph-defined kernels' shared memory as code generation lays it out (buffers reused
+    across stages, register accumulators left out; ``layout.planned_shared_memory``) instead of
+    validation's bound plus pipeline copies. A graph the planner cannot lay out costs infinite
+    time."""
     g, stages = unpack(graph)
     t = get_target(target)
     infos = validate(g, t)
+    planned: dict = {}
+    if smem_planner is not None:
+        try:
+            planned = smem_planner(g, t, stages, infos)
+        except MirageError:
+            planned = {k: (t.smem_per_block + 1, 1) for k, op in enumerate(g.ops)
+                       if isinstance(op, GraphKernel)}
     tensors = g.tensors()
     produced = {x.name for op in g.ops for x in op.outputs}
     inter = produced - set(g.outputs)
@@ -340,13 +362,13 @@ def kernel_costs(graph: Any, target: Any = "h100") -> list[KernelCost]:
             gi += 1
             if s < 1:
                 raise MirageError(f"cost model: {s} pipeline stages for graph kernel {gi - 1}")
-            out.append(_graph_kernel_cost(op, infos[k], tensors, t, s, inter))
+            out.append(_graph_kernel_cost(op, infos[k], tensors, t, s, inter, planned.get(k)))
     return out
 
 
-def estimate_us(graph: Any, target: Any = "h100") -> float:
+def estimate_us(graph: Any, target: Any = "h100", smem_planner: Any = None) -> float:
     """Predicted time of the whole kernel graph (kernels run one after another)."""
-    return sum(c.us for c in kernel_costs(graph, target))
+    return sum(c.us for c in kernel_costs(graph, target, smem_planner))
 
 
 def bytes_moved(graph: Any, target: Any = "h100") -> float:
@@ -354,15 +376,19 @@ def bytes_moved(graph: Any, target: Any = "h100") -> float:
 
 
 class AnalyticModel:
-    """The formulas above behind the ``predict`` interface."""
+    """The formulas above behind the ``predict`` interface; ``smem_planner`` as in
+    :func:`kernel_costs` (``superopt`` passes the layout planner's)."""
 
     name = "analytic"
 
+    def __init__(self, smem_planner: Any = None):
+        self.smem_planner = smem_planner
+
     def predict(self, graph: Any, target: Any) -> float:
-        return estimate_us(graph, target)
+        return estimate_us(graph, target, self.smem_planner)
 
     def kernel_costs(self, graph: Any, target: Any) -> list[KernelCost]:
-        return kernel_costs(graph, target)
+        return kernel_costs(graph, target, self.smem_planner)
 
 
 class RandomModel:

@@ -37,6 +37,7 @@ from .cost_model import AnalyticModel, create as create_model
 from .errors import MirageError, SerializationError
 from .generator.kernel_search import Candidate, SearchStats, search, trace_from_json
 from .lax.partition import partition
+from .layout.plan import planned_shared_memory
 from .lax.program import Program
 from .targets import get_target
 from .tuning.annotations import AnnotatedGraph, Schedule, threads_of
@@ -220,8 +221,8 @@ def superopt(program: Program, *, target: Any = "h100", time_budget_s: float | N
     if not isinstance(program, Program):
         raise MirageError(f"superopt: expected a Program, got {type(program).__name__}")
     tgt = get_target(target)
-    model = create_model(cost_model) if isinstance(cost_model, str) else \
-        (cost_model or AnalyticModel())
+    model = default_model() if cost_model in (None, "analytic") else \
+        create_model(cost_model) if isinstance(cost_model, str) else cost_model
     runner = runner if runner is not None else default_runner(model)
     db = open_database(database)
     if workers is None:
@@ -299,9 +300,15 @@ def superopt(program: Program, *, target: Any = "h100", time_budget_s: float | N
 Option = tuple  # (predicted us, AnnotatedGraph, untuned us, Schedule | None)
 
 
+def default_model() -> AnalyticModel:
+    """The analytic cost model with shared memory as the layout planner lays it out: what
+    superopt ranks, tunes and reports with."""
+    return AnalyticModel(smem_planner=planned_shared_memory)
+
+
 def _rank(cands: list[Candidate], target, model=None) -> list[tuple[float, Candidate]]:
     """Candidates by (predicted time, structural hash), duplicates dropped: deterministic."""
-    model = model or AnalyticModel()
+    model = model or default_model()
     out = {}
     for c in cands:
         h = c.graph.structural_hash()
@@ -488,7 +495,7 @@ class OptimizedProgram:
         self.target = target
         self.parts = parts
         self.search_seconds = search_seconds
-        self.model = model or AnalyticModel()
+        self.model = model or default_model()
         # superopt hands over the partition it already made; a loaded result makes it again
         self.partition = partitioned if partitioned is not None else \
             partition(program, uninterpreted=True)

@@ -205,3 +205,35 @@ def test_targets_hold_the_issue_figures():
         "sm_90"
     assert TARGETS["h100"].mem_bw == 3.0e12 and TARGETS["h200"].mem_bw == 4.3e12
     assert TARGETS["h100"].tc_flops == TARGETS["h200"].tc_flops == 790e12
+
+
+def test_planned_shared_memory_is_what_code_generation_lays_out():
+    """With the layout planner's footprint (what superopt ranks with), the model's shared memory
+    and pipeline depth are those of the plan code generation uses; validation's bound is an
+    upper bound of it. A loop whose loads go into accumulators keeps the requested depth."""
+    from benchmarks.fixtures import hand_built
+    from mirage_py.layout import plan_graph, planned_shared_memory
+    from mirage_py.superopt import default_model
+    model = default_model()
+    for name in ("gqa", "rmsnorm_linear", "ntrans"):
+        g = AnnotatedGraph(hand_built(name, 1), (3, 3))
+        plan = plan_graph(g.graph, "h100", g.stages_full())
+        planned = planned_shared_memory(g.graph, "h100", g.stages_full())
+        rough = kernel_costs(g, "h100")
+        for c, (k, kp), r in zip(model.kernel_costs(g, "h100"), plan.kernels.items(), rough):
+            assert planned[k][0] == kp.smem.total_bytes == c.smem <= r.smem
+            if kp.pipelined:
+                assert c.stages == kp.pipeline
+            else:
+                assert c.stages == min(3, g.graph.ops[k].block.forloop)
+    # four stages exceed shared memory under the bound (impossible), not as planned: the
+    # planner reuses buffers (and would lower the depth until they fit)
+    big = matmul_graph(256, 4096, 256, 128, 128, 64, threads=256)
+    assert math.isinf(estimate_us(AnnotatedGraph(big, (4,)), "h100"))
+    (c,) = model.kernel_costs(AnnotatedGraph(big, (4,)), "h100")
+    assert c.smem <= H100.smem_per_block and c.us < math.inf
+
+    def cannot(*_):
+        from mirage_py.layout import LayoutError
+        raise LayoutError("does not fit")
+    assert math.isinf(AnalyticModel(smem_planner=cannot).predict(big, "h100"))

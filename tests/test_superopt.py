@@ -10,7 +10,6 @@ from hypothesis import strategies as st
 import mirage_py as mp
 from benchmarks.fixtures import hand_built
 from benchmarks.programs import NAMES, get_inputs, get_program
-from mirage_py.cost_model import estimate_us
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -18,7 +17,7 @@ def test_benchmark_found_verified_and_no_worse_than_the_fixture(name, superopt_b
     opt = superopt_bs1(name)
     assert all(v.equivalent and v.bound <= 1e-9 for v in opt.verification)
     assert opt.num_kernels < opt.naive_num_kernels
-    fixture_us = estimate_us(hand_built(name, 1), "h100")
+    fixture_us = opt.model.predict(hand_built(name, 1), "h100")  # the model opt ranked with
     assert opt.estimated_time_us <= fixture_us * 1.0001, (opt.estimated_time_us, fixture_us)
     x = get_inputs(name, 1, seed=3)
     ref = get_program(name, 1).evaluate(x)
@@ -36,7 +35,7 @@ def test_batch_8_no_worse_than_the_fixture(name):
     after tuning, which it gets because the structures to tune are chosen for diversity)."""
     opt = mp.superopt(get_program(name, 8), workers=2, progress=False, database=False)
     assert all(v.equivalent for v in opt.verification)
-    fixture_us = estimate_us(hand_built(name, 8), "h100")
+    fixture_us = opt.model.predict(hand_built(name, 8), "h100")
     assert opt.estimated_time_us <= fixture_us * 1.0001, (opt.estimated_time_us, fixture_us)
 
 

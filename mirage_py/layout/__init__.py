@@ -3,7 +3,7 @@ a workspace for intermediates, block operators grouped into barrier stages, and 
 plan that reuses the space of tiles that are no longer live."""
 
 from .intervals import Buffer, first_fit
-from .plan import GraphPlan, KernelPlan, LayoutError, plan_graph
+from .plan import GraphPlan, KernelPlan, LayoutError, plan_graph, planned_shared_memory
 from .schedule import BlockSchedule, Step, schedule_block, vector_width
 from .smem import SmemPlan, plan_shared_memory
 from .tensors import DevicePlan, TensorLayout, dense_layout, padded_layout, plan_device_memory

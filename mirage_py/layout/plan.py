@@ -60,6 +60,20 @@ def plan_graph(graph: KernelGraph, target: Any = "h100",
     infos = validate(graph, tgt)
     device = plan_device_memory(graph, infos)
     kernels = {}
+    for k, (op, sched, smem, depth, tiles) in _memory_plans(graph, tgt, infos, device, stages,
+                                                             tensor_cores).items():
+        kernels[k] = KernelPlan(k, infos[k], sched, smem,
+                                plan_swizzles(op.block, infos[k], sched), depth, tiles)
+    plan = GraphPlan(graph, tgt, device, kernels)
+    check_fits(plan, tgt)
+    return plan
+
+
+def _memory_plans(graph: KernelGraph, tgt: Target, infos: dict, device: DevicePlan,
+                  stages: Sequence[int] | None, tensor_cores: bool) -> dict[int, tuple]:
+    """Per graph-defined kernel: (op, schedule, shared-memory plan, pipeline depth, pipelined
+    tiles) -- everything of its plan but the swizzles."""
+    out = {}
     ordinal = -1
     for k, op in enumerate(graph.ops):
         if not isinstance(op, GraphKernel):
@@ -89,11 +103,35 @@ def plan_graph(graph: KernelGraph, target: Any = "h100",
             depth -= 1
         if depth == 1:
             tiles = ()
-        kernels[k] = KernelPlan(k, info, sched, smem, plan_swizzles(op.block, info, sched),
-                                depth if tiles else 1, tiles)
-    plan = GraphPlan(graph, tgt, device, kernels)
-    check_fits(plan, tgt)
-    return plan
+        out[k] = (op, sched, smem, depth if tiles else 1, tiles)
+    return out
+
+
+def planned_shared_memory(graph: KernelGraph, target: Any = "h100",
+                          stages: Sequence[int] | None = None,
+                          infos: dict | None = None) -> dict[int, tuple[int, int]]:
+    """(bytes of shared memory, loads in flight) of each graph-defined kernel as code
+    generation will lay it out -- buffers reused across stages, register accumulators left out,
+    pipeline buffers included -- without choosing swizzles (which do not change the bytes). For
+    cost models that want the real footprint rather than validation's bound. ``infos``: the
+    graph's ``validate`` result, when the caller has it.
+
+    Loads in flight: the cp.async pipeline's depth (lowered until the buffers fit). A loop with
+    no cp.async tiles -- its loads go straight into accumulators -- keeps the requested depth
+    (capped by the loop): its iterations are independent loads into registers, which ptxas
+    overlaps by unrolling (the combine kernels' SASS issues four LDG.128 back to back)."""
+    tgt = get_target(target)
+    infos = infos if infos is not None else validate(graph, tgt)
+    device = plan_device_memory(graph, infos)
+    out = {}
+    for ordinal, (k, (op, _, smem, depth, tiles)) in enumerate(
+            _memory_plans(graph, tgt, infos, device, stages, True).items()):
+        if not tiles:
+            want = DEFAULT_PIPELINE if stages is None or ordinal >= len(stages) \
+                else stages[ordinal]
+            depth = min(max(1, int(want)), op.block.forloop)
+        out[k] = (smem.total_bytes, depth)
+    return out
 
 
 def check_fits(plan: GraphPlan, target: Any) -> None:
