@@ -111,3 +111,31 @@ def test_aligned_tiles_move_in_128_bit_accesses(fixtures_sm90):
             assert st.global_stores_128 > 0 and sum(st.stg.values()) == st.global_stores_128, \
                 (spec.kernel, st.stg)
     assert vector_loads >= 10 and vector_stores >= 5
+
+
+def test_warpgroup_mma_on_sm90a_and_mma_sync_elsewhere():
+    """Tile matmuls that qualify for the warpgroup MMA (see layout/mma.py) compile to HGMMA for
+    sm_90a -- with no local memory, and with the k-steps of a block issued back to back (ptxas
+    does not serialise them) -- and to HMMA for sm_90, from the same source."""
+    import sys
+    from pathlib import Path
+    from mirage_py.codegen_cuda.sass import compile_cubin, count_sass, disassemble
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_codegen_mma import WGMMA_CASES, block_matmul
+    sources = [emit_cuda(block_matmul(c, *a), "h100", prefix=f"wg_{c}")
+               for c, a in WGMMA_CASES.items()]
+    tu = translation_unit(sources)
+    hopper, plain = sass_stats(tu, "sm_90a"), sass_stats(tu, "sm_90")
+    for src in sources:
+        (spec,) = src.launches
+        a, p = hopper[spec.kernel], plain[spec.kernel]
+        assert a.hgmma > 0 and a.hmma == 0 and not a.local_memory, (spec.kernel, a.opcodes)
+        assert p.hmma > 0 and p.hgmma == 0 and not p.local_memory, spec.kernel
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        loop = translation_unit([sources[0]])  # 128-byte rows, 4 k-steps per iteration
+        build = compile_cubin(loop, "sm_90a", out_dir=tmp)
+        assert build.nvcc.performance_notes == []
+        (text,) = disassemble(build.path).values()
+    s = count_sass("k", text)
+    assert s.hgmma == 4  # one HGMMA.64x64x16 per k-step, issued without waits between

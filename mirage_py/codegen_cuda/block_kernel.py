@@ -26,7 +26,7 @@ from .cexpr import (CTYPES, Names, broadcast_coords, elementwise, flit, linear, 
                     prune_unused, row_major, declare_coords)
 from .errors import CodegenError
 from .launch import KernelParam, LaunchSpec
-from ..layout.mma import mma_config
+from ..layout.mma import tile_matmul
 from ..layout.swizzle import Swizzle
 
 BLOCK_IDX = ("blockIdx.x", "blockIdx.y", "blockIdx.z")
@@ -277,21 +277,36 @@ class BlockKernelEmitter:
                 pre = f"const int {', '.join(used)}; " if used else ""
                 return f"[](int bt) {{ {pre}return {off}; }}"
             offsets = (batch_offset(sa), batch_offset(sb))
-        mma = mma_config(prod(batch), m, nn, self.T, self.info.dtypes[a], self.info.dtypes[b]) \
-            if self.tensor_cores else None
+        mma = tile_matmul(n, self.info, self.T).cfg if self.tensor_cores else None
         if mma is None:
             head = self._header(st, f"{n.out} = matmul({a}, {b}): {sa} @ {sb}, fp32 FMA")
             if prod(batch) == 1:
                 return [head, f"tile_matmul<{m}, {nn}, {k}, {self.T}, {acc}>({args});"]
             return [head, f"tile_matmul_batched<{prod(batch)}, {m}, {nn}, {k}, {self.T}, {acc}>(",
                     f"    {args},", f"    {offsets[0]},", f"    {offsets[1]});"]
-        head = self._header(st, f"{n.out} = matmul({a}, {b}): {sa} @ {sb}, tensor cores "
+        how = "warpgroup MMA on sm_90a, else mma.sync" if mma.wgmma else "tensor cores"
+        head = self._header(st, f"{n.out} = matmul({a}, {b}): {sa} @ {sb}, {how} "
                                 f"({mma.etype}, {mma.warps} warps x units of 16 x {8 * mma.ng})")
         swz = [self.plan.swizzles.get(t) for t in (a, b)]
         swz_args = ""
-        if any(swz):
+        if any(swz) or mma.wgmma:
             swz_args = ", " + ", ".join("NoSwizzle" if z is None else swizzle_type(z)
                                         for z in swz)
+        if mma.wgmma:
+            t = tile_matmul(n, self.info, self.T)
+            tiling = f"{t.batch}, {m}, {nn}, {k}, {mma.warps}"
+            call = [f"tile_wgmma<{tiling}, {mma.etype}{swz_args}>(", None,
+                    f"    {offsets[0]},", f"    {offsets[1]});"]
+            if st.writes in self.reg_acc:
+                reg = self.reg_acc[st.writes]
+                decl = [] if reg.carried else [f"float {self.regs(st.writes)}{reg.dims} = {{}};"]
+                call[1] = f"    {self.regs(st.writes)}, {self.tile(a)}, {self.tile(b)},"
+                return [head + " (registers)", *decl, *call]
+            dims = f"[{mma.rounds(t.batch, m, nn)}][{mma.ng}][4]"
+            call[1] = f"    w_acc, {self.tile(a)}, {self.tile(b)},"
+            return [head, "{", f"  float w_acc{dims} = {{}};", *("  " + c for c in call),
+                    f"  frags_to_smem<{tiling}, {mma.ng}, {acc}>({self.tile(st.writes)}, "
+                    "w_acc);", "}"]
         if st.writes in self.reg_acc:
             reg = self.reg_acc[st.writes]
             tparams = f"{reg.tiling}, {mma.etype}{swz_args}"
@@ -436,6 +451,19 @@ class BlockKernelEmitter:
         return out
 
     # -- the kernel -----------------------------------------------------------------------------
+    @property
+    def uses_wgmma(self) -> bool:
+        return self.tensor_cores and any(
+            getattr(n, "op", None) == "matmul" and tile_matmul(n, self.info, self.T).cfg_is_wgmma
+            for n in self.bg.ops)
+
+    def barrier(self) -> str:
+        """A block barrier; with warpgroup MMAs each thread first makes its shared-memory writes
+        visible to the async proxy wgmma reads through."""
+        if self.uses_wgmma:
+            return "fence_view_async_shared(); __syncthreads();"
+        return "__syncthreads();"
+
     def one_block_per_sm(self, smem_bytes: int) -> bool:
         """Do threads or shared memory alone leave room for only one resident block per SM?"""
         t = self.target
@@ -463,7 +491,9 @@ class BlockKernelEmitter:
         lines += [f"// {'-' * 94}", spec.signature() + " {"]
         body: list[str] = []
         if smem.buffers:
-            body.append("extern __shared__ __align__(16) unsigned char smem[];")
+            # one alignment for every kernel of a translation unit (nvcc warns on two); the
+            # dynamic window starts 1 KB aligned, which wgmma's swizzle atoms rely on
+            body.append("extern __shared__ __align__(1024) unsigned char smem[];")
         for buf in sorted(smem.buffers, key=lambda b: (smem.offsets[b.name], b.name)):
             ct = CTYPES[self.info.dtypes[buf.name]]
             z = self.plan.swizzles.get(buf.name)
@@ -482,7 +512,7 @@ class BlockKernelEmitter:
                 body.append(f"{indent}// == stage {arg} ({_SEGMENT_TEXT[seg]}) ==")
                 body += [indent + s for s in self.emit_stage(arg)]
             elif kind == "barrier":
-                body.append(f"{indent}__syncthreads();  // {arg}")
+                body.append(f"{indent}{self.barrier()}  // {arg}")
             elif kind == "loop":
                 if self.plan.pipelined:
                     body.append("")
@@ -503,7 +533,7 @@ class BlockKernelEmitter:
                              f"frags_to_smem<{self.reg_acc[acc].tiling}>({self.tile(acc)}, "
                              f"{self.regs(acc)});"]
                 if sched.spilled and sched.loop_barrier:
-                    body.append("__syncthreads();  // accumulators are complete")
+                    body.append(f"{self.barrier()}  // accumulators are complete")
         lines += ["  " + s if s else "" for s in prune_unused(body)]
         lines.append("}")
         return "\n".join(lines) + "\n", spec

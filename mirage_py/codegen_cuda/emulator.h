@@ -185,7 +185,7 @@ int launch(dim3 grid, dim3 block, size_t smem_bytes, int order,
 }  // namespace
 }  // namespace mp_emu
 
-alignas(16) static unsigned char smem[mp_emu::kSmemBytes];
+alignas(1024) static unsigned char smem[mp_emu::kSmemBytes];  // like a block's window
 
 #define threadIdx (mp_emu::g_current->tid)
 #define blockIdx (mp_emu::g_block_idx)

@@ -18,7 +18,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -67,13 +67,16 @@ def _trampolines(code: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def build_emulator_code(code: str) -> Path:
+def build_emulator_code(code: str, defines: Sequence[str] = ()) -> Path:
     """Compile emitted device code (prelude + kernels) for the CPU into a shared library with one
-    ``emu_<kernel>`` entry point per kernel, cached by source hash; returns its path."""
+    ``emu_<kernel>`` entry point per kernel, cached by source hash; returns its path.
+    ``defines``: macros set before the code (``MIRAGE_NO_WGMMA``: emulate the ``mma.sync``
+    fallback of warpgroup MMAs, which is what the code does on GPUs other than sm_90a)."""
     cxx = shutil.which(os.environ.get("CXX", "g++"))
     if cxx is None:
         raise ToolMissing("the CPU emulator needs a C++17 compiler (g++); set CXX")
-    text = '#include "emulator.h"\n' + code + _trampolines(code)
+    text = '#include "emulator.h"\n' + "".join(f"#define {d}\n" for d in defines) + code + \
+        _trampolines(code)
     key = hashlib.sha256((text + (HERE / "emulator.h").read_text()).encode()).hexdigest()[:24]
     lib = cache_dir() / f"emu_{key}.so"
     if lib.exists():
@@ -92,10 +95,10 @@ def build_emulator_code(code: str) -> Path:
     return lib
 
 
-def build_emulator(sources: CudaSource | list[CudaSource]) -> Path:
+def build_emulator(sources: CudaSource | list[CudaSource], defines: Sequence[str] = ()) -> Path:
     """The emulator library of one or more emitted graphs (distinct prefixes), in one build."""
     sources = [sources] if isinstance(sources, CudaSource) else list(sources)
-    return build_emulator_code(translation_unit(sources))
+    return build_emulator_code(translation_unit(sources), defines)
 
 
 def run_kernel(lib: ctypes.CDLL, kernel: str, pointers: list[int], grid: tuple[int, ...],

@@ -262,7 +262,7 @@ class KernelOpEmitter:
         kb_ok = "" if k % TILE == 0 else f"k0 + ty < {k}"
         done = " && ".join(x for x in (row_ok, col_ok) if x)
         t = TILE
-        body = ["extern __shared__ __align__(16) unsigned char smem[];",
+        body = ["extern __shared__ __align__(1024) unsigned char smem[];",
                 f"float (*a_tile)[{t + 1}] = reinterpret_cast<float (*)[{t + 1}]>(smem);",
                 f"float (*b_tile)[{t + 1}] = reinterpret_cast<float (*)[{t + 1}]>"
                 f"(smem + {t * (t + 1) * 4});",
@@ -313,7 +313,7 @@ class KernelOpEmitter:
         col_ok = "" if n % bn == 0 else f"col < {n}"
         k_ok = "" if k % bk == 0 else f"kk < {k}"
         done = " && ".join(x for x in (row_ok, col_ok) if x)
-        body = ["extern __shared__ __align__(16) unsigned char smem[];",
+        body = ["extern __shared__ __align__(1024) unsigned char smem[];",
                 f"{e}* const a_s = reinterpret_cast<{e}*>(smem);  // ({bm}, {bk})",
                 f"{e}* const b_s = reinterpret_cast<{e}*>(smem + {a_bytes});  // ({bk}, {bn})",
                 f"float* const c_s = reinterpret_cast<float*>(smem + {a_bytes + b_bytes});"

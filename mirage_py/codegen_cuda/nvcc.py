@@ -46,6 +46,8 @@ class NvccResult:
     seconds: float
     command: list[str] = field(default_factory=list)
     output: Path | None = None  # the compiled file, when compile_with_nvcc was given out_dir
+    # ptxas's "Potential Performance Loss" notes (such as serialised wgmma instructions)
+    performance_notes: list[str] = field(default_factory=list)
 
     def for_kernel(self, kernel: str, arch: str) -> KernelResources:
         for r in self.resources:
@@ -164,7 +166,8 @@ def compile_with_nvcc(text: str, archs: tuple[str, ...] = ARCHS, *,
     if res.returncode:
         raise CompileError(f"nvcc failed ({res.returncode}):\n{log[-6000:]}")
     return NvccResult(parse_ptxas(log), _diagnostics(log), seconds, cmd,
-                      None if out_dir is None else dest)
+                      None if out_dir is None else dest,
+                      [ln for ln in log.splitlines() if "Potential Performance Loss" in ln])
 
 
 ARCH_TARGET = {"sm_80": "a100", "sm_90": "h100"}  # the limits each arch is checked against

@@ -32,17 +32,21 @@ def natural_alignment(size: int, align: int) -> int:
     return a
 
 
-def first_fit(buffers: list[Buffer], align: int, pad: bool = True) -> tuple[dict[str, int], int]:
+def first_fit(buffers: list[Buffer], align: int, pad: bool = True,
+              aligns: dict[str, int] | None = None) -> tuple[dict[str, int], int]:
     """Byte offsets such that buffers live at the same time never share a byte; returns
     ``(offsets, total)``. Larger buffers are placed first, each at the lowest offset free over
     its whole live range. With ``pad`` every buffer starts at a multiple of ``align`` and its
     size is rounded up to it; without, a buffer whose size is not a multiple of ``align`` gets
-    its :func:`natural_alignment` and no padding."""
+    its :func:`natural_alignment` and no padding. ``aligns``: a larger alignment for some
+    buffers by name (operands the hardware reads by swizzled absolute address)."""
+    aligns = aligns or {}
+
     def slot(b: Buffer) -> tuple[int, int]:
         size = max(b.size, 1)
         if pad:
-            return align, align_up(size, align)
-        return natural_alignment(size, align), size
+            return max(align, aligns.get(b.name, 1)), align_up(size, align)
+        return max(natural_alignment(size, align), aligns.get(b.name, 1)), size
 
     order = sorted(buffers, key=lambda b: (-slot(b)[1], b.start, b.name))
     offsets: dict[str, int] = {}

@@ -12,6 +12,12 @@ type are read with ``ldmatrix`` unchanged; fp32 tiles (values computed in the bl
 exp of a score tile) are rounded to it when their fragments are loaded -- the same rounding
 FlashAttention-style kernels apply to probabilities before the second matmul. Tensor cores need
 whole warps: a block whose thread count is not a multiple of 32 keeps the fp32 FMA tile matmul.
+On sm_90a a tile matmul can run as Hopper's warpgroup MMA instead (``wgmma.mma_async``
+m64nNk16, operands read from shared memory through matrix descriptors; ``tile_wgmma`` in
+prelude.py) where it pays (:func:`wgmma_config`): each warpgroup of four warps takes whole
+64-row blocks of the output with all its columns, which is exactly the ``mma.sync`` tiling with
+units of 16 x N (``ng = N / 8``), so the register fragments, epilogues and the code compiled for
+other architectures (the same template falls back to ``mma.sync``) are unchanged.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ class MmaConfig:
     warps: int
     ng: int  # 8-column tiles per warp unit
     etype: str  # C storage type of the operands: fp16_t or bf16_t
+    wgmma: bool = False  # warpgroup MMA on sm_90a (units of 16 x N, whole 64-row blocks)
 
     def units(self, batch: int, m: int, n: int) -> int:
         return batch * -(-m // MMA_M) * (-(-n // MMA_N) // self.ng)
@@ -66,6 +73,39 @@ def mma_config(batch: int, m: int, n: int, threads: int, dtype_a: str,
             ng = cand
             break
     return MmaConfig(warps, ng, mma_etype(dtype_a, dtype_b))
+
+
+WGMMA_ROW_BYTES = (32, 64, 128)  # operand rows that fill one swizzle atom (32B, 64B, 128B modes)
+WARPGROUP = 4  # warps
+
+
+def wgmma_config(batch: int, m: int, n: int, k: int, threads: int, dtype_a: str,
+                 dtype_b: str) -> MmaConfig | None:
+    """The warpgroup-MMA plan of a (batch of) (m, k) @ (k, n) tile matmul, or None where it does
+    not apply or does not pay. It applies when both operands are stored in the mma type
+    (fp16 or bf16 tiles in shared memory, read by descriptors), the rows of A (k elements) and
+    of B (n elements) are 32, 64 or 128 bytes -- one swizzle atom wide, the canonical layouts
+    of the 32B / 64B / 128B modes -- m is a multiple of 64 and the block is whole warpgroups.
+    It pays when every warpgroup gets a 64-row block: with fewer blocks than warpgroups the
+    finer ``mma.sync`` tiling keeps more warps busy."""
+    etype = mma_etype(dtype_a, dtype_b)
+    ctype = {"float16": "fp16_t", "bfloat16": "bf16_t"}
+    if ctype.get(dtype_a) != etype or ctype.get(dtype_b) != etype:
+        return None
+    if threads <= 0 or threads % (WARP * WARPGROUP) or m % 64:
+        return None
+    if 2 * k not in WGMMA_ROW_BYTES or 2 * n not in WGMMA_ROW_BYTES:
+        return None
+    groups = threads // (WARP * WARPGROUP)
+    if batch * (m // 64) < groups:
+        return None
+    return MmaConfig(threads // WARP, n // MMA_N, etype, wgmma=True)
+
+
+def wgmma_swizzle_bits(row_bytes: int) -> int:
+    """log2 of the 16-byte chunks in a swizzle atom row: the B of the canonical Swizzle<B,4,3>
+    (bytes) of the 32B / 64B / 128B modes."""
+    return {32: 1, 64: 2, 128: 3}[row_bytes]
 
 
 def ldmatrix_operands(m: int, k: int, n: int, dtype_a: str, dtype_b: str,
@@ -115,6 +155,17 @@ class TileMatmul:
     n: int
     cfg: MmaConfig | None
 
+    @property
+    def cfg_is_wgmma(self) -> bool:
+        return self.cfg is not None and self.cfg.wgmma
+
+    def swizzle_period_bytes(self, info: Any) -> dict[str, int]:
+        """For a warpgroup MMA: operand tile -> the bytes of one swizzle atom (8 rows), the
+        alignment its shared-memory offset needs (the hardware swizzles absolute addresses)."""
+        if not self.cfg_is_wgmma:
+            return {}
+        return {t: 8 * info.shapes[t][-1] * 2 for t in (self.a, self.b)}
+
 
 def tile_matmul(node: Any, info: Any, threads: int) -> TileMatmul:
     """The geometry of a block matmul ``node`` (BlockInfo ``info``, ``threads`` per block)."""
@@ -122,8 +173,9 @@ def tile_matmul(node: Any, info: Any, threads: int) -> TileMatmul:
     sa, sb = info.shapes[a], info.shapes[b]
     m, k, n = sa[-2], sa[-1], sb[-1]
     batch = math.prod(info.shapes[node.out][:-2])
-    return TileMatmul(a, b, batch, m, k, n,
-                      mma_config(batch, m, n, threads, info.dtypes[a], info.dtypes[b]))
+    da, db = info.dtypes[a], info.dtypes[b]
+    return TileMatmul(a, b, batch, m, k, n, wgmma_config(batch, m, n, k, threads, da, db) or
+                      mma_config(batch, m, n, threads, da, db))
 
 
 def register_tile(node: Any, info: Any, threads: int,

@@ -10,6 +10,7 @@ from ..errors import MirageError
 from ..targets import Target, get_target
 from ..ugraph.graph import GraphKernel, KernelGraph
 from ..ugraph.validate import BlockInfo, validate
+from .mma import tile_matmul
 from .schedule import LOAD, BlockSchedule, schedule_block
 from .smem import SmemPlan, plan_shared_memory
 from .swizzle import Swizzle
@@ -84,19 +85,20 @@ def _memory_plans(graph: KernelGraph, tgt: Target, infos: dict, device: DevicePl
         outs = [device.layouts[t.name] for t in op.outputs]
         sched = schedule_block(op.block, info, layouts, output_layouts=outs,
                                tensor_cores=tensor_cores)
-        smem = plan_shared_memory(sched, info)
+        aligns = wgmma_alignments(op, info) if tensor_cores else {}
+        smem = plan_shared_memory(sched, info, aligns=aligns)
         if smem.total_bytes > info.smem_bytes:
             # fewest barriers needs more space than validation assumed: serialise if that helps
             lean = schedule_block(op.block, info, layouts, lean=True, output_layouts=outs,
                                   tensor_cores=tensor_cores)
-            lean_smem = plan_shared_memory(lean, info)
+            lean_smem = plan_shared_memory(lean, info, aligns=aligns)
             if lean_smem.total_bytes < smem.total_bytes:
                 sched, smem = lean, lean_smem
         depth = DEFAULT_PIPELINE if stages is None or ordinal >= len(stages) else stages[ordinal]
         depth = min(max(1, int(depth)), op.block.forloop)
         tiles = pipeline_tiles(sched) if depth > 1 else ()
         while tiles and depth > 1:
-            piped = plan_shared_memory(sched, info, {t: depth for t in tiles})
+            piped = plan_shared_memory(sched, info, {t: depth for t in tiles}, aligns)
             if piped.total_bytes <= tgt.smem_per_block:
                 smem = piped
                 break
@@ -104,6 +106,16 @@ def _memory_plans(graph: KernelGraph, tgt: Target, infos: dict, device: DevicePl
         if depth == 1:
             tiles = ()
         out[k] = (op, sched, smem, depth if tiles else 1, tiles)
+    return out
+
+
+def wgmma_alignments(op: GraphKernel, info: BlockInfo) -> dict[str, int]:
+    """Operand tile -> the byte alignment a warpgroup MMA needs (one swizzle atom)."""
+    out: dict[str, int] = {}
+    for n in op.block.ops:
+        if getattr(n, "op", None) == "matmul":
+            for t, a in tile_matmul(n, info, op.block.threads).swizzle_period_bytes(info).items():
+                out[t] = max(out.get(t, 1), a)
     return out
 
 

@@ -76,7 +76,10 @@ def live_ranges(sched: BlockSchedule, info: BlockInfo,
 
 
 def plan_shared_memory(sched: BlockSchedule, info: BlockInfo,
-                       copies: dict[str, int] | None = None) -> SmemPlan:
+                       copies: dict[str, int] | None = None,
+                       aligns: dict[str, int] | None = None) -> SmemPlan:
+    """``aligns``: tile -> byte alignment beyond the default (warpgroup-MMA operands: one
+    swizzle atom, since the hardware swizzles absolute shared-memory addresses)."""
     bufs = live_ranges(sched, info, copies)
-    offsets, total = first_fit(bufs, SMEM_ALIGN, pad=False)
+    offsets, total = first_fit(bufs, SMEM_ALIGN, pad=False, aligns=aligns)
     return SmemPlan(offsets, tuple(bufs), total)

@@ -8,6 +8,11 @@ such a tile is costed with the wavefront model of :mod:`.swizzle` and the cheape
 chosen by exact enumeration: the matmul's fragment reads (each fragment as often as the warp
 tiling loads it), the fill or the writes, and element-wise reads by other operators. Batched
 operand tiles keep the identity.
+
+Operands of a warpgroup MMA (``wgmma``, see :mod:`.mma`) get no choice: the hardware reads them
+in the canonical layout of the swizzle mode their row width selects -- ``Swizzle<B,3,3>`` on
+16-bit element offsets (``Swizzle<B,4,3>`` on bytes) with 2^B 16-byte chunks per row -- which is
+also conflict-free for their fills.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import math
 from ..lax.ops import DTYPES
 from ..ugraph.graph import BlockGraph, BlockOp, InputIter, tiles_read
 from ..ugraph.validate import BlockInfo
-from .mma import MMA_K, MMA_M, MMA_N, ldmatrix_operands, tile_matmul
+from .mma import MMA_K, MMA_M, MMA_N, ldmatrix_operands, tile_matmul, wgmma_swizzle_bits
 from .schedule import COMPUTE, LOAD, SAVE, BlockSchedule
 from .swizzle import (Instruction, Swizzle, choose_swizzle, cp_async_fill, elementwise,
                       fragment_reads_a, ldmatrix_a, ldmatrix_b_trans)
@@ -71,10 +76,12 @@ def plan_swizzles(bg: BlockGraph, info: BlockInfo, sched: BlockSchedule) -> dict
     Candidates: tiles filled by an iterator load and read by ldmatrix, and fp32 tiles computed by
     element-wise operators (in element or fragment order) and read as element-wise A fragments
     -- unless a 16-byte store reads them (it needs 32 contiguous bytes of an fp32 tile)."""
+    canonical = wgmma_swizzles(bg, info)
     reads: dict[str, list] = {}
     computed: dict[str, list] = {}
     for op in bg.ops:
-        if isinstance(op, BlockOp) and op.op == "matmul":
+        if isinstance(op, BlockOp) and op.op == "matmul" and \
+                not tile_matmul(op, info, bg.threads).cfg_is_wgmma:
             for t, acc in _matmul_reads(op, info, bg.threads).items():
                 reads.setdefault(t, []).extend(acc)
             frag = _fragment_a_reads(op, info, bg.threads)
@@ -101,4 +108,19 @@ def plan_swizzles(bg: BlockGraph, info: BlockInfo, sched: BlockSchedule) -> dict
         fill: list[Instruction] = cp_async_fill(n, eb, bg.threads) if loaded[t].vector > 1 \
             else elementwise(n, eb, bg.threads)
         out[t] = _choose(bg, info, t, [*acc, (fill, 1.0)])
+    out = {t: s for t, s in out.items() if t not in canonical}
+    out.update(canonical)
     return {t: s for t, s in out.items() if not s.is_identity}
+
+
+def wgmma_swizzles(bg: BlockGraph, info: BlockInfo) -> dict[str, Swizzle]:
+    """The canonical swizzle of every operand tile of a warpgroup MMA in this block."""
+    out: dict[str, Swizzle] = {}
+    for op in bg.ops:
+        if isinstance(op, BlockOp) and op.op == "matmul":
+            t = tile_matmul(op, info, bg.threads)
+            if t.cfg_is_wgmma:
+                for tile in (t.a, t.b):
+                    row = info.shapes[tile][-1] * DTYPES[info.dtypes[tile]]
+                    out[tile] = Swizzle(wgmma_swizzle_bits(row), 3, 3)
+    return out

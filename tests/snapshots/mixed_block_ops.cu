@@ -424,7 +424,7 @@ __device__ __forceinline__ void tile_mma_regs(
                                      T::col0(u));
   }
 }
-template <int BATCH, int M, int N, int K, int WARPS, int NG>
+template <int BATCH, int M, int N, int K, int WARPS, int NG, bool ADD = false>
 __device__ __forceinline__ void frags_to_smem(
     float* __restrict__ C, const float (&acc)[MmaTiling<BATCH, M, N, K, WARPS, NG>::ROUNDS][NG][4]) {
   using T = MmaTiling<BATCH, M, N, K, WARPS, NG>;
@@ -438,13 +438,181 @@ __device__ __forceinline__ void frags_to_smem(
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int row = FragCoord<N>::row(m0, i), col = FragCoord<N>::col(c0, j, i);
-        if (row < M && col < N) Cb[row * N + col] = acc[r][j][i];
+        if (row < M && col < N) {
+          if (ADD) Cb[row * N + col] += acc[r][j][i];
+          else Cb[row * N + col] = acc[r][j][i];
+        }
       }
   }
 }
 struct NoOffset {
   __device__ __forceinline__ int operator()(int) const { return 0; }
 };
+// ---- warpgroup MMA (sm_90a): wgmma.mma_async m64nNk16, operands in shared memory ----
+// A (M x K, K contiguous: "K-major") and B (K x N, N contiguous: "MN-major", transposed) are
+// dense row-major tiles whose rows are one swizzle atom wide (32, 64 or 128 bytes) and stored
+// with its canonical swizzle (Swizzle<B,3,3> on 16-bit element offsets = Swizzle<B,4,3> on
+// bytes), at offsets aligned to 8 rows (the hardware swizzles absolute addresses). A matrix
+// descriptor: start address, leading / stride byte offsets (>> 4) and the swizzle mode.
+// Each warpgroup takes whole 64-row blocks; warp w of it holds rows 16 w .. 16 w + 15 of the
+// block in the mma.sync C-fragment layout, so the accumulator is MmaTiling<.., NG = N / 8>'s.
+// Compiled for anything but sm_90a the same template runs tile_mma_regs with that tiling.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || (defined(MIRAGE_EMULATE) && !defined(MIRAGE_NO_WGMMA))
+#define MIRAGE_WGMMA 1
+#endif
+// swizzle mode of the descriptor for rows of `row_bytes` (32B: 3, 64B: 2, 128B: 1)
+__device__ __forceinline__ constexpr unsigned long long wgmma_mode(int row_bytes) {
+  return row_bytes == 128 ? 1ull : row_bytes == 64 ? 2ull : 3ull;
+}
+#if defined(MIRAGE_WGMMA) && !defined(MIRAGE_EMULATE)
+__device__ __forceinline__ unsigned long long wgmma_desc(const void* p, unsigned int lbo,
+                                                         unsigned int sbo, int row_bytes) {
+  return static_cast<unsigned long long>((smem_addr(p) & 0x3FFFF) >> 4) |
+         (static_cast<unsigned long long>(lbo >> 4) << 16) |
+         (static_cast<unsigned long long>(sbo >> 4) << 32) | (wgmma_mode(row_bytes) << 62);
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_wait_all() {
+  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+}
+// shared-memory writes by ordinary stores and cp.async become visible to the async proxy that
+// wgmma reads through (each writer fences before the barrier that publishes the tile)
+__device__ __forceinline__ void fence_view_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+// d (+)= A @ B for one 64 x N block: scale-d 1 (accumulate), A K-major, B MN-major
+__device__ __forceinline__ void wgmma_m64k16(float (&d)[2][4], unsigned long long da,
+                                             unsigned long long db, fp16_t) {
+  asm volatile("{ .reg .pred p; setp.ne.b32 p, %10, 0; "
+               "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 "
+               "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 0, 1; }"
+               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3])
+               : "l"(da), "l"(db), "r"(1));
+}
+__device__ __forceinline__ void wgmma_m64k16(float (&d)[2][4], unsigned long long da,
+                                             unsigned long long db, bf16_t) {
+  asm volatile("{ .reg .pred p; setp.ne.b32 p, %10, 0; "
+               "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+               "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 0, 1; }"
+               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3])
+               : "l"(da), "l"(db), "r"(1));
+}
+__device__ __forceinline__ void wgmma_m64k16(float (&d)[4][4], unsigned long long da,
+                                             unsigned long long db, fp16_t) {
+  asm volatile("{ .reg .pred p; setp.ne.b32 p, %18, 0; "
+               "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 1; }"
+               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+               : "l"(da), "l"(db), "r"(1));
+}
+__device__ __forceinline__ void wgmma_m64k16(float (&d)[4][4], unsigned long long da,
+                                             unsigned long long db, bf16_t) {
+  asm volatile("{ .reg .pred p; setp.ne.b32 p, %18, 0; "
+               "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 1; }"
+               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+               : "l"(da), "l"(db), "r"(1));
+}
+__device__ __forceinline__ void wgmma_m64k16(float (&d)[8][4], unsigned long long da,
+                                             unsigned long long db, fp16_t) {
+  asm volatile("{ .reg .pred p; setp.ne.b32 p, %34, 0; "
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 1; }"
+               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+               : "l"(da), "l"(db), "r"(1));
+}
+__device__ __forceinline__ void wgmma_m64k16(float (&d)[8][4], unsigned long long da,
+                                             unsigned long long db, bf16_t) {
+  asm volatile("{ .reg .pred p; setp.ne.b32 p, %34, 0; "
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 1; }"
+               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+               : "l"(da), "l"(db), "r"(1));
+}
+#elif defined(MIRAGE_WGMMA)
+// The emulator decodes the descriptors as the hardware does -- canonical layouts of the swizzle
+// modes, the XOR on (1024-byte aligned) addresses -- and each thread computes its own
+// accumulator elements, so a wrong descriptor, layout or swizzle shows as a wrong result.
+inline unsigned int smem_addr(const void* p) {
+  return static_cast<unsigned int>(static_cast<const unsigned char*>(p) - smem);
+}
+inline unsigned long long wgmma_desc(const void* p, unsigned int lbo, unsigned int sbo,
+                                     int row_bytes) {
+  return static_cast<unsigned long long>((smem_addr(p) & 0x3FFFF) >> 4) |
+         (static_cast<unsigned long long>(lbo >> 4) << 16) |
+         (static_cast<unsigned long long>(sbo >> 4) << 32) | (wgmma_mode(row_bytes) << 62);
+}
+inline void wgmma_fence() {}
+inline void wgmma_commit() {}
+inline void wgmma_wait_all() {}
+inline void fence_view_async_shared() {}
+template <class E> inline float wgmma_read(unsigned int addr, int chunks) {
+  addr ^= ((addr >> 7) & static_cast<unsigned int>(chunks - 1)) << 4;  // Swizzle<B,4,3>
+  E e;
+  memcpy(&e, smem + addr, sizeof e);
+  return to_float(e);
+}
+template <int NG, class E>
+inline void wgmma_m64k16(float (&d)[NG][4], unsigned long long da, unsigned long long db, E) {
+  constexpr int chunks_of[4] = {1, 8, 4, 2};  // 16-byte chunks per row by swizzle mode
+  const unsigned int a0 = (da & 0x3FFF) << 4, a_sbo = ((da >> 32) & 0x3FFF) << 4;
+  const unsigned int b0 = (db & 0x3FFF) << 4, b_lbo = ((db >> 16) & 0x3FFF) << 4,
+                     b_sbo = ((db >> 32) & 0x3FFF) << 4;
+  const int wa = chunks_of[da >> 62], wb = chunks_of[db >> 62];
+  if (wa == 1 || wb == 1) abort();  // only the swizzled canonical layouts are generated
+  const int warp = (static_cast<int>(threadIdx.x) / 32) % 4, lane = mp_emu::lane_id();
+  for (int j = 0; j < NG; ++j)
+    for (int q = 0; q < 4; ++q) {
+      const int row = 16 * warp + lane / 4 + 8 * (q / 2), col = 8 * j + 2 * (lane % 4) + q % 2;
+      float acc = 0.0f;
+      for (int k = 0; k < 16; ++k) {
+        // A, K-major: ((8, m), (16 B chunks)) : ((row bytes, SBO), 16 B)
+        const unsigned int ea = a0 + (row % 8) * 16 * wa + (row / 8) * a_sbo + 2 * k;
+        // B, MN-major: ((chunks, n), (8, k)) : ((16 B, LBO), (row bytes, SBO))
+        const int c16 = col / 8;
+        const unsigned int eb = b0 + (c16 % wb) * 16 + (c16 / wb) * b_lbo + (k % 8) * 16 * wb +
+                                (k / 8) * b_sbo + 2 * (col % 8);
+        acc += wgmma_read<E>(ea, wa) * wgmma_read<E>(eb, wb);
+      }
+      d[j][q] += acc;
+    }
+}
+#else
+__device__ __forceinline__ void fence_view_async_shared() {}  // no async proxy to feed
+#endif
+// acc (registers, MmaTiling<BATCH, M, N, K, WARPS, N / 8>) += A @ B by warpgroups
+template <int BATCH, int M, int N, int K, int WARPS, class E, class SA, class SB,
+          class AOff, class BOff>
+__device__ __forceinline__ void tile_wgmma(
+    float (&acc)[MmaTiling<BATCH, M, N, K, WARPS, N / 8>::ROUNDS][N / 8][4],
+    const E* __restrict__ A, const E* __restrict__ B, AOff a_off, BOff b_off) {
+#ifdef MIRAGE_WGMMA
+  using T = MmaTiling<BATCH, M, N, K, WARPS, N / 8>;
+  static_assert(M % 64 == 0 && WARPS % 4 == 0, "whole warpgroups, whole 64-row blocks");
+  constexpr int RA = K * static_cast<int>(sizeof(E)), RB = N * static_cast<int>(sizeof(E));
+  wgmma_fence();
+#pragma unroll
+  for (int r = 0; r < T::ROUNDS; ++r) {
+    // whole warpgroups own a round or not; no branch at all when every warp owns every round
+    // (a branch around wgmma makes ptxas serialise the MMAs)
+    if (T::UNITS % WARPS != 0 && !T::owns(r)) continue;
+    const int u = T::unit(r), bt = T::batch(u), m0 = T::row0(u) / 64 * 64;
+    const E* a = A + a_off(bt) + m0 * K;
+    const E* b = B + b_off(bt);
+#pragma unroll
+    for (int k0 = 0; k0 < K; k0 += 16)
+      wgmma_m64k16(acc[r], wgmma_desc(a + k0, 16, 8 * RA, RA),
+                   wgmma_desc(b + k0 * N, 16, 8 * RB, RB), E{});
+  }
+  wgmma_commit();
+  wgmma_wait_all();
+#else
+  tile_mma_regs<BATCH, M, N, K, WARPS, N / 8, E, SA, SB>(acc, A, B, a_off, b_off);
+#endif
+}
 // ---- end of prelude ----
 
 // kernel #0: At = mul(A, 0.5) : (4, 6, 8) -> (4, 6, 8) bfloat16
@@ -484,7 +652,7 @@ mixed_k1_graph_Y_Ccopy(
     const float* __restrict__ g_C,
     float* __restrict__ g_Y,
     bf16_t* __restrict__ g_Ccopy) {
-  extern __shared__ __align__(16) unsigned char smem[];
+  extern __shared__ __align__(1024) unsigned char smem[];
   bf16_t* const s_a = reinterpret_cast<bf16_t*>(smem + 0);  // (2, 6, 8) bfloat16, stages 0-4
   float* const s_y = reinterpret_cast<float*>(smem + 0);  // (2, 6, 4) float32, stages 6-7
   float* const s_acc = reinterpret_cast<float*>(smem + 192);  // (2, 6, 4) float32, stages 0-5
