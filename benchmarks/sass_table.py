@@ -13,7 +13,8 @@ on the CUDA cores; LDL/STL mean local memory; narrow loads mean more memory inst
     python -m benchmarks.sass_table                        # superopt graphs, bs 1, sm_90
     python -m benchmarks.sass_table --graphs fixtures --names gqa lora
 
-Writes ``benchmarks/results/sass-<arch>-bs<bs>.{json,md}`` (``--out``: another directory) and
+Writes ``benchmarks/results/sass-<arch>-bs<bs>[-fixtures].{json,md}`` (``--out``: another
+directory) and
 prints the markdown. Needs nvcc and cuobjdump (CUDA toolkit, or ``pip install mirage_py[test]``
 for cuobjdump); no GPU.
 """
@@ -101,11 +102,11 @@ def markdown(doc: dict) -> str:
         f"cuobjdump -sass of one cubin with every benchmark's kernels ({doc['cuobjdump']}; nvcc "
         f"{doc['nvcc_seconds']:.1f} s); {doc['device']}; {doc['date']}. Counts are static "
         "(instructions in the code, not executed). *matmul*: the kernel computes a tile matmul "
-        "(graph-defined with a matmul block op, or a pre-defined matmul). *MMA*: HMMA + HGMMA "
-        "(tensor cores). *LDL/STL*: local-memory loads/stores. *ld 128/narrow*: 128-bit "
+        "(graph-defined with a matmul block op, or a pre-defined matmul). *HMMA / HGMMA*: "
+        "tensor-core instructions (mma.sync / warpgroup MMA, sm_90a only). *LDL/STL*: local-memory loads/stores. *ld 128/narrow*: 128-bit "
         "global reads (LDG.128 + LDGSTS.128) / narrower ones. *st 128/narrow*: the same for "
         "STG. *spills*: ptxas's spill stores/loads in bytes.", "",
-        "| benchmark | kernel | grid | threads | dyn smem | regs | spills | matmul | MMA | LDSM "
+        "| benchmark | kernel | grid | threads | dyn smem | regs | spills | matmul | HMMA / HGMMA | LDSM "
         "| LDL/STL | ld 128/narrow | st 128/narrow | instrs |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in doc["records"]:
@@ -114,14 +115,16 @@ def markdown(doc: dict) -> str:
         lines.append(
             f"| {r['benchmark']} | `{kernel}` | {_grid(r['grid'])} | {r['threads']} | "
             f"{r['smem_dynamic']} | {r['registers']} | {r['spill_stores']}/{r['spill_loads']} | "
-            f"{'yes' if r['tile_matmul'] else '-'} | {s['hmma'] + s['hgmma']} | {s['ldsm']} | "
+            f"{'yes' if r['tile_matmul'] else '-'} | {s['hmma']} / {s['hgmma']} | {s['ldsm']} | "
             f"{s['ldl']}/{s['stl']} | {s['global_loads_128']}/{s['global_loads_narrow']} | "
             f"{s['global_stores_128']}/{s['global_stores_narrow']} | {s['instructions']} |")
     mm = [r for r in doc["records"] if r["tile_matmul"]]
     tc = [r for r in mm if r["sass"]["hmma"] + r["sass"]["hgmma"] > 0]
     local = [r for r in doc["records"] if r["sass"]["ldl"] + r["sass"]["stl"] > 0]
+    wg = [r for r in mm if r["sass"]["hgmma"] > 0]
     lines += ["", f"Kernels: {len(doc['records'])}; with a tile matmul: {len(mm)}, of which on "
-              f"tensor cores: {len(tc)}; using local memory: {len(local)}."]
+              f"tensor cores: {len(tc)} ({len(wg)} with warpgroup MMA); using local memory: "
+              f"{len(local)}."]
     return "\n".join(lines) + "\n"
 
 
@@ -174,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
                           for n in args.names},
            "records": records}
     os.makedirs(args.out, exist_ok=True)
-    stem = os.path.join(args.out, f"sass-{args.arch.replace('_', '')}-bs{args.bs}")
+    which = "" if args.graphs == "superopt" else f"-{args.graphs}"
+    stem = os.path.join(args.out, f"sass-{args.arch.replace('_', '')}-bs{args.bs}{which}")
     text = markdown(doc)
     with open(stem + ".json", "w") as f:
         json.dump(doc, f, indent=1)

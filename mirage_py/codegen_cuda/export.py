@@ -86,6 +86,8 @@ def binding_text(src: CudaSource) -> str:
 
 
 def _arch_flags(arch: str) -> list[str]:
+    """sm_90 targets build for sm_90a: the warpgroup MMA path (the cubin runs on H100/H200)."""
+    arch = "sm_90a" if arch == "sm_90" else arch
     return [f"-gencode=arch=compute_{arch[3:]},code={arch}"]
 
 
@@ -196,7 +198,7 @@ outputs = {module}.forward({ins})   # dict: output name -> torch.Tensor
 ```
 
 From C/C++: include `{src.prefix}.h`, compile `{src.prefix}.cu` with
-`nvcc -std=c++17 -O3 -arch={src.plan.target.arch} -c {src.prefix}.cu`, fill a
+`nvcc -std=c++17 -O3 {_arch_flags(src.plan.target.arch)[0]} -c {src.prefix}.cu`, fill a
 `{src.prefix}_tensors` struct with device pointers and call `{src.prefix}_launch`.
 """
 

@@ -170,7 +170,7 @@ def compile_with_nvcc(text: str, archs: tuple[str, ...] = ARCHS, *,
                       [ln for ln in log.splitlines() if "Potential Performance Loss" in ln])
 
 
-ARCH_TARGET = {"sm_80": "a100", "sm_90": "h100"}  # the limits each arch is checked against
+ARCH_TARGET = {"sm_80": "a100", "sm_90": "h100", "sm_90a": "h100"}  # the limits each arch is checked against
 
 
 def check_resources(res: KernelResources, spec: LaunchSpec, target: Target,

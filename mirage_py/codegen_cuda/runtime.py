@@ -20,6 +20,7 @@ from .emit import CudaSource, emit_cuda
 from .errors import CompileError, ToolMissing
 
 _MODULES: dict[str, Any] = {}  # sha256 of device code + options -> cupy.RawModule
+COMPILED_FOR: dict[str, str] = {}  # the same key -> "sm_90a" (warpgroup MMA) or "cupy default"
 
 
 def _cupy() -> Any:
@@ -50,13 +51,41 @@ def load_module(code: str, options: tuple[str, ...] = ("--std=c++17",)) -> Any:
     key = hashlib.sha256((code + "\0" + " ".join(options)).encode()).hexdigest()
     mod = _MODULES.get(key)
     if mod is None:
-        try:
-            mod = cp.RawModule(code=code, options=options)
-            mod.compile()
-        except cp.cuda.compiler.CompileException as e:
-            raise CompileError(f"NVRTC rejected the emitted code:\n{e}") from e
+        mod = _hopper_module(cp, code, options, key) if _compute_capability(cp) == (9, 0) \
+            else None
+        COMPILED_FOR[key] = "sm_90a" if mod is not None else "cupy default"
+        if mod is None:
+            try:
+                mod = cp.RawModule(code=code, options=options)
+                mod.compile()
+            except cp.cuda.compiler.CompileException as e:
+                raise CompileError(f"NVRTC rejected the emitted code:\n{e}") from e
         _MODULES[key] = mod
     return mod
+
+
+def _compute_capability(cp: Any) -> tuple[int, int] | None:
+    try:
+        props = cp.cuda.runtime.getDeviceProperties(cp.cuda.runtime.getDevice())
+        return int(props["major"]), int(props["minor"])
+    except Exception:  # noqa: BLE001 -- a runtime without the query: take CuPy's own path
+        return None
+
+
+def _hopper_module(cp: Any, code: str, options: tuple[str, ...], key: str) -> Any:
+    """On an sm_90 device: the code as PTX for ``compute_90a`` -- warpgroup MMA enabled
+    (``__CUDA_ARCH_FEAT_SM90_ALL``) -- loaded by the driver. CuPy picks the architecture
+    itself and rejects a second ``-arch`` option, so NVRTC is called directly. None when any
+    step fails: CuPy's own compile (``mma.sync``, same results) is used then."""
+    try:
+        from .emulator import cache_dir
+        from .nvrtc import compile_with_nvrtc
+        ptx, _ = compile_with_nvrtc(code, "compute_90a", options)
+        path = cache_dir() / f"module_{key[:24]}_sm90a.ptx"
+        path.write_text(ptx)
+        return cp.RawModule(path=str(path))
+    except Exception:  # noqa: BLE001 -- fall back to the portable path
+        return None
 
 
 _STORAGE = {"float16": ("float16",), "float32": ("float32",),
