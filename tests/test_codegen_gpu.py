@@ -112,3 +112,30 @@ def test_exported_extension_builds_and_runs(tmp_path):
         ext.forward(**{**tin, "X": tin["X"][:8]})
     with pytest.raises(RuntimeError, match="must be"):
         ext.forward(**{**tin, "W": tin["W"].float()})
+
+
+def _wgmma_graphs():
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_codegen_mma import WGMMA_CASES, block_matmul
+    return {c: block_matmul(c, *a) for c, a in WGMMA_CASES.items()}
+
+
+@pytest.mark.parametrize("wgmma", [True, False], ids=["sm_90a", "mma_sync"])
+@pytest.mark.parametrize("case", ["wg_128B_loop_regs", "wg_64B_two_groups", "wg_32B_smem_result",
+                                  "wg_bf16_mixed_rows", "wg_batched_in_block", "wg_two_rounds"])
+def test_warpgroup_mma_cases_on_gpu(case, wgmma, monkeypatch):
+    """The warpgroup-MMA test graphs on the device, with the sm_90a build (on an sm_90 GPU) and
+    with the mma.sync build (MIRAGE_PY_NO_WGMMA): both must equal the interpreter. A failure of
+    the first only points at the descriptors, swizzles or fences of tile_wgmma."""
+    from mirage_py.codegen_cuda import runtime
+    if wgmma:
+        monkeypatch.delenv("MIRAGE_PY_NO_WGMMA", raising=False)
+    else:
+        monkeypatch.setenv("MIRAGE_PY_NO_WGMMA", "1")
+    g = _wgmma_graphs()[case]
+    _check(g, cc.random_inputs(g, seed=7))
+    path = list(runtime.COMPILED_FOR.values())[-1]
+    cc_major = cp.cuda.Device().compute_capability
+    assert path == ("sm_90a" if wgmma and cc_major == "90" else "cupy default")

@@ -12,6 +12,7 @@ widens them.
 from __future__ import annotations
 
 import hashlib
+import os
 from typing import Any, Mapping
 
 from ..errors import DTypeError, ProgramError, ShapeError
@@ -46,13 +47,15 @@ def gpu_available() -> bool:
 
 def load_module(code: str, options: tuple[str, ...] = ("--std=c++17",)) -> Any:
     """A cupy.RawModule for ``code``, compiled once per process and source hash (CuPy keeps
-    its own on-disk cache of NVRTC output, keyed by the source too)."""
+    its own on-disk cache of NVRTC output, keyed by the source too). On an sm_90 device the
+    code is built for sm_90a (warpgroup MMA) unless ``MIRAGE_PY_NO_WGMMA`` is set."""
     cp = _cupy()
-    key = hashlib.sha256((code + "\0" + " ".join(options)).encode()).hexdigest()
+    hopper = _compute_capability(cp) == (9, 0) and not os.environ.get("MIRAGE_PY_NO_WGMMA")
+    key = hashlib.sha256((code + "\0" + " ".join(options) + f"\0{hopper}").encode()).hexdigest()
     mod = _MODULES.get(key)
     if mod is None:
-        mod = _hopper_module(cp, code, options, key) if _compute_capability(cp) == (9, 0) \
-            else None
+        mod = _hopper_module(cp, code, options, key) if hopper else None
+        COMPILED_FOR.pop(key, None)  # the latest compile last
         COMPILED_FOR[key] = "sm_90a" if mod is not None else "cupy default"
         if mod is None:
             try:
