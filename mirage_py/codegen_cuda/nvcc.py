@@ -46,7 +46,8 @@ class NvccResult:
     seconds: float
     command: list[str] = field(default_factory=list)
     output: Path | None = None  # the compiled file, when compile_with_nvcc was given out_dir
-    # ptxas's "Potential Performance Loss" notes (such as serialised wgmma instructions)
+    # ptxas's performance notes: "Potential Performance Loss" (such as serialised wgmma
+    # instructions) and the C75xx notes on waits / arrives it injected around wgmma
     performance_notes: list[str] = field(default_factory=list)
 
     def for_kernel(self, kernel: str, arch: str) -> KernelResources:
@@ -167,7 +168,8 @@ def compile_with_nvcc(text: str, archs: tuple[str, ...] = ARCHS, *,
         raise CompileError(f"nvcc failed ({res.returncode}):\n{log[-6000:]}")
     return NvccResult(parse_ptxas(log), _diagnostics(log), seconds, cmd,
                       None if out_dir is None else dest,
-                      [ln for ln in log.splitlines() if "Potential Performance Loss" in ln])
+                      [ln for ln in log.splitlines()
+                       if "Potential Performance Loss" in ln or re.search(r"\(C75\d\d\)", ln)])
 
 
 ARCH_TARGET = {"sm_80": "a100", "sm_90": "h100", "sm_90a": "h100"}  # the limits each arch is checked against

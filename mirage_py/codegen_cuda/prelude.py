@@ -565,6 +565,20 @@ inline void wgmma_m64k16(float (&d)[NG][4], unsigned long long da, unsigned long
 #else
 __device__ __forceinline__ void fence_view_async_shared() {}  // no async proxy to feed
 #endif
+// Pin the accumulator registers at the wgmma fence and after the wait: without it NVVM may
+// move their zeroing between fence and MMA, and ptxas then inserts waits that serialise the
+// MMAs (notes C7517 / C7519)
+template <int R, int NG>
+__device__ __forceinline__ void wgmma_fence_operands(float (&acc)[R][NG][4]) {
+#ifndef MIRAGE_EMULATE
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int j = 0; j < NG; ++j)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) asm volatile("" : "+f"(acc[r][j][q])::"memory");
+#endif
+}
 // acc (registers, MmaTiling<BATCH, M, N, K, WARPS, N / 8>) += A @ B by warpgroups
 template <int BATCH, int M, int N, int K, int WARPS, class E, class SA, class SB,
           class AOff, class BOff>
@@ -575,6 +589,7 @@ __device__ __forceinline__ void tile_wgmma(
   using T = MmaTiling<BATCH, M, N, K, WARPS, N / 8>;
   static_assert(M % 64 == 0 && WARPS % 4 == 0, "whole warpgroups, whole 64-row blocks");
   constexpr int RA = K * static_cast<int>(sizeof(E)), RB = N * static_cast<int>(sizeof(E));
+  wgmma_fence_operands(acc);
   wgmma_fence();
 #pragma unroll
   for (int r = 0; r < T::ROUNDS; ++r) {
@@ -591,6 +606,7 @@ __device__ __forceinline__ void tile_wgmma(
   }
   wgmma_commit();
   wgmma_wait_all();
+  wgmma_fence_operands(acc);
 #else
   tile_mma_regs<BATCH, M, N, K, WARPS, N / 8, E, SA, SB>(acc, A, B, a_off, b_off);
 #endif

@@ -86,7 +86,9 @@ def _hopper_module(cp: Any, code: str, options: tuple[str, ...], key: str) -> An
         ptx, _ = compile_with_nvrtc(code, "compute_90a", options)
         path = cache_dir() / f"module_{key[:24]}_sm90a.ptx"
         path.write_text(ptx)
-        return cp.RawModule(path=str(path))
+        mod = cp.RawModule(path=str(path))
+        mod.compile()  # RawModule(path=) loads lazily: let a driver that rejects the PTX fail here
+        return mod
     except Exception:  # noqa: BLE001 -- fall back to the portable path
         return None
 
