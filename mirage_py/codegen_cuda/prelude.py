@@ -447,12 +447,6 @@ __device__ __forceinline__ constexpr unsigned long long wgmma_mode(int row_bytes
   return row_bytes == 128 ? 1ull : row_bytes == 64 ? 2ull : 3ull;
 }
 #if defined(MIRAGE_WGMMA) && !defined(MIRAGE_EMULATE)
-__device__ __forceinline__ unsigned long long wgmma_desc(const void* p, unsigned int lbo,
-                                                         unsigned int sbo, int row_bytes) {
-  return static_cast<unsigned long long>((smem_addr(p) & 0x3FFFF) >> 4) |
-         (static_cast<unsigned long long>(lbo >> 4) << 16) |
-         (static_cast<unsigned long long>(sbo >> 4) << 32) | (wgmma_mode(row_bytes) << 62);
-}
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() {
   asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
@@ -521,12 +515,6 @@ __device__ __forceinline__ void wgmma_m64k16(float (&d)[8][4], unsigned long lon
 inline unsigned int smem_addr(const void* p) {
   return static_cast<unsigned int>(static_cast<const unsigned char*>(p) - smem);
 }
-inline unsigned long long wgmma_desc(const void* p, unsigned int lbo, unsigned int sbo,
-                                     int row_bytes) {
-  return static_cast<unsigned long long>((smem_addr(p) & 0x3FFFF) >> 4) |
-         (static_cast<unsigned long long>(lbo >> 4) << 16) |
-         (static_cast<unsigned long long>(sbo >> 4) << 32) | (wgmma_mode(row_bytes) << 62);
-}
 inline void wgmma_fence() {}
 inline void wgmma_commit() {}
 inline void wgmma_wait_all() {}
@@ -564,6 +552,15 @@ inline void wgmma_m64k16(float (&d)[NG][4], unsigned long long da, unsigned long
 }
 #else
 __device__ __forceinline__ void fence_view_async_shared() {}  // no async proxy to feed
+#endif
+#ifdef MIRAGE_WGMMA
+// a matrix descriptor: start address, leading / stride byte offsets (all >> 4), swizzle mode
+__device__ __forceinline__ unsigned long long wgmma_desc(const void* p, unsigned int lbo,
+                                                         unsigned int sbo, int row_bytes) {
+  return static_cast<unsigned long long>((smem_addr(p) & 0x3FFFF) >> 4) |
+         (static_cast<unsigned long long>(lbo >> 4) << 16) |
+         (static_cast<unsigned long long>(sbo >> 4) << 32) | (wgmma_mode(row_bytes) << 62);
+}
 #endif
 // Pin the accumulator registers at the wgmma fence and after the wait: without it NVVM may
 // move their zeroing between fence and MMA, and ptxas then inserts waits that serialise the

@@ -473,12 +473,6 @@ __device__ __forceinline__ constexpr unsigned long long wgmma_mode(int row_bytes
   return row_bytes == 128 ? 1ull : row_bytes == 64 ? 2ull : 3ull;
 }
 #if defined(MIRAGE_WGMMA) && !defined(MIRAGE_EMULATE)
-__device__ __forceinline__ unsigned long long wgmma_desc(const void* p, unsigned int lbo,
-                                                         unsigned int sbo, int row_bytes) {
-  return static_cast<unsigned long long>((smem_addr(p) & 0x3FFFF) >> 4) |
-         (static_cast<unsigned long long>(lbo >> 4) << 16) |
-         (static_cast<unsigned long long>(sbo >> 4) << 32) | (wgmma_mode(row_bytes) << 62);
-}
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() {
   asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
@@ -547,12 +541,6 @@ __device__ __forceinline__ void wgmma_m64k16(float (&d)[8][4], unsigned long lon
 inline unsigned int smem_addr(const void* p) {
   return static_cast<unsigned int>(static_cast<const unsigned char*>(p) - smem);
 }
-inline unsigned long long wgmma_desc(const void* p, unsigned int lbo, unsigned int sbo,
-                                     int row_bytes) {
-  return static_cast<unsigned long long>((smem_addr(p) & 0x3FFFF) >> 4) |
-         (static_cast<unsigned long long>(lbo >> 4) << 16) |
-         (static_cast<unsigned long long>(sbo >> 4) << 32) | (wgmma_mode(row_bytes) << 62);
-}
 inline void wgmma_fence() {}
 inline void wgmma_commit() {}
 inline void wgmma_wait_all() {}
@@ -591,6 +579,29 @@ inline void wgmma_m64k16(float (&d)[NG][4], unsigned long long da, unsigned long
 #else
 __device__ __forceinline__ void fence_view_async_shared() {}  // no async proxy to feed
 #endif
+#ifdef MIRAGE_WGMMA
+// a matrix descriptor: start address, leading / stride byte offsets (all >> 4), swizzle mode
+__device__ __forceinline__ unsigned long long wgmma_desc(const void* p, unsigned int lbo,
+                                                         unsigned int sbo, int row_bytes) {
+  return static_cast<unsigned long long>((smem_addr(p) & 0x3FFFF) >> 4) |
+         (static_cast<unsigned long long>(lbo >> 4) << 16) |
+         (static_cast<unsigned long long>(sbo >> 4) << 32) | (wgmma_mode(row_bytes) << 62);
+}
+#endif
+// Pin the accumulator registers at the wgmma fence and after the wait: without it NVVM may
+// move their zeroing between fence and MMA, and ptxas then inserts waits that serialise the
+// MMAs (notes C7517 / C7519)
+template <int R, int NG>
+__device__ __forceinline__ void wgmma_fence_operands(float (&acc)[R][NG][4]) {
+#ifndef MIRAGE_EMULATE
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int j = 0; j < NG; ++j)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) asm volatile("" : "+f"(acc[r][j][q])::"memory");
+#endif
+}
 // acc (registers, MmaTiling<BATCH, M, N, K, WARPS, N / 8>) += A @ B by warpgroups
 template <int BATCH, int M, int N, int K, int WARPS, class E, class SA, class SB,
           class AOff, class BOff>
@@ -601,6 +612,7 @@ __device__ __forceinline__ void tile_wgmma(
   using T = MmaTiling<BATCH, M, N, K, WARPS, N / 8>;
   static_assert(M % 64 == 0 && WARPS % 4 == 0, "whole warpgroups, whole 64-row blocks");
   constexpr int RA = K * static_cast<int>(sizeof(E)), RB = N * static_cast<int>(sizeof(E));
+  wgmma_fence_operands(acc);
   wgmma_fence();
 #pragma unroll
   for (int r = 0; r < T::ROUNDS; ++r) {
@@ -617,6 +629,7 @@ __device__ __forceinline__ void tile_wgmma(
   }
   wgmma_commit();
   wgmma_wait_all();
+  wgmma_fence_operands(acc);
 #else
   tile_mma_regs<BATCH, M, N, K, WARPS, N / 8, E, SA, SB>(acc, A, B, a_off, b_off);
 #endif
