@@ -169,6 +169,13 @@ def test_launch_bounds_promise_one_block_only_when_only_one_fits():
     em = BlockKernelEmitter(g.ops[0], plan.kernels[0], plan.device, "k", True, plan.target)
     assert not em.one_block_per_sm(0) and not em.one_block_per_sm(100 * 1024)  # two fit
     assert em.one_block_per_sm(120 * 1024)  # 228 KB per SM, 1 KB reserved per block
+    # register tiles in a block of 512 threads: sized for one block's share of registers
+    wide = cc.attention_row_sums_after_loop()
+    k = wide.ops[0]
+    wide = replace(wide, ops=(replace(k, block=replace(k.block, threads=512)),))
+    wplan = plan_graph(wide, "h100")
+    assert wplan.kernels[0].schedule.registers
+    assert emit_cuda(wplan).launches[0].min_blocks == 1
     one = replace(src.launches[0], min_blocks=1)
     assert "__launch_bounds__(64, 1)" in one.signature()
     (name, params), = kernel_signatures(one.signature() + " {}")

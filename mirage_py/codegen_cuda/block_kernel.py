@@ -465,7 +465,14 @@ class BlockKernelEmitter:
         return "__syncthreads();"
 
     def one_block_per_sm(self, smem_bytes: int) -> bool:
-        """Do threads or shared memory alone leave room for only one resident block per SM?"""
+        """Promise ptxas one resident block per SM (``__launch_bounds__(T, 1)``)? Yes when
+        threads or shared memory leave room for only one anyway, and when the kernel keeps
+        register tiles in a block of 512 threads or more: those are sized against the whole
+        per-thread share of one block (``layout.mma.register_budget``), while ptxas, told only
+        the thread count, budgets for two such blocks -- 64 registers -- and spilled (superopt's
+        one-kernel qknorm_gqa, 512 threads, 24 bytes)."""
+        if self.reg_acc and self.T >= 512:
+            return True
         t = self.target
         if t is None:
             return False
