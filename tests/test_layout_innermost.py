@@ -69,8 +69,13 @@ def test_row_major_unless_it_moves_more(name):
 
 
 def test_candidates_and_ties():
-    assert candidate_orders((2, 3, 4)) == [(0, 1, 2), (1, 2, 0), (0, 2, 1)]
+    c = candidate_orders((2, 3, 4))
+    assert c[:3] == [(0, 1, 2), (1, 2, 0), (0, 2, 1)] and len(c) == 6 == len(set(c))
     assert candidate_orders((1, 5, 1)) == [(0, 1, 2)]
+    assert candidate_orders((2, 1, 3)) == [(0, 1, 2), (1, 2, 0)]  # size-1 dims do not count
+    # tiles walking dim 1 then dim 0 whole: one contiguous run needs two dims moved, (2, 0, 1)
+    order, table = choose_order("t", (2, 4, 4), "float32", [TileAccess((2, 4, 1), 4)])
+    assert order == (2, 0, 1) and table[order] < min(table[o] for o in c[:3])
     # a whole-tensor row traversal (pre-defined kernels) keeps row-major
     order, table = choose_order("t", (64, 32), "float16", [TileAccess((1, 32), 64)])
     assert order == (0, 1) and table[(0, 1)] < table[(1, 0)]

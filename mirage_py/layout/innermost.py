@@ -10,9 +10,10 @@ consecutive addresses: along the tile's last dim wider than 1 if that dim is con
 continuing outward while the tile spans a dim whole and the layout nests the next one around
 it. A layout whose contiguous dim is not the one the tile walks costs a sector per element.
 
-For each intermediate the candidates are row-major and, for every other dim of size > 1, the
-order that moves just that dim innermost (the rest keep their order); exact enumeration picks
-the one that moves the fewest bytes over all its accesses, row-major on ties. Example: a
+For each intermediate the candidates are row-major, the orders that move just one dim of size
+> 1 innermost, and every other order of the dims of size > 1 (up to five of them); exact
+enumeration picks the one that moves the fewest bytes over all its accesses, row-major on ties
+and simpler orders before others. Example: a
 flash-decoding kernel saves one float per row as a ``(rows, 1)`` tile of a ``(heads, rows,
 parts)`` partial-sum tensor -- 4 useful bytes per 32-byte sector row-major; with ``rows``
 innermost the tile is one contiguous run and the saver stores 16 bytes at a time.
@@ -20,6 +21,7 @@ innermost the tile is one contiguous run and the saver stores 16 bytes at a time
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -91,13 +93,25 @@ def tile_accesses(graph: KernelGraph, infos: dict) -> dict[str, list[TileAccess]
     return out
 
 
+MAX_PERMUTED = 5  # dims of size > 1 up to which every order is a candidate (5! = 120)
+
+
 def candidate_orders(shape: tuple[int, ...]) -> list[tuple[int, ...]]:
-    """Row-major first, then each other dim of size > 1 moved innermost."""
+    """Row-major first, then each other dim of size > 1 moved innermost, then every other order
+    of the dims of size > 1 (size-1 dims keep their places; they do not change addresses) --
+    all of them while there are at most ``MAX_PERMUTED``. Earlier candidates win ties."""
     ident = tuple(range(len(shape)))
     out = [ident]
     big = [d for d in ident if shape[d] > 1]
     for d in big[:-1]:
         out.append(tuple(x for x in ident if x != d) + (d,))
+    if len(big) <= MAX_PERMUTED:
+        seen = {tuple(d for d in o if shape[d] > 1) for o in out}  # what addresses depend on
+        for perm in itertools.permutations(big):
+            if perm not in seen:
+                seen.add(perm)
+                it = iter(perm)
+                out.append(tuple(next(it) if shape[d] > 1 else d for d in ident))
     return out
 
 
