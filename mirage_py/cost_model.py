@@ -56,6 +56,8 @@ latency-bound, so the search's branch and bound would drop looped structures tha
   generation really uses (lowered until the buffers fit; 1 for loops whose loads go straight
   into accumulators). Validation's bound overestimates that by 1-2.5x (mqa bs 1: 98 KB bound
   vs 56 KB planned); the search's pruning keeps the bound, which costs nothing to compute.
+  Registers: 64 per thread (``REGS_PER_THREAD``), or with the planner the estimate of
+  :func:`estimated_registers` for kernels that keep register tiles (40 + 2 per tile float).
 * **waves**: ``slots = sm_count * r``; the grid runs as ``B // slots`` full waves and one partial
   wave of ``B % slots`` blocks. A wave of ``n`` blocks puts ``q = ceil(n / sm_count)`` blocks on
   the busiest SM, so a partial wave costs as much as a full one whenever ``q`` is the same
@@ -104,6 +106,7 @@ SECTOR = 32  # bytes: the unit in which L2 and DRAM move data
 L2_SPEEDUP = 4.0  # L2 bandwidth over DRAM bandwidth (about 7 TB/s on an A100, 12 on an H100)
 SM_BW_FACTOR = 4.0  # one SM can pull this many times its fair share of DRAM bandwidth
 REGS_PER_THREAD = 64  # register use assumed for a generated kernel's thread (no ptxas here)
+REGS_BASE, REGS_PER_TILE_FLOAT = 40, 2  # with register tiles (see estimated_registers)
 TC_WARPS = 8  # resident warps per SM that keep its tensor cores busy
 SIMT_WARPS = 16  # resident warps per SM that keep its CUDA cores busy
 MMA = (16, 8, 16)  # m, n, k of the fp16/bf16 tensor-core MMA (sm_80, sm_90)
@@ -179,11 +182,20 @@ def unpack(graph: Any) -> tuple[KernelGraph, tuple[int, ...]]:
     return g, tuple(getattr(graph, "stages", ()) or ())
 
 
-def occupancy(t: Target, threads: int, smem: int) -> int:
-    """Resident blocks per SM (0: the block does not fit)."""
+def estimated_registers(tile_floats: int) -> int:
+    """Registers per thread of a kernel keeping ``tile_floats`` accumulator / fragment floats per
+    thread in registers: ``REGS_BASE + REGS_PER_TILE_FLOAT * floats``, at least
+    ``REGS_PER_THREAD`` (what a kernel without register tiles is assumed to use), at most 255.
+    Fitted to ptxas on the 46 graph-defined kernels of the benchmarks' fixtures and superopt
+    answers at bs 1 and 8 (sm_90): within about 30% where it exceeds 64."""
+    return min(255, max(REGS_PER_THREAD, REGS_BASE + REGS_PER_TILE_FLOAT * tile_floats))
+
+
+def occupancy(t: Target, threads: int, smem: int, regs: int = REGS_PER_THREAD) -> int:
+    """Resident blocks per SM (0: the block does not fit) at ``regs`` registers per thread."""
     r = min(t.max_blocks_per_sm, t.max_threads_per_sm // threads,
-            t.regs_per_sm // (threads * REGS_PER_THREAD))
-    if threads * REGS_PER_THREAD > t.regs_per_block:
+            t.regs_per_sm // (threads * regs))
+    if threads * regs > t.regs_per_block:
         return 0
     if smem > t.smem_per_block:
         return 0
@@ -279,12 +291,15 @@ def _graph_kernel_cost(op: GraphKernel, info, tensors: dict, t: Target, stages: 
             simt += _steps(_size(shapes[n.out]), T) * len(n.thread.ops) * reps * B
         elif isinstance(n, Accum) and n.input not in mm_outs:  # MMAs accumulate in place
             simt += _steps(_size(shapes[n.out]), T) * F * B
-    if planned is not None:  # the layout planner's footprint and pipeline depth
-        smem, stages = planned
+    regs = REGS_PER_THREAD
+    if planned is not None:  # the layout planner's footprint, pipeline depth, register tiles
+        smem, stages = planned[:2]
+        if len(planned) > 2:
+            regs = estimated_registers(planned[2])
     else:
         stages = min(stages, F)  # a loop of F iterations has at most F of them in flight
         smem = info.smem_bytes + (stages - 1) * int(body_tiles)
-    r = occupancy(t, T, smem)
+    r = occupancy(t, T, smem, regs)
     slots = t.sm_count * max(r, 1)
     nbytes = dram = loaded = reads = ib = 0.0
     for src, loads, imap in iters:
@@ -334,10 +349,11 @@ def kernel_costs(graph: Any, target: Any = "h100",
                  smem_planner: Any = None) -> list[KernelCost]:
     """Per-kernel predictions, in launch order (see the module docstring for the formulas).
 
-    ``smem_planner(graph, target, stages, infos) -> {kernel index: (bytes, pipeline depth)}``
-    gives graph-defined kernels' shared memory as code generation lays it out (buffers reused
-    across stages, register accumulators left out; ``layout.planned_shared_memory``) instead of
-    validation's bound plus pipeline copies. A graph the planner cannot lay out costs infinite
+    ``smem_planner(graph, target, stages, infos) -> {kernel index: (bytes, pipeline depth[,
+    register-tile floats])}`` gives graph-defined kernels' shared memory as code generation lays
+    it out (buffers reused across stages, register accumulators left out;
+    ``layout.planned_shared_memory``) instead of validation's bound plus pipeline copies, and
+    the floats a thread keeps in register tiles, for :func:`estimated_registers`. A graph the planner cannot lay out costs infinite
     time."""
     g, stages = unpack(graph)
     t = get_target(target)

@@ -237,3 +237,24 @@ def test_planned_shared_memory_is_what_code_generation_lays_out():
         from mirage_py.layout import LayoutError
         raise LayoutError("does not fit")
     assert math.isinf(AnalyticModel(smem_planner=cannot).predict(big, "h100"))
+
+
+def test_register_tiles_cost_occupancy_under_the_planned_model():
+    """Kernels keeping register tiles are assumed to need 40 + 2 registers per tile float
+    (fitted to ptxas), which lowers occupancy where that exceeds 64."""
+    from mirage_py.cost_model import estimated_registers
+    from mirage_py.superopt import default_model
+    assert estimated_registers(0) == 64 and estimated_registers(8) == 64
+    assert estimated_registers(36) == 112 and estimated_registers(500) == 255
+    assert occupancy(H100, 512, 0, 112) == 1 and occupancy(H100, 512, 0) == 2
+    g = matmul_graph(256, 4096, 256, 64, 64, 64, threads=512)
+    with_tiles, without = (AnalyticModel(smem_planner=lambda *a, f=f: {0: (16384, 2, f)})
+                           .kernel_costs(g, "h100")[0] for f in (36, 0))
+    assert (with_tiles.blocks_per_sm, without.blocks_per_sm) == (1, 2)
+    # the planner reports the floats of the plan's register tiles
+    from benchmarks.fixtures import hand_built
+    from mirage_py.layout import planned_shared_memory
+    (smem, depth, floats), _ = planned_shared_memory(hand_built("gqa", 1)).values()
+    assert floats == 64  # the score fragments and the output accumulator, 32 floats each
+    assert default_model().kernel_costs(hand_built("gqa", 1), "h100")[0].blocks_per_sm == \
+        occupancy(H100, 128, smem, estimated_registers(64))

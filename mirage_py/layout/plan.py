@@ -121,10 +121,11 @@ def wgmma_alignments(op: GraphKernel, info: BlockInfo) -> dict[str, int]:
 
 def planned_shared_memory(graph: KernelGraph, target: Any = "h100",
                           stages: Sequence[int] | None = None,
-                          infos: dict | None = None) -> dict[int, tuple[int, int]]:
-    """(bytes of shared memory, loads in flight) of each graph-defined kernel as code
-    generation will lay it out -- buffers reused across stages, register accumulators left out,
-    pipeline buffers included -- without choosing swizzles (which do not change the bytes). For
+                          infos: dict | None = None) -> dict[int, tuple[int, int, int]]:
+    """(bytes of shared memory, loads in flight, register-tile floats per thread) of each
+    graph-defined kernel as code generation will lay it out -- buffers reused across stages,
+    register accumulators left out, pipeline buffers included -- without choosing swizzles
+    (which do not change the bytes). For
     cost models that want the real footprint rather than validation's bound. ``infos``: the
     graph's ``validate`` result, when the caller has it.
 
@@ -136,13 +137,14 @@ def planned_shared_memory(graph: KernelGraph, target: Any = "h100",
     infos = infos if infos is not None else validate(graph, tgt)
     device = plan_device_memory(graph, infos)
     out = {}
-    for ordinal, (k, (op, _, smem, depth, tiles)) in enumerate(
+    for ordinal, (k, (op, sched, smem, depth, tiles)) in enumerate(
             _memory_plans(graph, tgt, infos, device, stages, True).items()):
         if not tiles:
             want = DEFAULT_PIPELINE if stages is None or ordinal >= len(stages) \
                 else stages[ordinal]
             depth = min(max(1, int(want)), op.block.forloop)
-        out[k] = (smem.total_bytes, depth)
+        floats = sum(r.cfg.register_floats(r.batch, r.m, r.n) for r in sched.registers.values())
+        out[k] = (smem.total_bytes, depth, floats)
     return out
 
 
