@@ -262,7 +262,8 @@ def sector_factor(src: Any, tile: tuple[int, ...]) -> float:
 
 
 def _graph_kernel_cost(op: GraphKernel, info, tensors: dict, t: Target, stages: int,
-                       inter: set[str], planned: tuple[int, int] | None = None) -> KernelCost:
+                       inter: set[str], planned: tuple[int, int, int] | None = None
+                       ) -> KernelCost:
     bg = op.block
     B, T, F = bg.num_blocks, bg.threads, bg.forloop
     shapes, phases = info.shapes, info.phases
@@ -291,14 +292,13 @@ def _graph_kernel_cost(op: GraphKernel, info, tensors: dict, t: Target, stages: 
             simt += _steps(_size(shapes[n.out]), T) * len(n.thread.ops) * reps * B
         elif isinstance(n, Accum) and n.input not in mm_outs:  # MMAs accumulate in place
             simt += _steps(_size(shapes[n.out]), T) * F * B
-    regs = REGS_PER_THREAD
     if planned is not None:  # the layout planner's footprint, pipeline depth, register tiles
-        smem, stages = planned[:2]
-        if len(planned) > 2:
-            regs = estimated_registers(planned[2])
+        smem, stages, floats = planned
+        regs = estimated_registers(floats)
     else:
         stages = min(stages, F)  # a loop of F iterations has at most F of them in flight
         smem = info.smem_bytes + (stages - 1) * int(body_tiles)
+        regs = REGS_PER_THREAD
     r = occupancy(t, T, smem, regs)
     slots = t.sm_count * max(r, 1)
     nbytes = dram = loaded = reads = ib = 0.0
@@ -349,12 +349,12 @@ def kernel_costs(graph: Any, target: Any = "h100",
                  smem_planner: Any = None) -> list[KernelCost]:
     """Per-kernel predictions, in launch order (see the module docstring for the formulas).
 
-    ``smem_planner(graph, target, stages, infos) -> {kernel index: (bytes, pipeline depth[,
-    register-tile floats])}`` gives graph-defined kernels' shared memory as code generation lays
+    ``smem_planner(graph, target, stages, infos) -> {kernel index: (bytes, pipeline depth,
+    register-tile floats)}`` gives graph-defined kernels' shared memory as code generation lays
     it out (buffers reused across stages, register accumulators left out;
     ``layout.planned_shared_memory``) instead of validation's bound plus pipeline copies, and
-    the floats a thread keeps in register tiles, for :func:`estimated_registers`. A graph the planner cannot lay out costs infinite
-    time."""
+    the floats a thread keeps in register tiles, for :func:`estimated_registers`. A graph the
+    planner cannot lay out costs infinite time."""
     g, stages = unpack(graph)
     t = get_target(target)
     infos = validate(g, t)
@@ -363,7 +363,7 @@ def kernel_costs(graph: Any, target: Any = "h100",
         try:
             planned = smem_planner(g, t, stages, infos)
         except MirageError:
-            planned = {k: (t.smem_per_block + 1, 1) for k, op in enumerate(g.ops)
+            planned = {k: (t.smem_per_block + 1, 1, 0) for k, op in enumerate(g.ops)
                        if isinstance(op, GraphKernel)}
     tensors = g.tensors()
     produced = {x.name for op in g.ops for x in op.outputs}

@@ -6,8 +6,9 @@ For each part of ``partition(program, uninterpreted=True)`` that the verifier ca
    target), it is used as is (``PartResult.source == "database"``) and nothing else runs;
 2. **search**: the generator finds candidate μGraph structures (in ``workers`` processes, each
    streaming candidates back as found, so a time budget or Ctrl-C keeps what was found);
-3. **tune**: ``tune_top`` structures -- the best of each kernel count and shape first -- get their annotations (part counts, threads, pipeline
-   stages) tuned by the evolutionary tuner under the cost model; a task scheduler spends
+3. **tune**: ``tune_top`` structures -- the best of each kernel count and shape first -- get
+   their annotations (part counts, threads, pipeline stages) tuned by the evolutionary tuner
+   under the cost model (with the layout planner's shared memory); a task scheduler spends
    ``tune_rounds`` generations per part where the predicted end-to-end gain is largest;
 4. **measure**: with a GPU (or any runner that measures), the ``measure_top`` best are timed and
    re-ranked by measured time;
@@ -336,7 +337,7 @@ def tuning_choice(ranked: list[tuple[float, Candidate]], top: int) -> list[Candi
         for _, c in ranked:
             if len(picked) >= top:
                 return picked
-            if c in picked or key and key(c.graph) in seen:
+            if any(c is p for p in picked) or key and key(c.graph) in seen:
                 continue
             picked.append(c)
             if key:

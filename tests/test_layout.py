@@ -176,6 +176,7 @@ def test_swizzles_make_ldmatrix_conflict_free_on_fixtures():
     layout/swizzle.py), where the identity layout had them; every fixture with 16-bit operand
     tiles of 32-byte rows or more gets at least one swizzle."""
     from mirage_py.layout.swizzle import Swizzle, ideal_wavefronts, wavefronts
+    from mirage_py.layout.mma import tile_matmul
     from mirage_py.layout.tile_swizzle import _matmul_reads
     from mirage_py.ugraph.graph import BlockOp
     swizzled = 0
@@ -186,7 +187,8 @@ def test_swizzles_make_ldmatrix_conflict_free_on_fixtures():
             for op in bg.ops:
                 if not (isinstance(op, BlockOp) and op.op == "matmul"):
                     continue
-                for tile, reads in _matmul_reads(op, kp.info, bg.threads).items():
+                tm = tile_matmul(op, kp.info, bg.threads)
+                for tile, reads in _matmul_reads(tm, kp.info).items():
                     sw = kp.swizzles.get(tile, Swizzle.identity())
                     for ins, _ in reads:
                         for i in ins:
@@ -243,6 +245,7 @@ def test_computed_fp32_operands_are_swizzled_for_fragment_reads():
     operand of e @ v element by element) get a swizzle that cuts the model's wavefronts of
     those reads at least fourfold; the emulator tests run the swizzled kernels."""
     from mirage_py.layout.swizzle import Swizzle, cost
+    from mirage_py.layout.mma import tile_matmul
     from mirage_py.layout.tile_swizzle import _fragment_a_reads
     from mirage_py.ugraph.graph import BlockOp
     g = hand_built("gqa", 1)
@@ -250,7 +253,7 @@ def test_computed_fp32_operands_are_swizzled_for_fragment_reads():
     assert "e" in kp.swizzles
     (pv,) = [op for op in g.ops[0].block.ops if isinstance(op, BlockOp) and op.op == "matmul"
              and op.operands[0] == "e"]
-    tile, reads = _fragment_a_reads(pv, kp.info, g.ops[0].block.threads)
+    tile, reads = _fragment_a_reads(tile_matmul(pv, kp.info, g.ops[0].block.threads), kp.info)
     assert tile == "e"
     assert cost(reads, Swizzle.identity()) >= 4 * cost(reads, kp.swizzles["e"])
 

@@ -26,7 +26,7 @@ from .cexpr import (CTYPES, Names, broadcast_coords, elementwise, flit, linear, 
                     prune_unused, row_major, declare_coords)
 from .errors import CodegenError
 from .launch import KernelParam, LaunchSpec
-from ..layout.mma import tile_matmul
+from ..layout.mma import tile_matmul, wgmma_operands
 from ..layout.swizzle import Swizzle
 
 BLOCK_IDX = ("blockIdx.x", "blockIdx.y", "blockIdx.z")
@@ -46,6 +46,7 @@ class BlockKernelEmitter:
         self.target = target
         self.tensor_cores = tensor_cores
         self.info = kplan.info
+        self.uses_wgmma = tensor_cores and bool(wgmma_operands(gk.block, kplan.info))
         self.kernel = kernel
         self.T, self.F = self.bg.threads, self.bg.forloop
         for n in (*gk.inputs, *(t.name for t in gk.outputs)):
@@ -277,7 +278,8 @@ class BlockKernelEmitter:
                 pre = f"const int {', '.join(used)}; " if used else ""
                 return f"[](int bt) {{ {pre}return {off}; }}"
             offsets = (batch_offset(sa), batch_offset(sb))
-        mma = tile_matmul(n, self.info, self.T).cfg if self.tensor_cores else None
+        tm = tile_matmul(n, self.info, self.T)
+        mma = tm.cfg if self.tensor_cores else None
         if mma is None:
             head = self._header(st, f"{n.out} = matmul({a}, {b}): {sa} @ {sb}, fp32 FMA")
             if prod(batch) == 1:
@@ -293,8 +295,7 @@ class BlockKernelEmitter:
             swz_args = ", " + ", ".join("NoSwizzle" if z is None else swizzle_type(z)
                                         for z in swz)
         if mma.wgmma:
-            t = tile_matmul(n, self.info, self.T)
-            tiling = f"{t.batch}, {m}, {nn}, {k}, {mma.warps}"
+            tiling = f"{tm.batch}, {m}, {nn}, {k}, {mma.warps}"
             call = [f"tile_wgmma<{tiling}, {mma.etype}{swz_args}>(", None,
                     f"    {offsets[0]},", f"    {offsets[1]});"]
             if st.writes in self.reg_acc:
@@ -302,7 +303,7 @@ class BlockKernelEmitter:
                 decl = [] if reg.carried else [f"float {self.regs(st.writes)}{reg.dims} = {{}};"]
                 call[1] = f"    {self.regs(st.writes)}, {self.tile(a)}, {self.tile(b)},"
                 return [head + " (registers)", *decl, *call]
-            dims = f"[{mma.rounds(t.batch, m, nn)}][{mma.ng}][4]"
+            dims = f"[{mma.rounds(tm.batch, m, nn)}][{mma.ng}][4]"
             call[1] = f"    w_acc, {self.tile(a)}, {self.tile(b)},"
             return [head, "{", f"  float w_acc{dims} = {{}};", *("  " + c for c in call),
                     f"  frags_to_smem<{tiling}, {mma.ng}, {acc}>({self.tile(st.writes)}, "
@@ -451,12 +452,6 @@ class BlockKernelEmitter:
         return out
 
     # -- the kernel -----------------------------------------------------------------------------
-    @property
-    def uses_wgmma(self) -> bool:
-        return self.tensor_cores and any(
-            getattr(n, "op", None) == "matmul" and tile_matmul(n, self.info, self.T).cfg_is_wgmma
-            for n in self.bg.ops)
-
     def barrier(self) -> str:
         """A block barrier; with warpgroup MMAs each thread first makes its shared-memory writes
         visible to the async proxy wgmma reads through."""

@@ -172,7 +172,8 @@ def compile_with_nvcc(text: str, archs: tuple[str, ...] = ARCHS, *,
                        if "Potential Performance Loss" in ln or re.search(r"\(C75\d\d\)", ln)])
 
 
-ARCH_TARGET = {"sm_80": "a100", "sm_90": "h100", "sm_90a": "h100"}  # the limits each arch is checked against
+# the limits each arch is checked against
+ARCH_TARGET = {"sm_80": "a100", "sm_90": "h100", "sm_90a": "h100"}
 
 
 def check_resources(res: KernelResources, spec: LaunchSpec, target: Target,

@@ -4,9 +4,9 @@ compute the target outputs from the program inputs.
 State: the device tensors available (inputs, then kernel outputs). A move adds one kernel: for
 every *structure* -- which dimension labels the grid axes split and which label the for-loop runs
 over -- the part counts come from the shapes and the target (tiles of at most 64 along parallel
-labels -- one entry per block along batch-only labels --, split reductions sized
-to fill the SMs, loop chunks of 64), the block-level search
-saturates, and the kernel it yields either finishes target outputs or saves partial results.
+labels, one entry per block along batch-only labels, split reductions sized to fill the SMs,
+loop chunks of 64), the block-level search saturates, and the kernel it yields either finishes
+target outputs or saves partial results.
 Depth is bounded (``max_kernels``); states already seen are skipped.
 """
 

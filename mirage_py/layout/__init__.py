@@ -9,6 +9,7 @@ from .smem import SmemPlan, plan_shared_memory
 from .tensors import DevicePlan, TensorLayout, dense_layout, padded_layout, plan_device_memory
 
 __all__ = ["Buffer", "first_fit", "GraphPlan", "KernelPlan", "LayoutError", "plan_graph",
+           "planned_shared_memory",
            "BlockSchedule", "Step", "schedule_block", "vector_width", "SmemPlan",
            "plan_shared_memory", "DevicePlan", "TensorLayout", "dense_layout", "padded_layout",
            "plan_device_memory"]

@@ -26,6 +26,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from ..lax.ops import DTYPES
+
 WARP = 32
 MMA_M, MMA_N, MMA_K = 16, 8, 16
 
@@ -159,13 +161,6 @@ class TileMatmul:
     def cfg_is_wgmma(self) -> bool:
         return self.cfg is not None and self.cfg.wgmma
 
-    def swizzle_period_bytes(self, info: Any) -> dict[str, int]:
-        """For a warpgroup MMA: operand tile -> the bytes of one swizzle atom (8 rows), the
-        alignment its shared-memory offset needs (the hardware swizzles absolute addresses)."""
-        if not self.cfg_is_wgmma:
-            return {}
-        return {t: 8 * info.shapes[t][-1] * 2 for t in (self.a, self.b)}
-
 
 def tile_matmul(node: Any, info: Any, threads: int) -> TileMatmul:
     """The geometry of a block matmul ``node`` (BlockInfo ``info``, ``threads`` per block)."""
@@ -176,6 +171,20 @@ def tile_matmul(node: Any, info: Any, threads: int) -> TileMatmul:
     da, db = info.dtypes[a], info.dtypes[b]
     return TileMatmul(a, b, batch, m, k, n, wgmma_config(batch, m, n, k, threads, da, db) or
                       mma_config(batch, m, n, threads, da, db))
+
+
+def wgmma_operands(bg: Any, info: Any) -> dict[str, int]:
+    """Operand tile of a warpgroup MMA in block graph ``bg`` -> its row bytes (one swizzle atom
+    wide: the atom is 8 such rows, the alignment its offset needs, and the row width selects
+    the canonical swizzle, see :func:`wgmma_swizzle_bits`)."""
+    out: dict[str, int] = {}
+    for node in bg.ops:
+        if getattr(node, "op", None) == "matmul":
+            t = tile_matmul(node, info, bg.threads)
+            if t.cfg_is_wgmma:
+                for tile in (t.a, t.b):
+                    out[tile] = info.shapes[tile][-1] * DTYPES[info.dtypes[tile]]
+    return out
 
 
 def register_tile(node: Any, info: Any, threads: int,

@@ -10,7 +10,7 @@ from ..errors import MirageError
 from ..targets import Target, get_target
 from ..ugraph.graph import GraphKernel, KernelGraph
 from ..ugraph.validate import BlockInfo, validate
-from .mma import tile_matmul
+from .mma import wgmma_operands
 from .schedule import LOAD, BlockSchedule, schedule_block
 from .smem import SmemPlan, plan_shared_memory
 from .swizzle import Swizzle
@@ -70,6 +70,13 @@ def plan_graph(graph: KernelGraph, target: Any = "h100",
     return plan
 
 
+def _requested_depth(stages: Sequence[int] | None, ordinal: int, op: GraphKernel) -> int:
+    """The pipeline depth asked for graph-defined kernel number ``ordinal`` (default 2), capped
+    by its loop."""
+    depth = DEFAULT_PIPELINE if stages is None or ordinal >= len(stages) else stages[ordinal]
+    return min(max(1, int(depth)), op.block.forloop)
+
+
 def _memory_plans(graph: KernelGraph, tgt: Target, infos: dict, device: DevicePlan,
                   stages: Sequence[int] | None, tensor_cores: bool) -> dict[int, tuple]:
     """Per graph-defined kernel: (op, schedule, shared-memory plan, pipeline depth, pipelined
@@ -85,7 +92,10 @@ def _memory_plans(graph: KernelGraph, tgt: Target, infos: dict, device: DevicePl
         outs = [device.layouts[t.name] for t in op.outputs]
         sched = schedule_block(op.block, info, layouts, output_layouts=outs,
                                tensor_cores=tensor_cores)
-        aligns = wgmma_alignments(op, info) if tensor_cores else {}
+        # warpgroup-MMA operands sit on their swizzle atom (8 rows): the hardware swizzles
+        # absolute addresses
+        aligns = {t: 8 * row for t, row in wgmma_operands(op.block, info).items()} \
+            if tensor_cores else {}
         smem = plan_shared_memory(sched, info, aligns=aligns)
         if smem.total_bytes > info.smem_bytes:
             # fewest barriers needs more space than validation assumed: serialise if that helps
@@ -94,8 +104,7 @@ def _memory_plans(graph: KernelGraph, tgt: Target, infos: dict, device: DevicePl
             lean_smem = plan_shared_memory(lean, info, aligns=aligns)
             if lean_smem.total_bytes < smem.total_bytes:
                 sched, smem = lean, lean_smem
-        depth = DEFAULT_PIPELINE if stages is None or ordinal >= len(stages) else stages[ordinal]
-        depth = min(max(1, int(depth)), op.block.forloop)
+        depth = _requested_depth(stages, ordinal, op)
         tiles = pipeline_tiles(sched) if depth > 1 else ()
         while tiles and depth > 1:
             piped = plan_shared_memory(sched, info, {t: depth for t in tiles}, aligns)
@@ -109,25 +118,14 @@ def _memory_plans(graph: KernelGraph, tgt: Target, infos: dict, device: DevicePl
     return out
 
 
-def wgmma_alignments(op: GraphKernel, info: BlockInfo) -> dict[str, int]:
-    """Operand tile -> the byte alignment a warpgroup MMA needs (one swizzle atom)."""
-    out: dict[str, int] = {}
-    for n in op.block.ops:
-        if getattr(n, "op", None) == "matmul":
-            for t, a in tile_matmul(n, info, op.block.threads).swizzle_period_bytes(info).items():
-                out[t] = max(out.get(t, 1), a)
-    return out
-
-
 def planned_shared_memory(graph: KernelGraph, target: Any = "h100",
                           stages: Sequence[int] | None = None,
                           infos: dict | None = None) -> dict[int, tuple[int, int, int]]:
     """(bytes of shared memory, loads in flight, register-tile floats per thread) of each
     graph-defined kernel as code generation will lay it out -- buffers reused across stages,
     register accumulators left out, pipeline buffers included -- without choosing swizzles
-    (which do not change the bytes). For
-    cost models that want the real footprint rather than validation's bound. ``infos``: the
-    graph's ``validate`` result, when the caller has it.
+    (which do not change the bytes). For cost models that want the real footprint rather than
+    validation's bound. ``infos``: the graph's ``validate`` result, when the caller has it.
 
     Loads in flight: the cp.async pipeline's depth (lowered until the buffers fit). A loop with
     no cp.async tiles -- its loads go straight into accumulators -- keeps the requested depth
@@ -140,9 +138,7 @@ def planned_shared_memory(graph: KernelGraph, target: Any = "h100",
     for ordinal, (k, (op, sched, smem, depth, tiles)) in enumerate(
             _memory_plans(graph, tgt, infos, device, stages, True).items()):
         if not tiles:
-            want = DEFAULT_PIPELINE if stages is None or ordinal >= len(stages) \
-                else stages[ordinal]
-            depth = min(max(1, int(want)), op.block.forloop)
+            depth = _requested_depth(stages, ordinal, op)
         floats = sum(r.cfg.register_floats(r.batch, r.m, r.n) for r in sched.registers.values())
         out[k] = (smem.total_bytes, depth, floats)
     return out

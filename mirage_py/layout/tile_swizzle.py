@@ -22,15 +22,15 @@ import math
 from ..lax.ops import DTYPES
 from ..ugraph.graph import BlockGraph, BlockOp, InputIter, tiles_read
 from ..ugraph.validate import BlockInfo
-from .mma import MMA_K, MMA_M, MMA_N, ldmatrix_operands, tile_matmul, wgmma_swizzle_bits
+from .mma import (MMA_K, MMA_M, MMA_N, TileMatmul, ldmatrix_operands, tile_matmul,
+                  wgmma_operands, wgmma_swizzle_bits)
 from .schedule import COMPUTE, LOAD, SAVE, BlockSchedule
 from .swizzle import (Instruction, Swizzle, choose_swizzle, cp_async_fill, elementwise,
                       fragment_reads_a, ldmatrix_a, ldmatrix_b_trans)
 
 
-def _matmul_reads(op: BlockOp, info: BlockInfo, threads: int) -> dict[str, list]:
+def _matmul_reads(t: TileMatmul, info: BlockInfo) -> dict[str, list]:
     """tile -> [(ldmatrix instructions, weight)] for the operands this matmul reads by ldmatrix."""
-    t = tile_matmul(op, info, threads)
     if t.cfg is None or t.batch != 1:
         return {}
     m, k, n = t.m, t.k, t.n
@@ -48,10 +48,9 @@ def _matmul_reads(op: BlockOp, info: BlockInfo, threads: int) -> dict[str, list]
     return out
 
 
-def _fragment_a_reads(op: BlockOp, info: BlockInfo, threads: int) -> tuple[str, list] | None:
+def _fragment_a_reads(t: TileMatmul, info: BlockInfo) -> tuple[str, list] | None:
     """The A operand of a tensor-core matmul that is read element by element as fp32 fragments
     (a tile computed in the block, such as attention probabilities): (tile, weighted reads)."""
-    t = tile_matmul(op, info, threads)
     if t.cfg is None or t.batch != 1 or info.dtypes[t.a] != "float32" or t.m % MMA_M or \
             t.k % MMA_K:
         return None
@@ -76,15 +75,18 @@ def plan_swizzles(bg: BlockGraph, info: BlockInfo, sched: BlockSchedule) -> dict
     Candidates: tiles filled by an iterator load and read by ldmatrix, and fp32 tiles computed by
     element-wise operators (in element or fragment order) and read as element-wise A fragments
     -- unless a 16-byte store reads them (it needs 32 contiguous bytes of an fp32 tile)."""
-    canonical = wgmma_swizzles(bg, info)
+    canonical = {t: Swizzle(wgmma_swizzle_bits(row), 3, 3)
+                 for t, row in wgmma_operands(bg, info).items()}
     reads: dict[str, list] = {}
     computed: dict[str, list] = {}
     for op in bg.ops:
-        if isinstance(op, BlockOp) and op.op == "matmul" and \
-                not tile_matmul(op, info, bg.threads).cfg_is_wgmma:
-            for t, acc in _matmul_reads(op, info, bg.threads).items():
+        if not (isinstance(op, BlockOp) and op.op == "matmul"):
+            continue
+        tm = tile_matmul(op, info, bg.threads)
+        if not tm.cfg_is_wgmma:
+            for t, acc in _matmul_reads(tm, info).items():
                 reads.setdefault(t, []).extend(acc)
-            frag = _fragment_a_reads(op, info, bg.threads)
+            frag = _fragment_a_reads(tm, info)
             if frag is not None:
                 computed.setdefault(frag[0], []).extend(frag[1])
     loaded = {st.node.out: st for st in sched.steps
@@ -108,19 +110,5 @@ def plan_swizzles(bg: BlockGraph, info: BlockInfo, sched: BlockSchedule) -> dict
         fill: list[Instruction] = cp_async_fill(n, eb, bg.threads) if loaded[t].vector > 1 \
             else elementwise(n, eb, bg.threads)
         out[t] = _choose(bg, info, t, [*acc, (fill, 1.0)])
-    out = {t: s for t, s in out.items() if t not in canonical}
-    out.update(canonical)
+    out.update(canonical)  # the hardware's layout wins over any choice
     return {t: s for t, s in out.items() if not s.is_identity}
-
-
-def wgmma_swizzles(bg: BlockGraph, info: BlockInfo) -> dict[str, Swizzle]:
-    """The canonical swizzle of every operand tile of a warpgroup MMA in this block."""
-    out: dict[str, Swizzle] = {}
-    for op in bg.ops:
-        if isinstance(op, BlockOp) and op.op == "matmul":
-            t = tile_matmul(op, info, bg.threads)
-            if t.cfg_is_wgmma:
-                for tile in (t.a, t.b):
-                    row = info.shapes[tile][-1] * DTYPES[info.dtypes[tile]]
-                    out[tile] = Swizzle(wgmma_swizzle_bits(row), 3, 3)
-    return out
