@@ -25,7 +25,9 @@ import contextlib
 import datetime as _dt
 import json
 import os
+import random
 import sqlite3
+import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
@@ -139,17 +141,29 @@ class ResultsDB:
                 from None
         if os.path.isdir(self.path):
             raise DatabaseError(f"{self.path} is a directory, not a results database file")
+        # SQLite answers "locked" at once, without waiting out the busy timeout, when opening
+        # races another process that creates the schema or switches the journal to WAL: retry
+        # until the timeout is spent (a fork-started CI run hit it with four writers)
+        deadline = time.monotonic() + self.timeout
         with self._guard("open it"):
-            con = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None,
-                                  check_same_thread=False)
-            try:
-                self._check_or_create(con)
-                con.execute("PRAGMA journal_mode=WAL")
-                con.execute("PRAGMA synchronous=NORMAL")
-                con.execute("PRAGMA foreign_keys=ON")
-            except BaseException:
-                con.close()
-                raise
+            while True:
+                con = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None,
+                                      check_same_thread=False)
+                try:
+                    self._check_or_create(con)  # first: never switch a foreign file to WAL
+                    con.execute("PRAGMA journal_mode=WAL")
+                    con.execute("PRAGMA synchronous=NORMAL")
+                    con.execute("PRAGMA foreign_keys=ON")
+                    break
+                except sqlite3.OperationalError as e:
+                    con.close()
+                    busy = "locked" in str(e) or "busy" in str(e)
+                    if not busy or time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.02 + 0.08 * random.random())
+                except BaseException:
+                    con.close()
+                    raise
         self._con, self._pid = con, os.getpid()
         return con
 
