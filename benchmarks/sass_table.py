@@ -104,11 +104,12 @@ def markdown(doc: dict) -> str:
         "(instructions in the code, not executed). *matmul*: the kernel computes a tile matmul "
         "(graph-defined with a matmul block op, or a pre-defined matmul). *HMMA / HGMMA*: "
         "tensor-core instructions (mma.sync / warpgroup MMA, sm_90a only). *LDL/STL*: local-memory loads/stores. *ld 128/narrow*: 128-bit "
-        "global reads (LDG.128 + LDGSTS.128) / narrower ones. *st 128/narrow*: the same for "
+        "global reads (LDG.128 + LDGSTS.128) / narrower ones. *TMA*: bulk tensor copies "
+        "(UTMALDG: pipelined tiles fetched by TMA, sm_90+). *st 128/narrow*: the same for "
         "STG. *spills*: ptxas's spill stores/loads in bytes.", "",
         "| benchmark | kernel | grid | threads | dyn smem | regs | spills | matmul | HMMA / HGMMA | LDSM "
-        "| LDL/STL | ld 128/narrow | st 128/narrow | instrs |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        "| LDL/STL | ld 128/narrow | TMA | st 128/narrow | instrs |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in doc["records"]:
         s = r["sass"]
         kernel = r["kernel"]
@@ -117,14 +118,16 @@ def markdown(doc: dict) -> str:
             f"{r['smem_dynamic']} | {r['registers']} | {r['spill_stores']}/{r['spill_loads']} | "
             f"{'yes' if r['tile_matmul'] else '-'} | {s['hmma']} / {s['hgmma']} | {s['ldsm']} | "
             f"{s['ldl']}/{s['stl']} | {s['global_loads_128']}/{s['global_loads_narrow']} | "
+            f"{s.get('tma', 0)} | "
             f"{s['global_stores_128']}/{s['global_stores_narrow']} | {s['instructions']} |")
     mm = [r for r in doc["records"] if r["tile_matmul"]]
     tc = [r for r in mm if r["sass"]["hmma"] + r["sass"]["hgmma"] > 0]
     local = [r for r in doc["records"] if r["sass"]["ldl"] + r["sass"]["stl"] > 0]
     wg = [r for r in mm if r["sass"]["hgmma"] > 0]
+    tma = [r for r in doc["records"] if r["sass"].get("tma", 0) > 0]
     lines += ["", f"Kernels: {len(doc['records'])}; with a tile matmul: {len(mm)}, of which on "
               f"tensor cores: {len(tc)} ({len(wg)} with warpgroup MMA); using local memory: "
-              f"{len(local)}."]
+              f"{len(local)}; with TMA copies: {len(tma)}."]
     return "\n".join(lines) + "\n"
 
 

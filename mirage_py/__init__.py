@@ -12,7 +12,7 @@ from .lax import (Output, Partition, Program, Tensor, exp, gelu, matmul, mean, p
 from .verifier import check_numerics, verify
 from .superopt import OptimizedProgram, load, superopt
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 __all__ = ["DatabaseError", "DTypeError", "MirageError", "ProgramError", "SerializationError", "ShapeError",
            "TargetError", "ValidationError", "Output", "Partition", "Program", "Tensor", "exp",

@@ -51,6 +51,11 @@ class Target:
     def max_warps_per_sm(self) -> int:
         return self.max_threads_per_sm // 32
 
+    @property
+    def tma(self) -> bool:
+        """Has the Tensor Memory Accelerator (cp.async.bulk.tensor): sm_90 and later."""
+        return int(self.arch.split("_")[1].rstrip("a")) >= 90
+
 
 TARGETS: dict[str, Target] = {
     "a100": Target(

@@ -63,8 +63,9 @@ class RawKernel:
     def __call__(self, grid, block, args, shared_mem=0):
         assert shared_mem <= self.max_dynamic_shared_size_bytes, "attribute not raised"
         self.calls.append((tuple(grid), tuple(block), shared_mem))
-        run_kernel(self.lib, self.name, [a.data.ptr for a in args], tuple(grid), tuple(block),
-                   shared_mem, order=1)
+        # CuPy arrays by pointer; by-value structs (TMA maps) as NumPy arrays, by address
+        ptrs = [a.data.ptr if isinstance(a, ndarray) else a.ctypes.data for a in args]
+        run_kernel(self.lib, self.name, ptrs, tuple(grid), tuple(block), shared_mem, order=1)
 
 
 class RawModule:
@@ -75,7 +76,8 @@ class RawModule:
 
     def compile(self):
         RawModule.compiled += 1
-        self.lib = ctypes.CDLL(str(build_emulator_code(self.code)))
+        defines = [o[2:] for o in self.options if o.startswith("-D")]
+        self.lib = ctypes.CDLL(str(build_emulator_code(self.code, defines)))
 
     def get_function(self, name):
         return RawKernel(self.lib, name)

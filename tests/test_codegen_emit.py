@@ -179,4 +179,5 @@ def test_launch_bounds_promise_one_block_only_when_only_one_fits():
     one = replace(src.launches[0], min_blocks=1)
     assert "__launch_bounds__(64, 1)" in one.signature()
     (name, params), = kernel_signatures(one.signature() + " {}")
-    assert name == one.kernel and len(params) == len(one.params)
+    assert name == one.kernel and len(params) == len(one.params) + len(one.tensor_maps)
+    assert one.tensor_maps and params[-1] == (True, "mp_tensor_map")  # TMA maps by value

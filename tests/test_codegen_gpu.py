@@ -139,3 +139,20 @@ def test_warpgroup_mma_cases_on_gpu(case, wgmma, monkeypatch):
     path = list(runtime.COMPILED_FOR.values())[-1]
     cc_major = cp.cuda.Device().compute_capability
     assert path == ("sm_90a" if wgmma and cc_major == "90" else "cupy default")
+
+
+@pytest.mark.parametrize("tma", [True, False], ids=["tma", "cp_async"])
+@pytest.mark.parametrize("name", ["gqa", "rmsnorm_linear", "lora", "gated_mlp", "exp_matmul"])
+def test_tma_and_cp_async_builds_on_gpu(name, tma, monkeypatch):
+    """The fixtures whose pipelined tiles arrive by TMA (sm_90 GPUs), built with TMA and with
+    the cp.async fallback (MIRAGE_PY_NO_TMA): both must equal the interpreter. A failure of
+    the first only points at the tensor maps, the mbarrier protocol or the TMA swizzles."""
+    if tma:
+        monkeypatch.delenv("MIRAGE_PY_NO_TMA", raising=False)
+    else:
+        monkeypatch.setenv("MIRAGE_PY_NO_TMA", "1")
+    g = hand_built(name, 1)
+    assert any(s.tensor_maps for s in CompiledGraph(g, "h100").source.launches)
+    _check(g, get_inputs(name, 1, seed=11))
+    major = int(cp.cuda.Device().compute_capability[:-1])
+    assert CompiledGraph(g, "h100").tma == (tma and major >= 9)

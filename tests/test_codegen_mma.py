@@ -148,7 +148,8 @@ def test_cp_async_pipeline_depths(depth):
     if depth > 1:
         assert f"cp_async_wait_group<{depth - 1}>()" in src.kernels[0]
     x = _inputs(g, depth)
-    out = EmulatedGraph(src, order="reverse")(x)["Y"]
+    lib = build_emulator(src, ("MIRAGE_NO_TMA",))  # the cp.async path (TMA: test_codegen_tma)
+    out = EmulatedGraph(src, order="reverse", lib=lib)(x)["Y"]
     assert _rel(out, g.run(x, precision="gpu")["Y"]) <= 2e-3
 
 
@@ -159,7 +160,7 @@ def test_a_missing_pipeline_wait_is_caught():
     from dataclasses import replace
     bad = replace(src, kernels=kernels, prefix="nowait_bad")
     x = _inputs(g, 9)
-    out = EmulatedGraph(bad)(x)["Y"]
+    out = EmulatedGraph(bad, lib=build_emulator(bad, ("MIRAGE_NO_TMA",)))(x)["Y"]
     ref = g.run(x, precision="gpu")["Y"]
     assert not np.all(np.isfinite(out)) or _rel(out, ref) > 0.1
 
@@ -251,3 +252,14 @@ def test_wgmma_operands_get_canonical_swizzles_and_aligned_buffers():
     assert sw == {"a": (2, 3, 3), "b": (3, 3, 3)}  # 64-byte rows of A, 128-byte rows of B
     for t, atom in (("a", 512), ("b", 1024)):
         assert kp.smem.offsets[t] % atom == 0
+
+
+def test_fma_matmuls_get_unswizzled_operands():
+    """``tensor_cores=False``: the FMA tile matmul reads its operands row-major, so the planner
+    gives them no swizzle (it once chose the ldmatrix swizzles anyway, and the results were
+    garbage)."""
+    g = block_matmul("fma_plain", 1, 16, 128, 32, loop=8, threads=64)
+    src = emit_cuda(g, prefix="fma_plain", stages=[2], tensor_cores=False)
+    assert src.plan.kernels[0].swizzles == {} and "tile_matmul<" in src.kernels[0]
+    x = _inputs(g, 4)
+    assert _rel(EmulatedGraph(src)(x)["Y"], g.run(x, precision="gpu")["Y"]) <= 1e-5

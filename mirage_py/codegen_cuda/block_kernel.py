@@ -25,7 +25,7 @@ from ..ugraph.printing import format_block
 from .cexpr import (CTYPES, Names, broadcast_coords, elementwise, flit, linear, prod,
                     prune_unused, row_major, declare_coords)
 from .errors import CodegenError
-from .launch import KernelParam, LaunchSpec
+from .launch import KernelParam, LaunchSpec, TensorMapParam
 from ..layout.mma import tile_matmul, wgmma_operands
 from ..layout.swizzle import Swizzle
 
@@ -61,6 +61,9 @@ class BlockKernelEmitter:
                           for i, n in enumerate(gk.inputs)]
         self.out_params = [KernelParam(t.name, CTYPES[t.dtype], False, pnames(t.name))
                            for t in gk.outputs]
+        tnames = Names("tm_")
+        self.tensor_maps = {t: TensorMapParam(c.tensor, tnames(t), c)
+                            for t, c in kplan.tma.items()}
 
     def regs(self, acc: str) -> str:
         return "r_" + self.tile(acc)[2:]
@@ -419,10 +422,57 @@ class BlockKernelEmitter:
         return f"{self.stage_buffers(tile)} + ({iteration}) % {self.plan.pipeline} * {n}"
 
     def prefetch(self, steps: list[Step], iteration: str) -> list[str]:
+        """The copies of ``iteration``'s pipelined tiles into their buffers: 16-byte cp.async
+        copies, or -- where TMA is compiled in -- one TMA copy per qualifying tile, issued by
+        thread 0 on the stage's mbarrier."""
+        def cp_async(sts: list[Step]) -> list[str]:
+            out = []
+            for st in sts:
+                out += self.emit_load(st, iteration, f"({self.buffer(st.writes, iteration)})")
+            return out
+        tma = [st for st in steps if st.writes in self.tensor_maps]
+        if not tma:
+            return cp_async(steps)
+        bar = f"tma_bar + ({iteration}) % {self.plan.pipeline}"
+        issue = ["if (threadIdx.x == 0) {  // one thread arms the stage's mbarrier and issues",
+                 f"  mbar_expect_tx({bar}, "
+                 f"{sum(self.tensor_maps[st.writes].copy.nbytes for st in tma)});"]
+        for st in tma:
+            c = self.tensor_maps[st.writes].copy
+            coords = ", ".join(self.tma_coords(st, iteration))
+            issue.append(f"  tma_load<{c.rank}>({self.buffer(st.writes, iteration)}, "
+                         f"{self.tensor_maps[st.writes].cname}, {bar}, {coords});  "
+                         f"// {st.writes}: box {c.box} of {c.tensor}"
+                         + (f", {16 << c.swizzle}B swizzle" if c.swizzle else ""))
+        issue.append("}")
+        return ["#ifdef MIRAGE_TMA", *issue, *cp_async([st for st in steps if st not in tma]),
+                "#else", *cp_async(steps), "#endif"]
+
+    def tma_coords(self, st: Step, iteration: str) -> list[str]:
+        """The tile's start in the tensor, one coordinate per tensor-map dim (innermost
+        first): the block's part along grid-split dims plus the iteration's along the loop's."""
+        it: InputIter = st.node
+        lay = self.device.layouts[self.gk.inputs[it.input]]
         out = []
-        for st in steps:
-            out += self.emit_load(st, iteration, f"({self.buffer(st.writes, iteration)})")
+        for d in self.tensor_maps[st.writes].copy.logical:
+            terms = [f"{BLOCK_IDX[a]} * {lay.shape[d] // self.bg.grid[a]}"
+                     if lay.shape[d] > self.bg.grid[a] else BLOCK_IDX[a] for a in range(3)
+                     if it.imap[a] == d and self.bg.grid[a] > 1]
+            if it.fmap == d and self.F > 1:
+                terms.append(f"({iteration}) * {self.shape(it.out)[d]}")
+            out.append(" + ".join(terms) or "0")
         return out
+
+    def pipeline_wait(self) -> list[str]:
+        """Wait until this iteration's pipelined tiles have landed."""
+        s = self.plan.pipeline
+        cp = ["cp_async_commit();", f"cp_async_wait_group<{s - 1}>();  // this iteration's tiles landed"]
+        if not self.tensor_maps:
+            return cp
+        rest = [t for t in self.plan.pipelined if t not in self.tensor_maps]
+        return ["#ifdef MIRAGE_TMA", *(cp if rest else []),
+                f"mbar_wait(tma_bar + it % {s}, (it / {s}) & 1);  // this iteration's TMA tiles "
+                "landed", "#else", *cp, "#endif"]
 
     def emit_stage(self, stage: int) -> list[str]:
         steps = self.plan.schedule.in_stage(stage)
@@ -436,8 +486,7 @@ class BlockKernelEmitter:
             out += [f"if ({ahead} < {self.F}) {{  // prefetch iteration {ahead} "
                     f"({s} stages in flight)",
                     *("  " + x for x in self.prefetch(piped, ahead)), "}",
-                    "cp_async_commit();",
-                    f"cp_async_wait_group<{s - 1}>();  // this iteration's tiles landed"]
+                    *self.pipeline_wait()]
         elif any(st.kind == LOAD and st.vector > 1 and not st.into for st in steps):
             out.append("cp_async_wait_all();  // this thread's copies landed")
         return out
@@ -447,9 +496,22 @@ class BlockKernelEmitter:
                  if st.kind == LOAD and st.writes in self.plan.pipelined]
         out = [f"// software pipeline: iterations 0..{self.plan.pipeline - 2} of "
                f"{', '.join(self.plan.pipelined)} in flight before the loop"]
+        commit = ["cp_async_commit();"]
+        if piped and all(st.writes in self.tensor_maps for st in piped):
+            commit = ["#ifndef MIRAGE_TMA", *commit, "#endif"]  # no cp.async group to close
         for j in range(self.plan.pipeline - 1):
-            out += [*self.prefetch(piped, str(j)), "cp_async_commit();"]
+            out += [*self.prefetch(piped, str(j)), *commit]
         return out
+
+    def tma_barriers(self) -> list[str]:
+        """The mbarriers of the TMA copies, one per pipeline stage, set up by thread 0."""
+        s = self.plan.pipeline
+        return ["#ifdef MIRAGE_TMA",
+                "unsigned long long* const tma_bar = reinterpret_cast<unsigned long long*>"
+                f"(smem + {self.plan.barriers});  // {s} mbarriers, one per pipeline stage",
+                "if (threadIdx.x == 0) {", f"  for (int s = 0; s < {s}; ++s) mbar_init(tma_bar + s, 1);",
+                "  mbar_fence_init();", "}", "__syncthreads();  // the mbarriers are set up",
+                "#endif"]
 
     # -- the kernel -----------------------------------------------------------------------------
     def barrier(self) -> str:
@@ -480,7 +542,8 @@ class BlockKernelEmitter:
         sched, smem = self.plan.schedule, self.plan.smem
         spec = LaunchSpec(self.kernel, self.plan.index, self.bg.grid, (self.T, 1, 1),
                           smem.total_bytes, tuple(self.in_params + self.out_params),
-                          1 if self.one_block_per_sm(smem.total_bytes) else 0)
+                          1 if self.one_block_per_sm(smem.total_bytes) else 0,
+                          tuple(self.tensor_maps.values()))
         lines = [f"// {'-' * 94}", f"// graph-defined kernel #{self.plan.index}: "
                  f"grid {self.bg.grid}, {self.T} threads, for-loop of {self.F}"]
         outs = ", ".join(f"{t.name}: {t.shape} {t.dtype}" for t in self.gk.outputs)
@@ -505,7 +568,10 @@ class BlockKernelEmitter:
                         f"(smem + {smem.offsets[buf.name]});  // {self.shape(buf.name)} "
                         f"{self.info.dtypes[buf.name]}, stages {buf.start}-{buf.end}"
                         + (f", {self.plan.pipeline} pipeline buffers" if piped else "")
-                        + (f", stored with {z}" if z else ""))
+                        + (f", stored with {z}" if z else "")
+                        + (", by TMA" if buf.name in self.tensor_maps else ""))
+        if self.tensor_maps:
+            body += self.tma_barriers()
         indent = ""
         for kind, arg in sched.program():
             if kind == "stage":

@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <map>
 #include <random>
 #include <vector>
 
@@ -28,6 +29,7 @@
 #define __launch_bounds__(...)
 #define __shared__
 #define __align__(n) __attribute__((aligned(n)))
+#define __grid_constant__
 
 struct dim3 {
   unsigned int x = 1, y = 1, z = 1;
@@ -60,6 +62,7 @@ struct Fiber {
   };
   std::vector<Copy> copies;
   long committed = 0;  // groups committed so far; uncommitted copies carry group `committed`
+  bool spinning = false;  // yielded in a wait loop (an mbarrier wait), not at a barrier
 };
 
 jmp_buf g_sched;  // where the scheduler continues
@@ -112,8 +115,32 @@ inline float shfl_xor(float v, int mask, int line) {
   return r;
 }
 
-// cp.async emulation: copies land when a wait_group covers their group (or at wait_all).
+// A thread that waits for something another thread has still to do (an mbarrier phase) yields
+// without counting a barrier; the scheduler resumes such threads until none waits, and fails
+// the launch when a whole pass of them changes nothing (the GPU would hang).
+int g_error = 0;
+long g_progress = 0;  // changes of mbarrier state (initialised, armed, copies landed)
+// Asynchronous copies (cp.async, TMA) land at the wait that covers them in the forward and
+// reverse orders -- a missing wait reads a stale tile -- and at issue in shuffled orders -- a
+// copy that overwrites a buffer still being read (a missing barrier before a prefetch) shows.
+bool g_eager = false;
+size_t g_smem_bytes = 0;  // the launch's dynamic shared memory
+inline void spin() {
+  g_current->spinning = true;
+  if (_setjmp(g_current->jb) == 0) _longjmp(g_sched, 1);
+}
+inline void fail(const char* what) {
+  if (!g_error) fprintf(stderr, "mirage emulator: %s\n", what);
+  g_error = 3;
+}
+
+// cp.async emulation: copies land when a wait_group covers their group (or at wait_all), or at
+// issue in shuffled orders (g_eager).
 inline void cp_async(void* dst, const void* src) {
+  if (g_eager) {
+    memcpy(dst, src, 16);
+    return;
+  }
   Fiber::Copy c;
   c.dst = dst;
   memcpy(c.data, src, 16);
@@ -142,6 +169,7 @@ inline const unsigned char* xpeer(unsigned int lane) {
 }
 inline void xdone(int line) { sync(-line); }
 inline unsigned int lane_id() { return g_current->linear & 31u; }
+
 
 struct HalfTable {  // every binary16 value as a float: widening is one load
   float v[65536];
@@ -187,6 +215,17 @@ int launch(dim3 grid, dim3 block, size_t smem_bytes, int order,
 
 alignas(1024) static unsigned char smem[mp_emu::kSmemBytes];  // like a block's window
 
+// The emulator's tensor map: the geometry itself (the driver's encoding is opaque); emulator.py
+// packs it. Dims innermost first; strides in bytes, stride[0] the element size.
+struct alignas(128) mp_tensor_map {
+  const unsigned char* base;
+  unsigned int rank, esize, swizzle, pad;  // swizzle: 0 none, 1 32B, 2 64B, 3 128B
+  unsigned long long dim[5];
+  unsigned long long stride[5];
+  unsigned int box[5];
+};
+static_assert(sizeof(mp_tensor_map) == 128, "emulated tensor map layout");
+
 #define threadIdx (mp_emu::g_current->tid)
 #define blockIdx (mp_emu::g_block_idx)
 #define blockDim (mp_emu::g_block_dim)
@@ -215,9 +254,131 @@ inline float __uint_as_float(unsigned int i) {
 
 namespace mp_emu {
 namespace {
+// mbarriers (by shared-memory offset) and TMA copies in flight, per block
+struct MBar {
+  unsigned int count = 0, pending = 0;  // arrivals per phase, still to come in this one
+  long long tx = 0;                     // transaction bytes still expected in this phase
+  long phase = 0;                       // phases completed
+};
+struct TmaCopy {
+  unsigned int bar, dst;
+  int swizzle;
+  size_t size;                       // bytes the copy completes on its mbarrier
+  std::vector<unsigned char> bytes;  // read from global memory at issue; empty once written
+};
+std::map<unsigned int, MBar> g_mbars;
+std::vector<TmaCopy> g_tma;
+
+inline unsigned int smem_offset(const void* p) {
+  return static_cast<unsigned int>(static_cast<const unsigned char*>(p) - smem);
+}
+inline MBar* mbar_at(const void* p) {
+  auto it = g_mbars.find(smem_offset(p));
+  if (it == g_mbars.end()) {
+    fail("mbarrier used before mbarrier.init");
+    return nullptr;
+  }
+  return &it->second;
+}
+inline void mbar_complete(MBar& b) {
+  if (b.pending == 0 && b.tx == 0) {
+    b.phase++;
+    b.pending = b.count;
+  }
+}
+inline void mbar_init(void* bar, unsigned int count) {
+  if (smem_offset(bar) % 8) fail("mbarrier not 8-byte aligned");
+  MBar b;
+  b.count = b.pending = count;
+  g_mbars[smem_offset(bar)] = b;
+  g_progress++;
+}
+inline void mbar_expect_tx(void* bar, unsigned int bytes) {
+  MBar* b = mbar_at(bar);
+  if (!b) return;
+  if (b->pending == 0) return fail("mbarrier arrive with no arrival pending");
+  b->tx += bytes;
+  b->pending--;
+  mbar_complete(*b);
+  g_progress++;
+}
+// write a copy's box: dense in shared memory, 16-byte chunks XORed with the row bits 7.. of
+// their absolute address (the 32B / 64B / 128B swizzle modes)
+inline void tma_write(TmaCopy& c) {
+  if (c.dst + c.size > g_smem_bytes) return fail("TMA box beyond the launch's shared memory");
+  for (const auto& kv : g_mbars)
+    if (kv.first < c.dst + c.size && c.dst < kv.first + 8)
+      return fail("TMA box overwrites an mbarrier");
+  const unsigned int mask = c.swizzle ? (1u << c.swizzle) - 1u : 0u;
+  for (size_t o = 0; o < c.bytes.size(); ++o) {
+    unsigned int a = c.dst + static_cast<unsigned int>(o);
+    a ^= ((a >> 7) & mask) << 4;
+    smem[a] = c.bytes[o];
+  }
+  c.bytes.clear();
+}
+// complete the copies counted on `bar` (writing those not written at issue)
+inline void tma_land(unsigned int bar) {
+  std::vector<TmaCopy> keep;
+  for (TmaCopy& c : g_tma) {
+    if (c.bar != bar) {
+      keep.push_back(std::move(c));
+      continue;
+    }
+    tma_write(c);
+    MBar& b = g_mbars[bar];
+    b.tx -= static_cast<long long>(c.size);
+    mbar_complete(b);
+    g_progress++;
+  }
+  g_tma.swap(keep);
+}
+inline void tma_load(void* dst, const mp_tensor_map& m, void* bar, int rank, const int* c) {
+  if (!mbar_at(bar)) return;
+  if (static_cast<int>(m.rank) != rank || rank < 1 || rank > 5) return fail("TMA rank mismatch");
+  if (smem_offset(dst) % 128) return fail("TMA destination not 128-byte aligned");
+  if ((m.box[0] * m.esize) % 16) return fail("TMA box row not a multiple of 16 bytes");
+  if (m.swizzle && m.box[0] * m.esize > (16u << m.swizzle)) return fail("TMA box wider than its swizzle");
+  TmaCopy t;
+  t.bar = smem_offset(bar);
+  t.dst = smem_offset(dst);
+  t.swizzle = static_cast<int>(m.swizzle);
+  size_t n = m.esize;
+  for (int d = 0; d < rank; ++d) n *= m.box[d];
+  t.bytes.assign(n, 0);  // out-of-bounds elements read as zeros
+  unsigned int j[5] = {0, 0, 0, 0, 0};
+  for (size_t e = 0; e * m.esize < n; ++e) {
+    bool inside = true;
+    size_t src = 0;
+    for (int d = 0; d < rank; ++d) {
+      const long long g = static_cast<long long>(c[d]) + j[d];
+      inside = inside && g >= 0 && g < static_cast<long long>(m.dim[d]);
+      src += static_cast<size_t>(g) * m.stride[d];
+    }
+    if (inside) memcpy(&t.bytes[e * m.esize], m.base + src, m.esize);
+    for (int d = 0; d < rank && ++j[d] == m.box[d]; ++d) j[d] = 0;
+  }
+  t.size = n;
+  if (g_eager) tma_write(t);  // the bytes may land any time after issue: here at once
+  g_tma.push_back(std::move(t));
+}
+inline void mbar_wait(void* bar, unsigned int parity) {
+  for (;;) {
+    MBar* b = mbar_at(bar);
+    if (!b || g_error) return;
+    if ((b->phase & 1) != static_cast<long>(parity & 1)) return;  // that phase has completed
+    const size_t before = g_tma.size();
+    tma_land(smem_offset(bar));
+    if (g_tma.size() == before) spin();  // someone else has to arrive or issue first
+  }
+}
+
 int launch(dim3 grid, dim3 block, size_t smem_bytes, int order,
                   const std::function<void()>& kernel) {
   if (smem_bytes > kSmemBytes) return 2;
+  g_error = 0;
+  g_eager = order >= 2;
+  g_smem_bytes = smem_bytes;
   const unsigned int n = block.x * block.y * block.z;
   if (g_fibers.size() < n) g_fibers.resize(n);
   g_slots.assign(n, 0.0f);
@@ -250,16 +411,33 @@ int launch(dim3 grid, dim3 block, size_t smem_bytes, int order,
           f.syncs = 0;
           f.copies.clear();
           f.committed = 0;
+          f.spinning = false;
         }
+        g_mbars.clear();
+        g_tma.clear();
         for (long round = 0;; ++round) {
           if (order >= 2) std::shuffle(seq.begin(), seq.end(), rng);
           bool alive = false;
-          for (unsigned int i : seq) {
-            Fiber& f = g_fibers[i];
-            if (f.done) continue;
-            resume(f);
-            alive = alive || !f.done;
+          // every thread runs to its next barrier; threads that wait on an mbarrier phase are
+          // resumed again until none waits (no change in a whole pass: they would hang)
+          for (int pass = 0;; ++pass) {
+            const long progress = g_progress;
+            bool spun = false;
+            for (unsigned int i : seq) {
+              Fiber& f = g_fibers[i];
+              if (f.done || (pass > 0 && !f.spinning)) continue;
+              f.spinning = false;
+              resume(f);
+              spun = spun || f.spinning;
+            }
+            if (g_error) return g_error;
+            if (!spun) break;
+            if (pass > 0 && g_progress == progress) {
+              fail("mbarrier wait that nothing will complete (the GPU would hang)");
+              return g_error;
+            }
           }
+          for (unsigned int i = 0; i < n; ++i) alive = alive || !g_fibers[i].done;
           if (!alive) break;
           int at = 0;  // every waiting thread is at the same barrier
           for (unsigned int i = 0; i < n; ++i) {

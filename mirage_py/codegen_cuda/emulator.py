@@ -27,6 +27,7 @@ from ..ugraph.graph import KernelGraph
 from .cexpr import ident
 from .emit import CudaSource, emit_cuda, translation_unit
 from .errors import CompileError, ToolMissing
+from .tensor_map import MAP_BYTES, emulated
 
 HERE = Path(__file__).resolve().parent
 ORDERS = {"forward": 0, "reverse": 1}  # any other int >= 2: shuffled with that seed
@@ -40,16 +41,24 @@ def cache_dir() -> Path:
 
 _SIGNATURE = re.compile(r'extern "C" __global__ void __launch_bounds__\(\d+(?:, \d+)?\)\s*(\w+)\((.*?)\)\s*\{',
                         re.DOTALL)
-_PARAM = re.compile(r"(const )?(\w+)\* __restrict__ \w+")
+_PARAM = re.compile(r"(const )?(\w+)\* __restrict__ \w+|const __grid_constant__ (mp_tensor_map) \w+")
 
 
 def kernel_signatures(code: str) -> list[tuple[str, list[tuple[bool, str]]]]:
-    """(name, [(is_const, storage type)...]) of every emitted __global__ function in ``code``."""
+    """(name, [(is_const, type)...]) of every emitted __global__ function in ``code``: the
+    storage type of a pointer parameter, or ``mp_tensor_map`` for a TMA map passed by value."""
     out = []
     for m in _SIGNATURE.finditer(code):
-        params = [(bool(p.group(1)), p.group(2)) for p in _PARAM.finditer(m.group(2))]
+        params = [(True, p.group(3)) if p.group(3) else (bool(p.group(1)), p.group(2))
+                  for p in _PARAM.finditer(m.group(2))]
         out.append((m.group(1), params))
     return out
+
+
+def _argument(i: int, const: bool, ctype: str) -> str:
+    if ctype == "mp_tensor_map":
+        return f"*static_cast<const mp_tensor_map*>(a[{i}])"
+    return f"static_cast<{'const ' if const else ''}{ctype}*>(a[{i}])"
 
 
 def _trampolines(code: str) -> str:
@@ -57,8 +66,7 @@ def _trampolines(code: str) -> str:
     dims = (grid.x, grid.y, grid.z, block.x, block.y, block.z)."""
     lines = ["", "// ---- emulator entry points: one per kernel ----"]
     for name, params in kernel_signatures(code):
-        args = ", ".join(f"static_cast<{'const ' if c else ''}{t}*>(a[{i}])"
-                         for i, (c, t) in enumerate(params))
+        args = ", ".join(_argument(i, c, t) for i, (c, t) in enumerate(params))
         lines += [f'extern "C" int emu_{name}(void** a, const unsigned int* d, long smem, '
                   "int order) {",
                   "  return mp_emu::launch(dim3{d[0], d[1], d[2]}, dim3{d[3], d[4], d[5]}, "
@@ -110,8 +118,9 @@ def run_kernel(lib: ctypes.CDLL, kernel: str, pointers: list[int], grid: tuple[i
     fn.restype = ctypes.c_int
     rc = fn(args, dims, ctypes.c_long(smem_bytes), ctypes.c_int(order))
     if rc:
-        raise RuntimeError(f"emulated kernel {kernel} failed ({rc}: "
-                           f"{'barrier divergence' if rc == 1 else 'shared memory too large'})")
+        what = {1: "barrier divergence", 2: "shared memory too large"}.get(
+            rc, "TMA or mbarrier misuse, see stderr")
+        raise RuntimeError(f"emulated kernel {kernel} failed ({rc}: {what})")
 
 
 def _aligned(nbytes: int, fill: int) -> tuple[np.ndarray, np.ndarray]:
@@ -190,8 +199,14 @@ class EmulatedGraph:
         for name, off in dev.workspace.items():
             ptr[name] = ws.ctypes.data + off
         for spec in self.source.launches:
-            run_kernel(self.lib, spec.kernel, [ptr[p.tensor] for p in spec.params], spec.grid,
-                       spec.block, spec.smem_bytes, self.order)
+            maps = []
+            for m in spec.tensor_maps:
+                buf, raw = _aligned(MAP_BYTES, 0)
+                buf[:] = np.frombuffer(emulated(m.copy, ptr[m.tensor]), np.uint8)
+                keep.append(raw)
+                maps.append(buf.ctypes.data)
+            run_kernel(self.lib, spec.kernel, [ptr[p.tensor] for p in spec.params] + maps,
+                       spec.grid, spec.block, spec.smem_bytes, self.order)
         tensors = g.tensors()
         return {n: from_storage(outs[n], tensors[n].dtype).reshape(tensors[n].shape)
                 for n in g.outputs}

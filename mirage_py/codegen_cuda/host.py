@@ -7,6 +7,7 @@ from ..layout.tensors import DevicePlan
 from ..ugraph.graph import KernelGraph
 from .cexpr import CTYPES, Names
 from .launch import LaunchSpec
+from .tensor_map import DATA_TYPES
 
 
 def io_fields(graph: KernelGraph) -> list[tuple[str, str, bool]]:
@@ -72,8 +73,10 @@ def launcher_text(prefix: str, graph: KernelGraph, device: DevicePlan,
                          f"(tensors->{fields[name]});")
     lines.append("  cudaError_t err = cudaSuccess;")
     for spec in launches:
-        args = ", ".join(local(p.tensor) for p in spec.params)
+        args = ", ".join([local(p.tensor) for p in spec.params] +
+                         [f"{p.cname}_{spec.op_index}" for p in spec.tensor_maps])
         lines.append(f"  // kernel #{spec.op_index}")
+        lines += _encode_maps(spec, local)
         if spec.smem_bytes > 48 * 1024:
             lines += [f"  err = cudaFuncSetAttribute({spec.kernel}, "
                       f"cudaFuncAttributeMaxDynamicSharedMemorySize, {spec.smem_bytes});",
@@ -84,3 +87,19 @@ def launcher_text(prefix: str, graph: KernelGraph, device: DevicePlan,
                   "  err = cudaGetLastError();", "  if (err != cudaSuccess) return err;"]
     lines += ["  return err;", "}", ""]
     return "\n".join(lines)
+
+
+def _encode_maps(spec: LaunchSpec, local: Names) -> list[str]:
+    """Encode the TMA tensor maps of ``spec`` (they hold the tensors' addresses)."""
+    lines = []
+    for p in spec.tensor_maps:
+        c = p.copy
+        name = f"{p.cname}_{spec.op_index}"
+        lines += [f"  mp_tensor_map {name};  // {c.tile}: box {c.box} of {c.tensor}", "  {",
+                  f"    const cuuint64_t dims[] = {{{', '.join(map(str, c.dims))}}};",
+                  f"    const cuuint64_t strides[] = {{{', '.join(map(str, c.strides)) or '0'}}};",
+                  f"    const cuuint32_t box[] = {{{', '.join(map(str, c.box))}}};",
+                  f"    err = mp_encode_tensor_map(&{name}, {DATA_TYPES[c.dtype]}, {c.rank}, "
+                  f"{local(c.tensor)}, dims, strides, box, {c.swizzle});",
+                  "    if (err != cudaSuccess) return err;", "  }"]
+    return lines

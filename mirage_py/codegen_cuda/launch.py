@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..layout.tma import TmaCopy
+
 
 @dataclass(frozen=True)
 class KernelParam:
@@ -16,6 +18,19 @@ class KernelParam:
     def decl(self) -> str:
         q = "const " if self.const else ""
         return f"{q}{self.ctype}* __restrict__ {self.cname}"
+
+
+@dataclass(frozen=True)
+class TensorMapParam:
+    """A TMA tensor map the launcher encodes for ``tensor`` (its device pointer, the copy's
+    geometry) and passes by value after the pointer parameters."""
+
+    tensor: str
+    cname: str
+    copy: TmaCopy
+
+    def decl(self) -> str:
+        return f"const __grid_constant__ mp_tensor_map {self.cname}"
 
 
 @dataclass(frozen=True)
@@ -32,13 +47,14 @@ class LaunchSpec:
     # resident (it held a 512-thread attention kernel with 128 KB of shared memory to 64
     # registers, and it spilled). Otherwise ptxas chooses.
     min_blocks: int = 0
+    tensor_maps: tuple[TensorMapParam, ...] = ()  # TMA copies' maps, after the pointers
 
     @property
     def threads(self) -> int:
         return self.block[0] * self.block[1] * self.block[2]
 
     def signature(self) -> str:
-        args = ",\n    ".join(p.decl() for p in self.params)
+        args = ",\n    ".join(p.decl() for p in (*self.params, *self.tensor_maps))
         bounds = f"{self.threads}, {self.min_blocks}" if self.min_blocks else f"{self.threads}"
         return (f'extern "C" __global__ void __launch_bounds__({bounds})\n'
                 f"{self.kernel}(\n    {args})")

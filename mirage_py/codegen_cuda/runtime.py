@@ -17,6 +17,7 @@ from typing import Any, Mapping
 
 from ..errors import DTypeError, ProgramError, ShapeError
 from ..ugraph.graph import KernelGraph
+from . import tensor_map
 from .emit import CudaSource, emit_cuda
 from .errors import CompileError, ToolMissing
 
@@ -75,6 +76,38 @@ def _compute_capability(cp: Any) -> tuple[int, int] | None:
         return None
 
 
+def tma_enabled(cp: Any) -> bool:
+    """Compile the TMA copies in? On devices of compute capability 9.0 or later whose driver
+    encodes tensor maps, unless ``MIRAGE_PY_NO_TMA`` is set (then every tile arrives by
+    cp.async, for comparison)."""
+    cc = _compute_capability(cp)
+    if cc is None or cc < (9, 0) or os.environ.get("MIRAGE_PY_NO_TMA"):
+        return False
+    try:
+        tensor_map._encoder()
+        return True
+    except ToolMissing:
+        return False
+
+
+_encode_map = tensor_map.encode  # (TmaCopy, device address) -> the 128 bytes of the map
+_MAP_DTYPE = None
+
+
+def _map_argument(raw: bytes) -> Any:
+    """A tensor map as a by-value kernel argument: a one-element NumPy structured array of 128
+    bytes, which CuPy passes as a struct."""
+    import numpy as np
+    global _MAP_DTYPE
+    if _MAP_DTYPE is None:
+        _MAP_DTYPE = np.dtype({"names": ["opaque"], "formats": [("<u8", (16,))]})
+    buf = np.zeros(2 * tensor_map.MAP_BYTES, np.uint8)  # 128-byte aligned, as the type is
+    start = (-buf.ctypes.data) % 128
+    arg = buf[start:start + tensor_map.MAP_BYTES]
+    arg[:] = np.frombuffer(raw, np.uint8)
+    return arg.view(np.uint64).view(_MAP_DTYPE)
+
+
 def _hopper_module(cp: Any, code: str, options: tuple[str, ...], key: str) -> Any:
     """On an sm_90 device: the code as PTX for ``compute_90a`` -- warpgroup MMA enabled
     (``__CUDA_ARCH_FEAT_SM90_ALL``) -- loaded by the driver. CuPy picks the architecture
@@ -126,7 +159,10 @@ class CompiledGraph:
     def __init__(self, graph: KernelGraph | CudaSource, target: Any = "h100"):
         cp = _cupy()
         self.source = graph if isinstance(graph, CudaSource) else emit_cuda(graph, target)
-        self.module = load_module(self.source.device_code())
+        self.tma = any(s.tensor_maps for s in self.source.launches) and tma_enabled(cp)
+        options = ("--std=c++17",) + (() if self.tma else ("-DMIRAGE_NO_TMA",))
+        self.module = load_module(self.source.device_code(), options)
+        self._maps: dict[tuple, Any] = {}  # (kernel, map, address) -> encoded map
         self.kernels = {}
         for spec in self.source.launches:
             k = self.module.get_function(spec.kernel)
@@ -179,6 +215,21 @@ class CompiledGraph:
         for n, off in dev.workspace.items():
             arrays[n] = ws[off:off + dev.layouts[n].nbytes]
         for spec in self.source.launches:
-            args = tuple(arrays[p.tensor] for p in spec.params)
+            args = tuple(arrays[p.tensor] for p in spec.params) + \
+                tuple(self._tensor_map(spec.kernel, m, arrays[m.tensor].data.ptr)
+                      for m in spec.tensor_maps)
             self.kernels[spec.kernel](spec.grid, spec.block, args, shared_mem=spec.smem_bytes)
         return result
+
+    def _tensor_map(self, kernel: str, m: Any, address: int) -> Any:
+        """The kernel argument of TMA map ``m`` over the tensor at ``address``: encoded by the
+        driver once per address (maps hold the address), zeros when TMA is compiled out."""
+        if not self.tma:
+            return _map_argument(bytes(tensor_map.MAP_BYTES))
+        key = (kernel, m.cname, address)
+        arg = self._maps.get(key)
+        if arg is None:
+            if len(self._maps) > 256:
+                self._maps.clear()
+            arg = self._maps[key] = _map_argument(_encode_map(m.copy, address))
+        return arg

@@ -16,6 +16,7 @@ from .smem import SmemPlan, plan_shared_memory
 from .swizzle import Swizzle
 from .tile_swizzle import plan_swizzles
 from .tensors import DevicePlan, plan_device_memory
+from .tma import TmaCopy, plan_tma, tma_alignment
 
 
 class LayoutError(MirageError, ValueError):
@@ -31,6 +32,8 @@ class KernelPlan:
     swizzles: dict[str, Swizzle] = field(default_factory=dict)  # tile -> XOR swizzle
     pipeline: int = 1  # cp.async stages in flight over the for-loop (1: no software pipeline)
     pipelined: tuple[str, ...] = ()  # the body tiles with `pipeline` buffers each
+    tma: dict[str, TmaCopy] = field(default_factory=dict)  # pipelined tiles fetched by TMA
+    barriers: int = -1  # byte offset of the `pipeline` mbarriers of the TMA copies (-1: none)
 
 
 @dataclass(frozen=True)
@@ -61,10 +64,9 @@ def plan_graph(graph: KernelGraph, target: Any = "h100",
     infos = validate(graph, tgt)
     device = plan_device_memory(graph, infos)
     kernels = {}
-    for k, (op, sched, smem, depth, tiles) in _memory_plans(graph, tgt, infos, device, stages,
-                                                             tensor_cores).items():
-        kernels[k] = KernelPlan(k, infos[k], sched, smem,
-                                plan_swizzles(op.block, infos[k], sched), depth, tiles)
+    for k, m in _memory_plans(graph, tgt, infos, device, stages, tensor_cores, True).items():
+        kernels[k] = KernelPlan(k, infos[k], m.schedule, m.smem, m.swizzles, m.depth, m.tiles,
+                                m.tma, m.barriers)
     plan = GraphPlan(graph, tgt, device, kernels)
     check_fits(plan, tgt)
     return plan
@@ -77,10 +79,32 @@ def _requested_depth(stages: Sequence[int] | None, ordinal: int, op: GraphKernel
     return min(max(1, int(depth)), op.block.forloop)
 
 
+@dataclass(frozen=True)
+class _MemoryPlan:
+    op: GraphKernel
+    schedule: BlockSchedule
+    smem: SmemPlan
+    depth: int
+    tiles: tuple[str, ...]
+    swizzles: dict[str, Swizzle] | None
+    tma: dict[str, TmaCopy]
+    barriers: int
+
+
+def _with_barriers(smem: SmemPlan, n: int) -> tuple[SmemPlan, int]:
+    """``smem`` with ``n`` 8-byte mbarriers after its tiles, and their offset (-1 if n == 0)."""
+    if n == 0:
+        return smem, -1
+    at = -(-smem.total_bytes // 8) * 8
+    return SmemPlan(smem.offsets, smem.buffers, at + 8 * n), at
+
+
 def _memory_plans(graph: KernelGraph, tgt: Target, infos: dict, device: DevicePlan,
-                  stages: Sequence[int] | None, tensor_cores: bool) -> dict[int, tuple]:
-    """Per graph-defined kernel: (op, schedule, shared-memory plan, pipeline depth, pipelined
-    tiles) -- everything of its plan but the swizzles."""
+                  stages: Sequence[int] | None, tensor_cores: bool,
+                  exact: bool) -> dict[int, _MemoryPlan]:
+    """Per graph-defined kernel: its schedule, shared-memory plan, pipeline and TMA copies.
+    ``exact``: choose the swizzles too (which TMA copies depend on); without, the quick plan
+    for cost models assumes every TMA-shaped tile gets a swizzle TMA can write."""
     out = {}
     ordinal = -1
     for k, op in enumerate(graph.ops):
@@ -104,17 +128,27 @@ def _memory_plans(graph: KernelGraph, tgt: Target, infos: dict, device: DevicePl
             lean_smem = plan_shared_memory(lean, info, aligns=aligns)
             if lean_smem.total_bytes < smem.total_bytes:
                 sched, smem = lean, lean_smem
+        # swizzles serve the tensor-core reads (ldmatrix, fragments, wgmma); the FMA tile
+        # matmul reads its operands row-major
+        swz = (plan_swizzles(op.block, info, sched) if tensor_cores else {}) if exact else None
         depth = _requested_depth(stages, ordinal, op)
         tiles = pipeline_tiles(sched) if depth > 1 else ()
+        tma = plan_tma(op, info, sched, device, tiles, tgt, swz)
+        piped_aligns = dict(aligns)
+        for t in tma:
+            piped_aligns[t] = max(aligns.get(t, 1), tma_alignment(info.shapes[t], info.dtypes[t]))
+        bars = -1
         while tiles and depth > 1:
-            piped = plan_shared_memory(sched, info, {t: depth for t in tiles}, aligns)
+            piped, at = _with_barriers(
+                plan_shared_memory(sched, info, {t: depth for t in tiles}, piped_aligns),
+                depth if tma else 0)
             if piped.total_bytes <= tgt.smem_per_block:
-                smem = piped
+                smem, bars = piped, at
                 break
             depth -= 1
         if depth == 1:
-            tiles = ()
-        out[k] = (op, sched, smem, depth if tiles else 1, tiles)
+            tiles, tma = (), {}
+        out[k] = _MemoryPlan(op, sched, smem, depth if tiles else 1, tiles, swz, tma, bars)
     return out
 
 
@@ -123,8 +157,9 @@ def planned_shared_memory(graph: KernelGraph, target: Any = "h100",
                           infos: dict | None = None) -> dict[int, tuple[int, int, int]]:
     """(bytes of shared memory, loads in flight, register-tile floats per thread) of each
     graph-defined kernel as code generation will lay it out -- buffers reused across stages,
-    register accumulators left out, pipeline buffers included -- without choosing swizzles
-    (which do not change the bytes). For cost models that want the real footprint rather than
+    register accumulators left out, pipeline buffers and TMA mbarriers included -- without
+    choosing swizzles (which do not change the bytes, except that a tile whose swizzle TMA
+    cannot write is fetched by cp.async and may need a few bytes less alignment). For cost models that want the real footprint rather than
     validation's bound. ``infos``: the graph's ``validate`` result, when the caller has it.
 
     Loads in flight: the cp.async pipeline's depth (lowered until the buffers fit). A loop with
@@ -135,12 +170,12 @@ def planned_shared_memory(graph: KernelGraph, target: Any = "h100",
     infos = infos if infos is not None else validate(graph, tgt)
     device = plan_device_memory(graph, infos)
     out = {}
-    for ordinal, (k, (op, sched, smem, depth, tiles)) in enumerate(
-            _memory_plans(graph, tgt, infos, device, stages, True).items()):
-        if not tiles:
-            depth = _requested_depth(stages, ordinal, op)
-        floats = sum(r.cfg.register_floats(r.batch, r.m, r.n) for r in sched.registers.values())
-        out[k] = (smem.total_bytes, depth, floats)
+    for ordinal, (k, m) in enumerate(
+            _memory_plans(graph, tgt, infos, device, stages, True, False).items()):
+        depth = m.depth if m.tiles else _requested_depth(stages, ordinal, m.op)
+        floats = sum(r.cfg.register_floats(r.batch, r.m, r.n)
+                     for r in m.schedule.registers.values())
+        out[k] = (m.smem.total_bytes, depth, floats)
     return out
 
 

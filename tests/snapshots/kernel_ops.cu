@@ -85,6 +85,140 @@ inline void cp_async_wait_all() { mp_emu::cp_wait(-1); }
 inline void cp_async_commit() { mp_emu::cp_commit(); }
 template <int N> inline void cp_async_wait_group() { mp_emu::cp_wait(N); }
 #endif
+// ---- TMA (sm_90+): a tile fetched whole by cp.async.bulk.tensor, counted on an mbarrier ----
+// A tensor map is 128 opaque bytes the driver encodes (cuTensorMapEncodeTiled); kernels take
+// it as a __grid_constant__ parameter. Compiled for anything older than sm_90 (or with
+// MIRAGE_NO_TMA) kernels take the cp.async path instead and ignore their maps.
+#ifndef MIRAGE_EMULATE
+struct __align__(128) mp_tensor_map { unsigned long long opaque[16]; };
+#endif
+#if defined(MIRAGE_EMULATE)
+#if !defined(MIRAGE_NO_TMA)
+#define MIRAGE_TMA 1
+#endif
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(MIRAGE_NO_TMA)
+#define MIRAGE_TMA 1
+#endif
+#if !defined(__CUDACC_RTC__) && !defined(MIRAGE_EMULATE)
+// host launchers: a tensor map from the driver's cuTensorMapEncodeTiled, found through the
+// runtime (no link against libcuda). Dims innermost first, byte strides of dims 1.., the box.
+// Zeros where the kernels take the cp.async path and ignore their maps: built with
+// MIRAGE_NO_TMA, or running on a device older than sm_90.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <string.h>
+inline cudaError_t mp_encode_tensor_map(mp_tensor_map* map, int dtype, cuuint32_t rank,
+                                        const void* address, const cuuint64_t* dims,
+                                        const cuuint64_t* strides, const cuuint32_t* box,
+                                        int swizzle) {
+  memset(map, 0, sizeof *map);
+#ifdef MIRAGE_NO_TMA
+  (void)dtype, (void)rank, (void)address, (void)dims, (void)strides, (void)box, (void)swizzle;
+  return cudaSuccess;
+#else
+  int device = 0, major = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess)
+    err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  if (err != cudaSuccess) return err;
+  if (major < 9) return cudaSuccess;
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+  if (encode == nullptr) {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found;
+#if CUDART_VERSION >= 12050
+    err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
+                                           cudaEnableDefault, &found);
+#else
+    err = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &fn, cudaEnableDefault, &found);
+#endif
+    if (err != cudaSuccess || found != cudaDriverEntryPointSuccess || fn == nullptr)
+      return cudaErrorNotSupported;
+    encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }
+  const cuuint32_t ones[5] = {1, 1, 1, 1, 1};
+  CUtensorMap m;
+  static_assert(sizeof(m) == sizeof(*map), "a tensor map is 128 bytes");
+  if (encode(&m, static_cast<CUtensorMapDataType>(dtype), rank, const_cast<void*>(address), dims,
+             strides, box, ones, CU_TENSOR_MAP_INTERLEAVE_NONE,
+             static_cast<CUtensorMapSwizzle>(swizzle), CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+    return cudaErrorInvalidValue;
+  memcpy(map, &m, sizeof m);
+  return cudaSuccess;
+#endif
+}
+#endif
+#if defined(MIRAGE_TMA) && !defined(MIRAGE_EMULATE)
+__device__ __forceinline__ unsigned int smem_u32(const void* p) {
+  unsigned int d;
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(d) : "l"(p));
+  return d;
+}
+__device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(smem_u32(bar)), "r"(count) : "memory");
+}
+// the initialised barriers become visible to the async proxy (TMA completes on them)
+__device__ __forceinline__ void mbar_fence_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+// arrive once and expect `bytes` more of transactions in the current phase
+__device__ __forceinline__ void mbar_expect_tx(unsigned long long* bar, unsigned int bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+               :: "r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+// wait until the phase of parity `parity` has completed
+__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned int parity) {
+  const unsigned int a = smem_u32(bar);
+  unsigned int done;
+  do {
+    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; "
+                 "selp.u32 %0, 1, 0, p; }" : "=r"(done) : "r"(a), "r"(parity) : "memory");
+  } while (!done);
+}
+// the box of `map` at coordinates c (innermost first) into dst; completes `bytes` on bar
+template <int R>
+__device__ __forceinline__ void tma_load(void* dst, const mp_tensor_map& map,
+                                         unsigned long long* bar, int c0, int c1 = 0,
+                                         int c2 = 0, int c3 = 0, int c4 = 0) {
+  const unsigned int d = smem_u32(dst), b = smem_u32(bar);
+  const unsigned long long m = reinterpret_cast<unsigned long long>(&map);
+  if constexpr (R == 1)
+    asm volatile("cp.async.bulk.tensor.1d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, {%3}], [%2];" :: "r"(d), "l"(m), "r"(b), "r"(c0) : "memory");
+  else if constexpr (R == 2)
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, {%3, %4}], [%2];" :: "r"(d), "l"(m), "r"(b), "r"(c0), "r"(c1)
+                 : "memory");
+  else if constexpr (R == 3)
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, {%3, %4, %5}], [%2];" :: "r"(d), "l"(m), "r"(b), "r"(c0), "r"(c1),
+                 "r"(c2) : "memory");
+  else if constexpr (R == 4)
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, {%3, %4, %5, %6}], [%2];" :: "r"(d), "l"(m), "r"(b), "r"(c0),
+                 "r"(c1), "r"(c2), "r"(c3) : "memory");
+  else
+    asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, {%3, %4, %5, %6, %7}], [%2];" :: "r"(d), "l"(m), "r"(b), "r"(c0),
+                 "r"(c1), "r"(c2), "r"(c3), "r"(c4) : "memory");
+}
+#elif defined(MIRAGE_TMA)
+// The emulator copies the box when a wait needs its phase, swizzling absolute addresses as the
+// hardware does; a wait on a phase nobody armed fails the launch (it would hang on a GPU).
+inline void mbar_init(unsigned long long* bar, unsigned int count) { mp_emu::mbar_init(bar, count); }
+inline void mbar_fence_init() {}
+inline void mbar_expect_tx(unsigned long long* bar, unsigned int bytes) {
+  mp_emu::mbar_expect_tx(bar, bytes);
+}
+inline void mbar_wait(unsigned long long* bar, unsigned int parity) { mp_emu::mbar_wait(bar, parity); }
+template <int R>
+inline void tma_load(void* dst, const mp_tensor_map& map, unsigned long long* bar, int c0,
+                     int c1 = 0, int c2 = 0, int c3 = 0, int c4 = 0) {
+  const int c[5] = {c0, c1, c2, c3, c4};
+  mp_emu::tma_load(dst, map, bar, R, c);
+}
+#endif
 // One 16-byte global store, written as PTX: through a plain struct assignment NVVM may split
 // the store into four 4-byte ones (it did in the combine kernels' savers).
 #ifndef MIRAGE_EMULATE

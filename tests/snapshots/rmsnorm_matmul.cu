@@ -70,6 +70,140 @@ inline void cp_async_wait_all() { mp_emu::cp_wait(-1); }
 inline void cp_async_commit() { mp_emu::cp_commit(); }
 template <int N> inline void cp_async_wait_group() { mp_emu::cp_wait(N); }
 #endif
+// ---- TMA (sm_90+): a tile fetched whole by cp.async.bulk.tensor, counted on an mbarrier ----
+// A tensor map is 128 opaque bytes the driver encodes (cuTensorMapEncodeTiled); kernels take
+// it as a __grid_constant__ parameter. Compiled for anything older than sm_90 (or with
+// MIRAGE_NO_TMA) kernels take the cp.async path instead and ignore their maps.
+#ifndef MIRAGE_EMULATE
+struct __align__(128) mp_tensor_map { unsigned long long opaque[16]; };
+#endif
+#if defined(MIRAGE_EMULATE)
+#if !defined(MIRAGE_NO_TMA)
+#define MIRAGE_TMA 1
+#endif
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(MIRAGE_NO_TMA)
+#define MIRAGE_TMA 1
+#endif
+#if !defined(__CUDACC_RTC__) && !defined(MIRAGE_EMULATE)
+// host launchers: a tensor map from the driver's cuTensorMapEncodeTiled, found through the
+// runtime (no link against libcuda). Dims innermost first, byte strides of dims 1.., the box.
+// Zeros where the kernels take the cp.async path and ignore their maps: built with
+// MIRAGE_NO_TMA, or running on a device older than sm_90.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <string.h>
+inline cudaError_t mp_encode_tensor_map(mp_tensor_map* map, int dtype, cuuint32_t rank,
+                                        const void* address, const cuuint64_t* dims,
+                                        const cuuint64_t* strides, const cuuint32_t* box,
+                                        int swizzle) {
+  memset(map, 0, sizeof *map);
+#ifdef MIRAGE_NO_TMA
+  (void)dtype, (void)rank, (void)address, (void)dims, (void)strides, (void)box, (void)swizzle;
+  return cudaSuccess;
+#else
+  int device = 0, major = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess)
+    err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  if (err != cudaSuccess) return err;
+  if (major < 9) return cudaSuccess;
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+  if (encode == nullptr) {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found;
+#if CUDART_VERSION >= 12050
+    err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
+                                           cudaEnableDefault, &found);
+#else
+    err = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &fn, cudaEnableDefault, &found);
+#endif
+    if (err != cudaSuccess || found != cudaDriverEntryPointSuccess || fn == nullptr)
+      return cudaErrorNotSupported;
+    encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }
+  const cuuint32_t ones[5] = {1, 1, 1, 1, 1};
+  CUtensorMap m;
+  static_assert(sizeof(m) == sizeof(*map), "a tensor map is 128 bytes");
+  if (encode(&m, static_cast<CUtensorMapDataType>(dtype), rank, const_cast<void*>(address), dims,
+             strides, box, ones, CU_TENSOR_MAP_INTERLEAVE_NONE,
+             static_cast<CUtensorMapSwizzle>(swizzle), CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+    return cudaErrorInvalidValue;
+  memcpy(map, &m, sizeof m);
+  return cudaSuccess;
+#endif
+}
+#endif
+#if defined(MIRAGE_TMA) && !defined(MIRAGE_EMULATE)
+__device__ __forceinline__ unsigned int smem_u32(const void* p) {
+  unsigned int d;
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(d) : "l"(p));
+  return d;
+}
+__device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(smem_u32(bar)), "r"(count) : "memory");
+}
+// the initialised barriers become visible to the async proxy (TMA completes on them)
+__device__ __forceinline__ void mbar_fence_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+// arrive once and expect `bytes` more of transactions in the current phase
+__device__ __forceinline__ void mbar_expect_tx(unsigned long long* bar, unsigned int bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+               :: "r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+// wait until the phase of parity `parity` has completed
+__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned int parity) {
+  const unsigned int a = smem_u32(bar);
+  unsigned int done;
+  do {
+    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; "
+                 "selp.u32 %0, 1, 0, p; }" : "=r"(done) : "r"(a), "r"(parity) : "memory");
+  } while (!done);
+}
+// the box of `map` at coordinates c (innermost first) into dst; completes `bytes` on bar
+template <int R>
+__device__ __forceinline__ void tma_load(void* dst, const mp_tensor_map& map,
+                                         unsigned long long* bar, int c0, int c1 = 0,
+                                         int c2 = 0, int c3 = 0, int c4 = 0) {
+  const unsigned int d = smem_u32(dst), b = smem_u32(bar);
+  const unsigned long long m = reinterpret_cast<unsigned long long>(&map);
+  if constexpr (R == 1)
+    asm volatile("cp.async.bulk.tensor.1d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, {%3}], [%2];" :: "r"(d), "l"(m), "r"(b), "r"(c0) : "memory");
+  else if constexpr (R == 2)
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, {%3, %4}], [%2];" :: "r"(d), "l"(m), "r"(b), "r"(c0), "r"(c1)
+                 : "memory");
+  else if constexpr (R == 3)
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, {%3, %4, %5}], [%2];" :: "r"(d), "l"(m), "r"(b), "r"(c0), "r"(c1),
+                 "r"(c2) : "memory");
+  else if constexpr (R == 4)
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, {%3, %4, %5, %6}], [%2];" :: "r"(d), "l"(m), "r"(b), "r"(c0),
+                 "r"(c1), "r"(c2), "r"(c3) : "memory");
+  else
+    asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, {%3, %4, %5, %6, %7}], [%2];" :: "r"(d), "l"(m), "r"(b), "r"(c0),
+                 "r"(c1), "r"(c2), "r"(c3), "r"(c4) : "memory");
+}
+#elif defined(MIRAGE_TMA)
+// The emulator copies the box when a wait needs its phase, swizzling absolute addresses as the
+// hardware does; a wait on a phase nobody armed fails the launch (it would hang on a GPU).
+inline void mbar_init(unsigned long long* bar, unsigned int count) { mp_emu::mbar_init(bar, count); }
+inline void mbar_fence_init() {}
+inline void mbar_expect_tx(unsigned long long* bar, unsigned int bytes) {
+  mp_emu::mbar_expect_tx(bar, bytes);
+}
+inline void mbar_wait(unsigned long long* bar, unsigned int parity) { mp_emu::mbar_wait(bar, parity); }
+template <int R>
+inline void tma_load(void* dst, const mp_tensor_map& map, unsigned long long* bar, int c0,
+                     int c1 = 0, int c2 = 0, int c3 = 0, int c4 = 0) {
+  const int c[5] = {c0, c1, c2, c3, c4};
+  mp_emu::tma_load(dst, map, bar, R, c);
+}
+#endif
 // One 16-byte global store, written as PTX: through a plain struct assignment NVVM may split
 // the store into four 4-byte ones (it did in the combine kernels' savers).
 #ifndef MIRAGE_EMULATE
@@ -634,19 +768,28 @@ __device__ __forceinline__ void tile_wgmma(
 //     sacc = accum.sum(ss)
 //     y = thread[(in0 / sqrt(((in1 / 64.0) + 1e-06)))](acc, sacc)
 //     save y -> Y omap={x->1}
-// shared memory: 1552 bytes (validate() bound 1168); barriers per block: 14
+// shared memory: 1568 bytes (validate() bound 1168); barriers per block: 14
 // ----------------------------------------------------------------------------------------------
 extern "C" __global__ void __launch_bounds__(64)
 rmsnorm_matmul_k0_graph_Y(
     const fp16_t* __restrict__ g_X,
     const fp16_t* __restrict__ g_W,
-    fp16_t* __restrict__ g_Y) {
+    fp16_t* __restrict__ g_Y,
+    const __grid_constant__ mp_tensor_map tm_w) {
   extern __shared__ __align__(1024) unsigned char smem[];
-  fp16_t* const s_w_stages = reinterpret_cast<fp16_t*>(smem + 0);  // (16, 16) float16, stages 0-3, 2 pipeline buffers, stored with Swizzle<1,3,3>
+  fp16_t* const s_w_stages = reinterpret_cast<fp16_t*>(smem + 0);  // (16, 16) float16, stages 0-3, 2 pipeline buffers, stored with Swizzle<1,3,3>, by TMA
   float* const s_y = reinterpret_cast<float*>(smem + 0);  // (4, 16) float32, stages 4-5
   fp16_t* const s_x_stages = reinterpret_cast<fp16_t*>(smem + 1024);  // (4, 16) float16, stages 0-3, 2 pipeline buffers
   float* const s_x2 = reinterpret_cast<float*>(smem + 1280);  // (4, 16) float32, stages 2-3
   float* const s_sacc = reinterpret_cast<float*>(smem + 1536);  // (4, 1) float32, stages 0-4
+  #ifdef MIRAGE_TMA
+  unsigned long long* const tma_bar = reinterpret_cast<unsigned long long*>(smem + 1552);  // 2 mbarriers, one per pipeline stage
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < 2; ++s) mbar_init(tma_bar + s, 1);
+    mbar_fence_init();
+  }
+  __syncthreads();  // the mbarriers are set up
+  #endif
 
   // == stage 0 (before the loop) ==
   // acc = accum.sum(xw): in registers (mma fragments) until the loop ends
@@ -659,6 +802,19 @@ rmsnorm_matmul_k0_graph_Y(
   __syncthreads();  // loop-invariant tiles and accumulators are ready
 
   // software pipeline: iterations 0..0 of x, w in flight before the loop
+  #ifdef MIRAGE_TMA
+  if (threadIdx.x == 0) {  // one thread arms the stage's mbarrier and issues
+    mbar_expect_tx(tma_bar + (0) % 2, 512);
+    tma_load<2>(s_w_stages + (0) % 2 * 256, tm_w, tma_bar + (0) % 2, blockIdx.x * 16, (0) * 16);  // w: box (16, 16) of W, 32B swizzle
+  }
+  // x = iter X imap={} fmap=1: 16-byte asynchronous copies (cp.async) of 8 elements
+  if (threadIdx.x < 8) {
+    const int v = threadIdx.x;
+    const int i = v * 8;
+    const int c0 = i / 16, c1 = i % 16;
+    cp_async16((s_x_stages + (0) % 2 * 64) + i, g_X + c0 * 64 + c1);
+  }
+  #else
   // x = iter X imap={} fmap=1: 16-byte asynchronous copies (cp.async) of 8 elements
   if (threadIdx.x < 8) {
     const int v = threadIdx.x;
@@ -673,6 +829,7 @@ rmsnorm_matmul_k0_graph_Y(
     const int c0 = i / 16, c1 = i % 16;
     cp_async16((s_w_stages + (0) % 2 * 256) + Swizzle<1, 3, 3>::at(i), g_W + blockIdx.x * 16 + c0 * 32 + c1);
   }
+  #endif
   cp_async_commit();
 
   for (int it = 0; it < 4; ++it) {
@@ -681,6 +838,19 @@ rmsnorm_matmul_k0_graph_Y(
 
     // == stage 1 (loop body) ==
     if (it + 1 < 4) {  // prefetch iteration it + 1 (2 stages in flight)
+      #ifdef MIRAGE_TMA
+      if (threadIdx.x == 0) {  // one thread arms the stage's mbarrier and issues
+        mbar_expect_tx(tma_bar + (it + 1) % 2, 512);
+        tma_load<2>(s_w_stages + (it + 1) % 2 * 256, tm_w, tma_bar + (it + 1) % 2, blockIdx.x * 16, (it + 1) * 16);  // w: box (16, 16) of W, 32B swizzle
+      }
+      // x = iter X imap={} fmap=1: 16-byte asynchronous copies (cp.async) of 8 elements
+      if (threadIdx.x < 8) {
+        const int v = threadIdx.x;
+        const int i = v * 8;
+        const int c0 = i / 16, c1 = i % 16;
+        cp_async16((s_x_stages + (it + 1) % 2 * 64) + i, g_X + (it + 1) * 16 + c0 * 64 + c1);
+      }
+      #else
       // x = iter X imap={} fmap=1: 16-byte asynchronous copies (cp.async) of 8 elements
       if (threadIdx.x < 8) {
         const int v = threadIdx.x;
@@ -695,9 +865,16 @@ rmsnorm_matmul_k0_graph_Y(
         const int c0 = i / 16, c1 = i % 16;
         cp_async16((s_w_stages + (it + 1) % 2 * 256) + Swizzle<1, 3, 3>::at(i), g_W + blockIdx.x * 16 + (it + 1) * 512 + c0 * 32 + c1);
       }
+      #endif
     }
+    #ifdef MIRAGE_TMA
     cp_async_commit();
     cp_async_wait_group<1>();  // this iteration's tiles landed
+    mbar_wait(tma_bar + it % 2, (it / 2) & 1);  // this iteration's TMA tiles landed
+    #else
+    cp_async_commit();
+    cp_async_wait_group<1>();  // this iteration's tiles landed
+    #endif
     __syncthreads();  // stage 2 reads what stage 1 wrote
 
     // == stage 2 (loop body) ==
@@ -815,7 +992,15 @@ extern "C" cudaError_t rmsnorm_matmul_launch(const rmsnorm_matmul_tensors* tenso
   fp16_t* d_Y = static_cast<fp16_t*>(tensors->Y);
   cudaError_t err = cudaSuccess;
   // kernel #0
-  rmsnorm_matmul_k0_graph_Y<<<dim3(2, 1, 1), dim3(64, 1, 1), 1552, stream>>>(d_X, d_W, d_Y);
+  mp_tensor_map tm_w_0;  // w: box (16, 16) of W
+  {
+    const cuuint64_t dims[] = {32, 64};
+    const cuuint64_t strides[] = {64};
+    const cuuint32_t box[] = {16, 16};
+    err = mp_encode_tensor_map(&tm_w_0, 6, 2, d_W, dims, strides, box, 1);
+    if (err != cudaSuccess) return err;
+  }
+  rmsnorm_matmul_k0_graph_Y<<<dim3(2, 1, 1), dim3(64, 1, 1), 1568, stream>>>(d_X, d_W, d_Y, tm_w_0);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   return err;
