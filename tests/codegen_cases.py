@@ -35,10 +35,11 @@ def small_rmsnorm_matmul() -> KernelGraph:
                        (GraphKernel(("X", "W"), (DTensor("Y", (m, n)),), g),), ("Y",))
 
 
-def small_attention() -> KernelGraph:
+def small_attention(rows: int = 8) -> KernelGraph:
     """Flash-decoding style: the key dim split over grid.y *and* the loop, partial sums saved in
-    fp32 by kernel 0, combined by kernel 1."""
-    h, rows, d, seq, split, loop = 2, 8, 16, 64, 2, 2
+    fp32 by kernel 0, combined by kernel 1. With ``rows`` >= 32 each of the two warps gets 16
+    rows: the probabilities stay in registers (FlashAttention-2)."""
+    h, d, seq, split, loop = 2, 16, 64, 2, 2
     chunk = seq // (split * loop)
     k0 = GraphKernel(("Q", "K", "V"), (DTensor("Op", (h, rows, d * split), "float32"),
                                        DTensor("Lp", (h, rows, split), "float32")), BlockGraph(
@@ -66,7 +67,7 @@ def small_attention() -> KernelGraph:
             OutputSaver("out", 0, (0, 1, R)),
         )))
     ins = (DTensor("Q", (h, rows, d)), DTensor("K", (h, d, seq)), DTensor("V", (h, seq, d)))
-    return KernelGraph("attention", ins, (k0, k1), ("O",))
+    return KernelGraph("attention" if rows == 8 else f"attention_r{rows}", ins, (k0, k1), ("O",))
 
 
 def attention_row_sums_after_loop() -> KernelGraph:

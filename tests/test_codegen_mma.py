@@ -8,11 +8,13 @@ block, accumulation over a for-loop, and the pre-defined (naive lowering) matmul
 prelude with two fragment registers swapped must fail, or the test could not tell."""
 
 import re
+from dataclasses import replace
 import shutil
 
 import numpy as np
 import pytest
 
+import codegen_cases as cc
 import mirage_py as mp
 from mirage_py.codegen_cuda import emit_cuda
 from mirage_py.codegen_cuda.emit import translation_unit
@@ -263,3 +265,26 @@ def test_fma_matmuls_get_unswizzled_operands():
     assert src.plan.kernels[0].swizzles == {} and "tile_matmul<" in src.kernels[0]
     x = _inputs(g, 4)
     assert _rel(EmulatedGraph(src)(x)["Y"], g.run(x, precision="gpu")["Y"]) <= 1e-5
+
+
+@pytest.mark.parametrize("rows", [32, 48])
+def test_probabilities_in_registers_match_the_interpreter(rows, monkeypatch):
+    """Attention with the probabilities kept in registers (two warps; 48 rows: three units,
+    the second round clamped): e @ v takes its A fragments from exp's registers and the row
+    sums use quad shuffles. Both equal the interpreter in every thread order; packing the A
+    fragment's halves in the wrong order (rows g + 8 for k + 8) is caught."""
+    from mirage_py.codegen_cuda import emit as emit_mod
+    g = cc.small_attention(rows)
+    src = emit_cuda(g, prefix=f"regp{rows}")
+    code = src.kernels[0]
+    assert "tile_mma_rega<" in code and "frag_row_sums<" in code and "s_e" not in code
+    x = cc.random_inputs(g, seed=rows)
+    ref = g.run(x, precision="gpu")["O"]
+    for order in ("forward", "reverse", 4):
+        assert _rel(EmulatedGraph(src, order=order)(x)["O"], ref) <= 2e-3, order
+    good = "pack(a[r][2 * kk][2], a[r][2 * kk][3]),\n                                 pack(a[r][2 * kk + 1][0], a[r][2 * kk + 1][1])"
+    bad = "pack(a[r][2 * kk + 1][0], a[r][2 * kk + 1][1]),\n                                 pack(a[r][2 * kk][2], a[r][2 * kk][3])"
+    assert good in emit_mod.PRELUDE
+    monkeypatch.setattr(emit_mod, "PRELUDE", emit_mod.PRELUDE.replace(good, bad))
+    wrong = EmulatedGraph(replace(src, prefix=f"regp{rows}_bad"))(x)["O"]
+    assert not np.all(np.isfinite(wrong)) or _rel(wrong, ref) > 0.05

@@ -255,6 +255,6 @@ def test_register_tiles_cost_occupancy_under_the_planned_model():
     from benchmarks.fixtures import hand_built
     from mirage_py.layout import planned_shared_memory
     (smem, depth, floats), _ = planned_shared_memory(hand_built("gqa", 1)).values()
-    assert floats == 64  # the score fragments and the output accumulator, 32 floats each
+    assert floats == 64  # scores (the probabilities replace them) and the output, 32 floats each
     assert default_model().kernel_costs(hand_built("gqa", 1), "h100")[0].blocks_per_sm == \
         occupancy(H100, 128, smem, estimated_registers(64))

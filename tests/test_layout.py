@@ -79,8 +79,9 @@ def test_folded_accumulators_store_no_tile():
 def test_barrier_counts_of_fixtures():
     # lora: its output saver stores 16 bytes at a time, one barrier after the epilogue's add
     # gqa: the scores stay in registers, so exp needs no barrier after q @ k (9 without
-    # tensor cores)
-    expect = {"gqa": 7, "ntrans": 6, "lora": 11}
+    # tensor cores), and so do the probabilities: the row sum and e @ v read them there, one
+    # stage and one barrier fewer per iteration (7 with the probabilities in shared memory)
+    expect = {"gqa": 5, "ntrans": 6, "lora": 11}
     for name, n in expect.items():
         g = hand_built(name, 1)
         kp = plan_graph(g).kernels[0]
@@ -243,12 +244,13 @@ def test_attention_scores_stay_in_registers():
 def test_computed_fp32_operands_are_swizzled_for_fragment_reads():
     """The attention probabilities e (fp32, written by exp in fragment order, read as the A
     operand of e @ v element by element) get a swizzle that cuts the model's wavefronts of
-    those reads at least fourfold; the emulator tests run the swizzled kernels."""
+    those reads at least fourfold; the emulator tests run the swizzled kernels. (mha's blocks
+    have 16 query rows for 4 warps, too few for the probabilities to stay in registers.)"""
     from mirage_py.layout.swizzle import Swizzle, cost
     from mirage_py.layout.mma import tile_matmul
     from mirage_py.layout.tile_swizzle import _fragment_a_reads
     from mirage_py.ugraph.graph import BlockOp
-    g = hand_built("gqa", 1)
+    g = hand_built("mha", 1)
     kp = plan_graph(g).kernels[0]
     assert "e" in kp.swizzles
     (pv,) = [op for op in g.ops[0].block.ops if isinstance(op, BlockOp) and op.op == "matmul"
@@ -274,3 +276,29 @@ def test_sum_of_a_fragment_value_accumulates_in_registers():
     # without tensor cores nothing is in registers: an accumulate step adds e into esum
     plain = plan_graph(g, tensor_cores=False).kernels[0].schedule
     assert [s.writes for s in plain.steps if s.kind == ACCUMULATE] == ["esum"]
+
+
+def test_probabilities_stay_in_registers_where_every_warp_gets_rows():
+    """FlashAttention-2's probabilities in registers: where the row tilings (units of 16 rows
+    by all columns) of q @ k and e @ v give every warp a unit, e = exp(s) is written to
+    registers, e @ v takes its A fragments from them and the row sums reduce them by quad
+    shuffles -- e gets no shared memory. gqa's blocks (64 query rows, 4 warps) qualify, mha's
+    (16 rows) do not, nor does anything without tensor cores."""
+    from mirage_py.layout.mma import register_operand_pairs, tile_matmul
+    g = hand_built("gqa", 1)
+    bg = g.ops[0].block
+    kp = plan_graph(g).kernels[0]
+    (pair,) = register_operand_pairs(bg, kp.info)
+    assert (pair.producer, pair.value, pair.consumer, pair.sums) == ("s", "e", "o", ("l",))
+    sched = kp.schedule
+    assert "e" in sched.registers and "e" not in kp.smem.offsets and "e" not in sched.spilled
+    by_out = {st.node.out: st for st in sched.steps if hasattr(st.node, "out")}
+    assert by_out["o"].frag == "e" and by_out["l"].frag == "e" and by_out["e"].frag == "s"
+    assert "e" not in by_out["o"].reads and by_out["l"].reads == ()
+    mm = {op.out: op for op in bg.ops if getattr(op, "op", None) == "matmul"}
+    for name in ("s", "o"):  # row tilings: one unit of 16 x N per warp
+        t = tile_matmul(mm[name], kp.info, bg.threads, bg)
+        assert t.cfg.ng * 8 == t.n and t.cfg.units(t.batch, t.m, t.n) == 4
+    assert register_operand_pairs(hand_built("mha", 1).ops[0].block,
+                                  plan_graph(hand_built("mha", 1)).kernels[0].info) == ()
+    assert "e" in plan_graph(g, tensor_cores=False).kernels[0].smem.offsets

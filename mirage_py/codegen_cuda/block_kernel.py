@@ -185,8 +185,9 @@ class BlockKernelEmitter:
     def _result(self, st: Step, value: str) -> list[str]:
         """Store an element-wise step's ``value`` for element ``i`` (inside a fragment loop:
         into a register accumulator where the schedule keeps one)."""
-        if st.frag and st.writes in self.reg_acc:  # folded into a register sum accumulator
-            return [f"{self.regs(st.writes)}[fr][fj][fi] += {value};"]
+        if st.frag and st.writes in self.reg_acc:  # a register tile of the same tiling:
+            op = "+=" if self.reg_acc[st.writes].carried else "="  # a running sum, or the value
+            return [f"{self.regs(st.writes)}[fr][fj][fi] {op} {value};"]
         op = "+=" if st.into else "="
         store = f"{self.tile(st.writes)}[{self.sw(st.writes, 'i')}] {op}"
         if st.also is None:
@@ -234,8 +235,12 @@ class BlockKernelEmitter:
             consts = tuple(None if isinstance(o, str) else o for o in n.operands)
             body += self._result(st, elementwise(n.op, args, consts))
         if st.frag:
-            return [self._header(st, text + f", from {st.frag}'s fragments in registers"),
-                    *self.fragment_loop(self.reg_acc[st.frag], body)]
+            reg = self.reg_acc.get(st.writes)
+            keep = reg is not None and not reg.carried and not st.into
+            decl = [f"float {self.regs(st.writes)}{reg.dims} = {{}};"] if keep else []
+            where = " (kept in registers: its readers take the fragments)" if keep else ""
+            return [self._header(st, text + f", from {st.frag}'s fragments in registers{where}"),
+                    *decl, *self.fragment_loop(self.reg_acc[st.frag], body)]
         return [self._header(st, text), *self.loop(prod(out_shape), body)]
 
     def fragment_loop(self, ra, body: list[str]) -> list[str]:
@@ -281,8 +286,10 @@ class BlockKernelEmitter:
                 pre = f"const int {', '.join(used)}; " if used else ""
                 return f"[](int bt) {{ {pre}return {off}; }}"
             offsets = (batch_offset(sa), batch_offset(sb))
-        tm = tile_matmul(n, self.info, self.T)
+        tm = tile_matmul(n, self.info, self.T, self.bg)
         mma = tm.cfg if self.tensor_cores else None
+        if st.frag is not None:
+            return self.emit_matmul_register_a(st, tm, offsets[1])
         if mma is None:
             head = self._header(st, f"{n.out} = matmul({a}, {b}): {sa} @ {sb}, fp32 FMA")
             if prod(batch) == 1:
@@ -322,9 +329,43 @@ class BlockKernelEmitter:
         return [head, f"tile_mma<{tparams}{swz_args}>(", f"    {args},", f"    {offsets[0]},",
                 f"    {offsets[1]});"]
 
+    def emit_matmul_register_a(self, st: Step, tm, b_offset: str) -> list[str]:
+        """A tile matmul whose A operand is the fragments of register tile ``st.frag`` (same
+        row tiling, unit for unit): ``tile_mma_rega``; the product stays in registers where the
+        schedule keeps it, else goes to shared memory once."""
+        n: BlockOp = st.node
+        a, b = n.operands
+        mma = tm.cfg
+        tiling = f"{tm.batch}, {tm.m}, {tm.n}, {tm.k}, {mma.warps}"
+        sb = self.plan.swizzles.get(b)
+        head = self._header(st, f"{n.out} = matmul({a}, {b}): {self.shape(a)} @ {self.shape(b)}, "
+                                f"tensor cores with A from {a}'s fragments in registers "
+                                f"({mma.etype}, {mma.warps} warps x units of 16 x {tm.n})")
+        call = f"tile_mma_rega<{tiling}, {mma.etype}, " + \
+            ("NoSwizzle" if sb is None else swizzle_type(sb)) + ">("
+        if st.writes in self.reg_acc:
+            reg = self.reg_acc[st.writes]
+            decl = [] if reg.carried else [f"float {self.regs(st.writes)}{reg.dims} = {{}};"]
+            return [head + " (registers)", *decl, call,
+                    f"    {self.regs(st.writes)}, {self.regs(a)}, {self.tile(b)},",
+                    f"    {b_offset});"]
+        dims = f"[{mma.rounds(tm.batch, tm.m, tm.n)}][{mma.ng}][4]"
+        acc = "true" if st.into else "false"
+        return [head, "{", f"  float w_acc{dims} = {{}};", f"  {call}",
+                f"      w_acc, {self.regs(a)}, {self.tile(b)},", f"      {b_offset});",
+                f"  frags_to_smem<{tiling}, {mma.ng}, {acc}>({self.tile(st.writes)}, w_acc);",
+                "}"]
+
     def emit_sum(self, st: Step) -> list[str]:
         n: BlockOp = st.node
         src = n.operands[0]
+        if st.frag is not None:  # row sums of a register tile's fragments
+            reg = self.reg_acc[st.frag]
+            return [self._header(st, f"{n.out} = sum({src}) over its rows, from {src}'s "
+                                     "fragments in registers (quad shuffles)"),
+                    f"frag_row_sums<{reg.batch}, {reg.m}, {reg.n}, {reg.cfg.warps}, "
+                    f"{'true' if st.into else 'false'}>({self.tile(st.writes)}, "
+                    f"{self.regs(src)});"]
         shape = self.shape(src)
         axes = tuple(sorted(n.attr("axes")))
         kept = [d for d in range(len(shape)) if d not in axes]

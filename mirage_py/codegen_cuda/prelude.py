@@ -443,13 +443,39 @@ template <int BATCH, int M, int N, int K, int WARPS, int NG> struct MmaTiling {
   static __device__ __forceinline__ int col0(int u) { return u % NB * NG * 8; }
 };
 
+// acc += the products of one k step (k0..k0+15) for the NG column tiles from c0: B fragments
+// (ldmatrix.trans, or element by element) against this warp's A fragment a.
+template <int N, int K, int NG, class E, class SB, class TB>
+__device__ __forceinline__ void mma_k_step(float (&acc)[NG][4], const unsigned int (&a)[4],
+                                           const TB* __restrict__ B, int k0, int c0, int lane) {
+  constexpr bool LDSM_B = same_type<TB, E>::value && N % 8 == 0 && K % 16 == 0;
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int j = 0; j < NG; ++j) {
+    const int n0 = c0 + j * 8;
+    unsigned int b[2];
+    if constexpr (LDSM_B) {
+      ldsm_x2_trans(b, B + SB::at((k0 + lane % 16) * N + n0));
+    } else {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int k = k0 + 2 * t + 8 * r, col = n0 + g;
+        unsigned int lo = 0, hi = 0;
+        if (k < K && col < N) lo = MmaBits<E, TB>::of(B[SB::at(k * N + col)]);
+        if (k + 1 < K && col < N) hi = MmaBits<E, TB>::of(B[SB::at((k + 1) * N + col)]);
+        b[r] = lo | (hi << 16);
+      }
+    }
+    mma16816(acc[j], a, b, E{});
+  }
+}
+
 // acc += the products of one unit (rows m0.., columns c0..) over all of K.
 template <int M, int N, int K, int NG, class E, class SA, class SB, class TA, class TB>
 __device__ __forceinline__ void mma_unit(float (&acc)[NG][4], const TA* __restrict__ A,
                                          const TB* __restrict__ B, int m0, int c0) {
   constexpr int KT = (K + 15) / 16;
   constexpr bool LDSM_A = same_type<TA, E>::value && M % 16 == 0 && K % 16 == 0;
-  constexpr bool LDSM_B = same_type<TB, E>::value && N % 8 == 0 && K % 16 == 0;
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
 #pragma unroll 2
   for (int k0 = 0; k0 < KT * 16; k0 += 16) {
@@ -466,24 +492,7 @@ __device__ __forceinline__ void mma_unit(float (&acc)[NG][4], const TA* __restri
         a[r] = lo | (hi << 16);
       }
     }
-#pragma unroll
-    for (int j = 0; j < NG; ++j) {
-      const int n0 = c0 + j * 8;
-      unsigned int b[2];
-      if constexpr (LDSM_B) {
-        ldsm_x2_trans(b, B + SB::at((k0 + lane % 16) * N + n0));
-      } else {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int k = k0 + 2 * t + 8 * r, col = n0 + g;
-          unsigned int lo = 0, hi = 0;
-          if (k < K && col < N) lo = MmaBits<E, TB>::of(B[SB::at(k * N + col)]);
-          if (k + 1 < K && col < N) hi = MmaBits<E, TB>::of(B[SB::at((k + 1) * N + col)]);
-          b[r] = lo | (hi << 16);
-        }
-      }
-      mma16816(acc[j], a, b, E{});
-    }
+    mma_k_step<N, K, NG, E, SB>(acc, a, B, k0, c0, lane);
   }
 }
 
@@ -538,6 +547,62 @@ __device__ __forceinline__ void tile_mma_regs(
     const int u = T::unit(r), bt = T::batch(u);
     mma_unit<M, N, K, NG, E, SA, SB>(acc[r], A + a_off(bt), B + b_off(bt), T::row0(u),
                                      T::col0(u));
+  }
+}
+// acc (+)= A @ B where A is this warp's fp32 fragments `a` of a row tiling (units of 16 x K:
+// the C fragments of a previous tile matmul, or values computed on them), rounded to E. The C
+// fragment of columns 8j.. (rows g, g+8; columns 2t, 2t+1) is exactly the half of the A
+// fragment for k = 8j.. of the same rows, so no fragment leaves its thread (FlashAttention-2's
+// probabilities in registers). acc has the row tiling of the output (units of 16 x N), unit
+// for unit the same warps and rows as `a`'s.
+template <int BATCH, int M, int N, int K, int WARPS, class E, class SB = NoSwizzle, class TB,
+          class BOff>
+__device__ __forceinline__ void tile_mma_rega(
+    float (&acc)[MmaTiling<BATCH, M, N, K, WARPS, N / 8>::ROUNDS][N / 8][4],
+    const float (&a)[MmaTiling<BATCH, M, K, 16, WARPS, K / 8>::ROUNDS][K / 8][4],
+    const TB* __restrict__ B, BOff b_off) {
+  using T = MmaTiling<BATCH, M, N, K, WARPS, N / 8>;
+  static_assert(K % 16 == 0, "whole k steps of A fragments");
+  auto pack = [](float lo, float hi) {
+    return MmaBits<E, float>::of(lo) | (MmaBits<E, float>::of(hi) << 16);
+  };
+#pragma unroll
+  for (int r = 0; r < T::ROUNDS; ++r) {
+    const TB* Bb = B + b_off(T::batch(T::unit(r)));
+#pragma unroll
+    for (int kk = 0; kk < K / 16; ++kk) {
+      const unsigned int f[4] = {pack(a[r][2 * kk][0], a[r][2 * kk][1]),
+                                 pack(a[r][2 * kk][2], a[r][2 * kk][3]),
+                                 pack(a[r][2 * kk + 1][0], a[r][2 * kk + 1][1]),
+                                 pack(a[r][2 * kk + 1][2], a[r][2 * kk + 1][3])};
+      mma_k_step<N, K, N / 8, E, SB>(acc[r], f, Bb, 16 * kk, 0, threadIdx.x % 32);
+    }
+  }
+}
+// Row sums of this warp's fp32 fragments `a` of a row tiling (units of 16 x K) into (or added
+// into, ADD) out[batch * M + row]: each thread sums its columns of rows g and g+8, the four
+// threads of a row meet by shuffles, and the first writes. Every warp runs every round (the
+// shuffles need all lanes); only owners write.
+template <int BATCH, int M, int K, int WARPS, bool ADD>
+__device__ __forceinline__ void frag_row_sums(
+    float* __restrict__ out, const float (&a)[MmaTiling<BATCH, M, K, 16, WARPS, K / 8>::ROUNDS][K / 8][4]) {
+  using T = MmaTiling<BATCH, M, K, 16, WARPS, K / 8>;
+#pragma unroll
+  for (int r = 0; r < T::ROUNDS; ++r) {
+    const int u = T::unit(r);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int j = 0; j < K / 8; ++j) sum += a[r][j][2 * h] + a[r][j][2 * h + 1];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const int row = FragCoord<K>::row(T::row0(u), 2 * h);
+      if (T::owns(r) && threadIdx.x % 4 == 0 && row < M) {
+        if (ADD) out[T::batch(u) * M + row] += sum;
+        else out[T::batch(u) * M + row] = sum;
+      }
+    }
   }
 }
 template <int BATCH, int M, int N, int K, int WARPS, int NG, bool ADD = false>

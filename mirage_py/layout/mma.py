@@ -18,6 +18,11 @@ prelude.py) where it pays (:func:`wgmma_config`): each warpgroup of four warps t
 64-row blocks of the output with all its columns, which is exactly the ``mma.sync`` tiling with
 units of 16 x N (``ng = N / 8``), so the register fragments, epilogues and the code compiled for
 other architectures (the same template falls back to ``mma.sync``) are unchanged.
+
+Attention's probabilities can skip shared memory (:func:`register_operand_pairs`): when the
+score tile's matmul and the matmul that takes the probabilities as A both get *row tilings*
+(units of 16 rows by all columns, unit u of either on the same warp), the C fragments of the
+first are the A fragments of the second, thread for thread.
 """
 
 from __future__ import annotations
@@ -162,15 +167,116 @@ class TileMatmul:
         return self.cfg is not None and self.cfg.wgmma
 
 
-def tile_matmul(node: Any, info: Any, threads: int) -> TileMatmul:
-    """The geometry of a block matmul ``node`` (BlockInfo ``info``, ``threads`` per block)."""
+def tile_matmul(node: Any, info: Any, threads: int, bg: Any = None) -> TileMatmul:
+    """The geometry of a block matmul ``node`` (BlockInfo ``info``, ``threads`` per block).
+    ``bg``: its block graph, when the matmul may take part in a register-operand pair
+    (:func:`register_operand_pairs`), whose two matmuls get row tilings (units of 16 x N)."""
     a, b = node.operands
     sa, sb = info.shapes[a], info.shapes[b]
     m, k, n = sa[-2], sa[-1], sb[-1]
     batch = math.prod(info.shapes[node.out][:-2])
     da, db = info.dtypes[a], info.dtypes[b]
-    return TileMatmul(a, b, batch, m, k, n, wgmma_config(batch, m, n, k, threads, da, db) or
-                      mma_config(batch, m, n, threads, da, db))
+    cfg = wgmma_config(batch, m, n, k, threads, da, db) or \
+        mma_config(batch, m, n, threads, da, db)
+    if bg is not None and cfg is not None and cfg.ng * MMA_N != n and \
+            any(node.out in (p.producer, p.consumer) for p in register_operand_pairs(bg, info)):
+        cfg = MmaConfig(cfg.warps, n // MMA_N, cfg.etype)
+    return TileMatmul(a, b, batch, m, k, n, cfg)
+
+
+@dataclass(frozen=True)
+class RegisterOperand:
+    """FlashAttention-2's P in registers: ``value`` is computed element-wise from the fragments
+    of ``producer`` (a tile matmul of the loop body) and is the A operand of ``consumer``,
+    another tile matmul, taken straight from those fragments. Both matmuls get row tilings --
+    units of 16 rows by all columns, unit u of either on the same warp -- so the thread that
+    holds C fragment (row, 2t..2t+1) of columns 8j.. holds what the A fragment of the same rows
+    and k = 8j.. needs. ``sums``: operators summing ``value`` over its last axis (row sums of
+    the probabilities), computed from the fragments by quad shuffles."""
+
+    producer: str  # matmul output: the score tile
+    value: str  # the element-wise result on its fragments: the probabilities
+    consumer: str  # matmul output whose A operand is ``value``
+    sums: tuple[str, ...]
+
+
+_PAIRS: dict[tuple[int, int], tuple[Any, Any, tuple]] = {}  # (id(bg), id(info)) -> answer
+
+
+def register_operand_pairs(bg: Any, info: Any) -> tuple[RegisterOperand, ...]:
+    """:func:`find_register_operand_pairs`, remembered for the block graph and BlockInfo
+    objects (planning asks once per tile matmul)."""
+    key = (id(bg), id(info))
+    hit = _PAIRS.get(key)
+    if hit is not None and hit[0] is bg and hit[1] is info:
+        return hit[2]
+    if len(_PAIRS) > 512:
+        _PAIRS.clear()
+    pairs = find_register_operand_pairs(bg, info)
+    _PAIRS[key] = (bg, info, pairs)  # holding both keeps their ids from being reused
+    return pairs
+
+
+def find_register_operand_pairs(bg: Any, info: Any) -> tuple[RegisterOperand, ...]:
+    """The (score, probabilities, output) patterns of block graph ``bg`` whose probabilities
+    can stay in registers: a body tile matmul ``s`` read only by one element-wise or fused
+    operator ``e`` (``s`` its only tile operand of ``s``'s shape); every reader of ``e`` is
+    either a tensor-core matmul taking it as its A operand only, with the same batch and rows,
+    or a sum over the last axis; K (the score tile's columns) a multiple of 16; and the row
+    tilings give every warp a unit and fit the register budget (scores, and the product when
+    it stays in registers too)."""
+    from ..ugraph.graph import BlockOp, Fused, tiles_read  # noqa: PLC0415 -- a layer below
+    readers: dict[str, list[Any]] = {}
+    for node in bg.ops:
+        for t in tiles_read(node):
+            readers.setdefault(t, []).append(node)
+    out = []
+    warps = bg.threads // WARP if bg.threads % WARP == 0 else 0
+    for s in bg.ops:
+        if not warps or getattr(s, "op", None) != "matmul" or info.phases.get(s.out) != "body":
+            continue
+        rs = readers.get(s.out, [])
+        if len(rs) != 1 or not isinstance(rs[0], (BlockOp, Fused)) or rs[0].out == s.out:
+            continue
+        e = rs[0]
+        if isinstance(e, BlockOp) and getattr(e, "op", None) in ("matmul", "sum", "concat"):
+            continue
+        if isinstance(e, BlockOp):
+            from ..lax.ops import OPS  # noqa: PLC0415
+            if not (OPS.get(e.op) and OPS[e.op].elementwise):
+                continue
+        shape = tuple(info.shapes[s.out])
+        if tuple(info.shapes[e.out]) != shape or info.phases.get(e.out) != "body" or \
+                any(t != s.out and tuple(info.shapes[t]) == shape for t in tiles_read(e)):
+            continue
+        batch, m, ks = math.prod(shape[:-2]), shape[-2], shape[-1]
+        if ks % MMA_K or m % MMA_M and m > MMA_M:
+            continue
+        consumers, sums, ok = [], [], True
+        for r in readers.get(e.out, []):
+            if getattr(r, "op", None) == "matmul" and r.operands[0] == e.out and \
+                    r.operands[1] != e.out and info.phases.get(r.out) == "body" and \
+                    math.prod(info.shapes[r.out][:-2]) == batch and info.shapes[r.out][-2] == m:
+                consumers.append(r)
+            elif getattr(r, "op", None) == "sum" and \
+                    tuple(a % len(shape) for a in r.attr("axes")) == (len(shape) - 1,):
+                sums.append(r.out)
+            else:
+                ok = False
+        if not ok or len(consumers) != 1:
+            continue
+        c = consumers[0]
+        n = info.shapes[c.out][-1]
+        units = batch * -(-m // MMA_M)
+        rounds = -(-units // warps)
+        budget = register_budget(bg.threads)
+        if units < warps or n % MMA_N or rounds * ks // 2 > budget or rounds * n // 2 > budget:
+            continue
+        if mma_config(batch, m, n, bg.threads, info.dtypes[e.out], info.dtypes[c.operands[1]]) \
+                is None:
+            continue
+        out.append(RegisterOperand(s.out, e.out, c.out, tuple(sums)))
+    return tuple(out)
 
 
 def wgmma_operands(bg: Any, info: Any) -> dict[str, int]:
@@ -180,18 +286,18 @@ def wgmma_operands(bg: Any, info: Any) -> dict[str, int]:
     out: dict[str, int] = {}
     for node in bg.ops:
         if getattr(node, "op", None) == "matmul":
-            t = tile_matmul(node, info, bg.threads)
+            t = tile_matmul(node, info, bg.threads, bg)
             if t.cfg_is_wgmma:
                 for tile in (t.a, t.b):
                     out[tile] = info.shapes[tile][-1] * DTYPES[info.dtypes[tile]]
     return out
 
 
-def register_tile(node: Any, info: Any, threads: int,
-                  carried: bool) -> RegisterAccumulator | None:
+def register_tile(node: Any, info: Any, threads: int, carried: bool,
+                  bg: Any = None) -> RegisterAccumulator | None:
     """The register form of a tile matmul node's result, or None when it does not run on tensor
-    cores or its fragments exceed :func:`register_budget`."""
-    t = tile_matmul(node, info, threads)
+    cores or its fragments exceed :func:`register_budget`. ``bg``: see :func:`tile_matmul`."""
+    t = tile_matmul(node, info, threads, bg)
     if t.cfg is None or t.cfg.register_floats(t.batch, t.m, t.n) > register_budget(threads):
         return None
     return RegisterAccumulator(t.batch, t.m, t.n, t.k, t.cfg, carried)
@@ -205,7 +311,7 @@ def register_accumulators(bg: Any, info: Any,
     out: dict[str, RegisterAccumulator] = {}
     for node in bg.ops:
         if getattr(node, "op", None) == "matmul" and node.out in folded:
-            reg = register_tile(node, info, bg.threads, carried=True)
+            reg = register_tile(node, info, bg.threads, carried=True, bg=bg)
             if reg is not None:
                 out[folded[node.out]] = reg
     return out

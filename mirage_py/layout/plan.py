@@ -10,7 +10,7 @@ from ..errors import MirageError
 from ..targets import Target, get_target
 from ..ugraph.graph import GraphKernel, KernelGraph
 from ..ugraph.validate import BlockInfo, validate
-from .mma import wgmma_operands
+from .mma import register_operand_pairs, wgmma_operands
 from .schedule import LOAD, BlockSchedule, schedule_block
 from .smem import SmemPlan, plan_shared_memory
 from .swizzle import Swizzle
@@ -173,8 +173,11 @@ def planned_shared_memory(graph: KernelGraph, target: Any = "h100",
     for ordinal, (k, m) in enumerate(
             _memory_plans(graph, tgt, infos, device, stages, True, False).items()):
         depth = m.depth if m.tiles else _requested_depth(stages, ordinal, m.op)
+        # probabilities kept in registers replace their score fragments one for one (the
+        # scores die as exp reads them): count one of the two
+        values = {p.value for p in register_operand_pairs(m.op.block, infos[k])}
         floats = sum(r.cfg.register_floats(r.batch, r.m, r.n)
-                     for r in m.schedule.registers.values())
+                     for t, r in m.schedule.registers.items() if t not in values)
         out[k] = (m.smem.total_bytes, depth, floats)
     return out
 

@@ -32,7 +32,7 @@ from ..lax.ops import DTYPES, OPS
 from ..ugraph.graph import (Accum, BlockGraph, BlockOp, Fused, InputIter, OutputSaver,
                             tiles_read)
 from ..ugraph.validate import BlockInfo
-from .mma import register_accumulators, register_tile
+from .mma import register_accumulators, register_operand_pairs, register_tile
 from .tensors import ROW_ALIGN, TensorLayout
 
 SEGMENTS = ("pre", "body", "post")
@@ -195,7 +195,11 @@ def register_tiles(bg: BlockGraph, info: BlockInfo,
       fragments (the exp of the scores): it never touches shared memory;
     * a sum accumulator of a value computed on such fragments (the running sum of the exp of
       the scores): it keeps the fragments' tiling and is added to where the value is computed,
-      with no accumulate step of its own.
+      with no accumulate step of its own;
+    * a value computed on such fragments that is the A operand of another tile matmul and
+      otherwise only summed over its rows (the probabilities of attention,
+      :func:`~.mma.register_operand_pairs`): it stays in registers, and the matmul and the row
+      sums read its fragments.
 
     Returns (tile -> RegisterAccumulator, operator output -> the register tile it reads,
     value -> the register sum accumulator it is added into)."""
@@ -208,7 +212,7 @@ def register_tiles(bg: BlockGraph, info: BlockInfo,
         if getattr(node, "op", None) != "matmul" or node.out in folded or \
                 info.phases.get(node.out) != "body":
             continue
-        reg = register_tile(node, info, bg.threads, carried=False)
+        reg = register_tile(node, info, bg.threads, carried=False, bg=bg)
         rs = readers.get(node.out, [])
         if reg is not None and rs and all(
                 _fragment_reader(r, info, {node.out: reg}, "body") == node.out for r in rs):
@@ -229,6 +233,16 @@ def register_tiles(bg: BlockGraph, info: BlockInfo,
                 tuple(info.shapes[node.out]) == tuple(info.shapes[node.input]):
             tiles[node.out] = replace(owner, carried=True)
             adds[node.input] = node.out
+    # probabilities in registers (FlashAttention-2): the value computed on the score tile's
+    # fragments stays there, and the matmul taking it as A and its row sums read the fragments
+    for p in register_operand_pairs(bg, info):
+        owner = tiles.get(p.producer)
+        if owner is None or owner.carried or frags.get(p.value) != p.producer or \
+                p.value in adds:
+            continue
+        tiles[p.value] = owner
+        for reader in (p.consumer, *p.sums):
+            frags[reader] = p.value
     return tiles, frags, adds
 
 

@@ -82,7 +82,7 @@ def plan_swizzles(bg: BlockGraph, info: BlockInfo, sched: BlockSchedule) -> dict
     for op in bg.ops:
         if not (isinstance(op, BlockOp) and op.op == "matmul"):
             continue
-        tm = tile_matmul(op, info, bg.threads)
+        tm = tile_matmul(op, info, bg.threads, bg)
         if not tm.cfg_is_wgmma:
             for t, acc in _matmul_reads(tm, info).items():
                 reads.setdefault(t, []).extend(acc)
