@@ -262,15 +262,15 @@ def test_fma_matmuls_get_unswizzled_operands():
     garbage)."""
     g = block_matmul("fma_plain", 1, 16, 128, 32, loop=8, threads=64)
     src = emit_cuda(g, prefix="fma_plain", stages=[2], tensor_cores=False)
-    assert src.plan.kernels[0].swizzles == {} and "tile_matmul<" in src.kernels[0]
+    assert src.plan.kernels[0].swizzles == {} and "tile_matmul_batched<1," in src.kernels[0]
     x = _inputs(g, 4)
     assert _rel(EmulatedGraph(src)(x)["Y"], g.run(x, precision="gpu")["Y"]) <= 1e-5
 
 
-@pytest.mark.parametrize("rows", [32, 48])
+@pytest.mark.parametrize("rows", [24, 32, 48])
 def test_probabilities_in_registers_match_the_interpreter(rows, monkeypatch):
-    """Attention with the probabilities kept in registers (two warps; 48 rows: three units,
-    the second round clamped): e @ v takes its A fragments from exp's registers and the row
+    """Attention with the probabilities kept in registers (two warps; 24 rows: the second
+    unit ragged; 48 rows: three units, the second round clamped): e @ v takes its A fragments from exp's registers and the row
     sums use quad shuffles. Both equal the interpreter in every thread order; packing the A
     fragment's halves in the wrong order (rows g + 8 for k + 8) is caught."""
     from mirage_py.codegen_cuda import emit as emit_mod
@@ -288,3 +288,50 @@ def test_probabilities_in_registers_match_the_interpreter(rows, monkeypatch):
     monkeypatch.setattr(emit_mod, "PRELUDE", emit_mod.PRELUDE.replace(good, bad))
     wrong = EmulatedGraph(replace(src, prefix=f"regp{rows}_bad"))(x)["O"]
     assert not np.all(np.isfinite(wrong)) or _rel(wrong, ref) > 0.05
+
+
+def _chained_attention(sum_chain: bool):
+    """Probabilities in registers whose products feed another tensor-core matmul as its fp32
+    A operand: o = e @ v then o @ w (sum_chain False), or the row sums l (no keepdims) then
+    l @ w. o and l are written from fragments (frags_to_smem, frag_row_sums), unswizzled."""
+    from codegen_cases import R, _thread
+    from mirage_py.ugraph import (Accum, BlockGraph, BlockOp, DTensor, Fused, GraphKernel,
+                                  InputIter, KernelGraph, OutputSaver, attrs_of)
+    b, m, d, seq, loop = (16, 16, 16, 32, 2) if sum_chain else (1, 32, 16, 64, 2)
+    ins = [DTensor("Q", (b, m, d)), DTensor("K", (b, d, seq)), DTensor("V", (b, seq, d)),
+           DTensor("W", (m if sum_chain else d, 16))]
+    ops = [InputIter("q", 0, (R, R, R)), InputIter("k", 1, (R, R, R), fmap=2),
+           InputIter("v", 2, (R, R, R), fmap=1), InputIter("w", 3, (R, R, R)),
+           BlockOp("s", "matmul", ("q", "k")),
+           Fused("e", ("s",), _thread(("y", "exp", "in0"), ninputs=1)),
+           BlockOp("o", "matmul", ("e", "v"))]
+    if sum_chain:
+        ops += [BlockOp("l", "sum", ("e",), attrs_of(axes=(2,), keepdims=False)),
+                BlockOp("z", "matmul", ("l", "w")), Accum("O", "o"), Accum("Z", "z")]
+        outs = (DTensor("O", (b, m, d), "float32"), DTensor("Z", (b, 16), "float32"))
+    else:
+        ops += [BlockOp("z", "matmul", ("o", "w")), Accum("Z", "z")]
+        outs = (DTensor("Z", (b, m, 16), "float32"),)
+    ops += [OutputSaver(t.name, i, (R, R, R)) for i, t in enumerate(outs)]
+    bg = BlockGraph((1, 1, 1), 64, loop, tuple(ops))
+    return KernelGraph("chained_sum" if sum_chain else "chained_pv", tuple(ins),
+                       (GraphKernel(tuple(t.name for t in ins), outs, bg),),
+                       tuple(t.name for t in outs))
+
+
+@pytest.mark.parametrize("sum_chain", [False, True], ids=["pv_then_matmul", "rowsum_then_matmul"])
+def test_tiles_written_from_fragments_keep_the_identity_layout(sum_chain):
+    """A tile computed from register fragments by a matmul or row sum is stored without a
+    swizzle (its writers do not apply one), so the planner gives it none even where it is the
+    fp32 A operand of a later matmul (a review found it swizzled, and the results wrong)."""
+    g = _chained_attention(sum_chain)
+    src = emit_cuda(g, prefix=g.name)
+    kp = src.plan.kernels[0]
+    tile = "l" if sum_chain else "o"
+    assert "e" in kp.schedule.registers and tile in kp.smem.offsets
+    assert tile not in kp.swizzles
+    x = cc.random_inputs(g, seed=8)
+    ref = g.run(x, precision="gpu")
+    out = EmulatedGraph(src)(x)
+    for name in ref:
+        assert _rel(out[name], ref[name]) <= 2e-3, name

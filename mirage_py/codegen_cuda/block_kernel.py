@@ -293,7 +293,8 @@ class BlockKernelEmitter:
         if mma is None:
             head = self._header(st, f"{n.out} = matmul({a}, {b}): {sa} @ {sb}, fp32 FMA")
             if prod(batch) == 1:
-                return [head, f"tile_matmul<{m}, {nn}, {k}, {self.T}, {acc}>({args});"]
+                return [head, f"tile_matmul_batched<1, {m}, {nn}, {k}, {self.T}, {acc}>({args}, "
+                        "NoOffset(), NoOffset());"]
             return [head, f"tile_matmul_batched<{prod(batch)}, {m}, {nn}, {k}, {self.T}, {acc}>(",
                     f"    {args},", f"    {offsets[0]},", f"    {offsets[1]});"]
         how = "warpgroup MMA on sm_90a, else mma.sync" if mma.wgmma else "tensor cores"

@@ -7,6 +7,30 @@ a stored one -- the same rounding as :func:`mirage_py.lax.ops.storage_round`. Un
 ``MIRAGE_EMULATE`` (the CPU emulator, see emulator.py) the conversions are done in software.
 """
 
+def _wgmma_wrappers() -> str:
+    """``wgmma_m64k16`` for N = 16, 32, 64 (accumulators ``float[N / 8][4]``) and fp16 / bf16
+    operands: one ``wgmma.mma_async.m64nNk16`` each, scale-d 1 (accumulate), A K-major, B
+    MN-major (trans-b 1). Written out by this loop rather than by hand: the six differ only in
+    N, the type and the operand numbers."""
+    out = []
+    for ng in (2, 4, 8):
+        for ctype, ptx in (("fp16_t", "f16"), ("bf16_t", "bf16")):
+            n = 4 * ng
+            regs = ", ".join(f"%{i}" for i in range(n))
+            outs = ", ".join(f'"+f"(d[{j}][{q}])' for j in range(ng) for q in range(4))
+            out.append(
+                f"__device__ __forceinline__ void wgmma_m64k16(float (&d)[{ng}][4], "
+                "unsigned long long da,\n"
+                f"                                             unsigned long long db, {ctype}) {{\n"
+                f'  asm volatile("{{ .reg .pred p; setp.ne.b32 p, %{n + 2}, 0; "\n'
+                f'               "wgmma.mma_async.sync.aligned.m64n{8 * ng}k16.f32.{ptx}.{ptx} "\n'
+                f'               "{{{regs}}}, %{n}, %{n + 1}, p, 1, 1, 0, 1; }}"\n'
+                f"               : {outs}\n"
+                f'               : "l"(da), "l"(db), "r"(1));\n'
+                "}\n")
+    return "".join(out)
+
+
 PRELUDE = r"""// ---- mirage_py prelude: storage types, conversions, element-wise functions, tile matmul ----
 struct __align__(2) fp16_t { unsigned short bits; };         // IEEE binary16 as stored
 struct __align__(2) bf16_t { unsigned short bits; };         // bfloat16 as stored
@@ -263,23 +287,11 @@ __device__ __forceinline__ float silu(float x) { return fdiv(x, 1.0f + expf(-x))
 __device__ __forceinline__ float gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678f)); }
 __device__ __forceinline__ float relu(float x) { return x > 0.0f || x != x ? x : 0.0f; }
 
-// C = A @ B for tiles in shared memory, row-major: A (M, K), B (K, N), C (M, N) fp32. Products
-// and sums in fp32; with ACCUMULATE the result is added to C (a for-loop accumulator). Thread t
-// computes elements t, t + THREADS, ... of C. A tensor-core version replaces this function.
-template <int M, int N, int K, int THREADS, bool ACCUMULATE, class TA, class TB>
-__device__ __forceinline__ void tile_matmul(float* __restrict__ C, const TA* __restrict__ A,
-                                            const TB* __restrict__ B) {
-  for (int i = threadIdx.x; i < M * N; i += THREADS) {
-    const TA* a = A + (i / N) * K;
-    const TB* b = B + i % N;
-    float acc = 0.0f;
-    for (int k = 0; k < K; ++k) acc = fmaf(to_float(a[k]), to_float(b[k * N]), acc);
-    if (ACCUMULATE) C[i] += acc; else C[i] = acc;
-  }
-}
-
-// The same over BATCH tiles: C is (BATCH, M, N); a_off(b) / b_off(b) give the element offset of
-// the operands' b-th matrix (0 for an operand broadcast over the batch).
+// C = A @ B for BATCH pairs of tiles in shared memory, row-major: A (M, K), B (K, N), C (BATCH,
+// M, N) fp32; a_off(b) / b_off(b) give the element offset of the operands' b-th matrix (0 for an
+// operand broadcast over the batch; NoOffset for one pair). Products and sums in fp32; with
+// ACCUMULATE the result is added to C (a for-loop accumulator). Thread t computes elements t,
+// t + THREADS, ... of C. The tensor-core tile_mma replaces this wherever the block is whole warps.
 template <int BATCH, int M, int N, int K, int THREADS, bool ACCUMULATE, class TA, class TB,
           class AOff, class BOff>
 __device__ __forceinline__ void tile_matmul_batched(float* __restrict__ C, const TA* __restrict__ A,
@@ -659,55 +671,7 @@ __device__ __forceinline__ void fence_view_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 // d (+)= A @ B for one 64 x N block: scale-d 1 (accumulate), A K-major, B MN-major
-__device__ __forceinline__ void wgmma_m64k16(float (&d)[2][4], unsigned long long da,
-                                             unsigned long long db, fp16_t) {
-  asm volatile("{ .reg .pred p; setp.ne.b32 p, %10, 0; "
-               "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 "
-               "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 0, 1; }"
-               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3])
-               : "l"(da), "l"(db), "r"(1));
-}
-__device__ __forceinline__ void wgmma_m64k16(float (&d)[2][4], unsigned long long da,
-                                             unsigned long long db, bf16_t) {
-  asm volatile("{ .reg .pred p; setp.ne.b32 p, %10, 0; "
-               "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
-               "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 0, 1; }"
-               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3])
-               : "l"(da), "l"(db), "r"(1));
-}
-__device__ __forceinline__ void wgmma_m64k16(float (&d)[4][4], unsigned long long da,
-                                             unsigned long long db, fp16_t) {
-  asm volatile("{ .reg .pred p; setp.ne.b32 p, %18, 0; "
-               "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
-               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 1; }"
-               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
-               : "l"(da), "l"(db), "r"(1));
-}
-__device__ __forceinline__ void wgmma_m64k16(float (&d)[4][4], unsigned long long da,
-                                             unsigned long long db, bf16_t) {
-  asm volatile("{ .reg .pred p; setp.ne.b32 p, %18, 0; "
-               "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 1; }"
-               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
-               : "l"(da), "l"(db), "r"(1));
-}
-__device__ __forceinline__ void wgmma_m64k16(float (&d)[8][4], unsigned long long da,
-                                             unsigned long long db, fp16_t) {
-  asm volatile("{ .reg .pred p; setp.ne.b32 p, %34, 0; "
-               "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 1; }"
-               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-               : "l"(da), "l"(db), "r"(1));
-}
-__device__ __forceinline__ void wgmma_m64k16(float (&d)[8][4], unsigned long long da,
-                                             unsigned long long db, bf16_t) {
-  asm volatile("{ .reg .pred p; setp.ne.b32 p, %34, 0; "
-               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 1; }"
-               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-               : "l"(da), "l"(db), "r"(1));
-}
-#elif defined(MIRAGE_WGMMA)
+""" + _wgmma_wrappers() + r"""#elif defined(MIRAGE_WGMMA)
 // The emulator decodes the descriptors as the hardware does -- canonical layouts of the swizzle
 // modes, the XOR on (1024-byte aligned) addresses -- and each thread computes its own
 // accumulator elements, so a wrong descriptor, layout or swizzle shows as a wrong result.

@@ -250,7 +250,7 @@ def find_register_operand_pairs(bg: Any, info: Any) -> tuple[RegisterOperand, ..
                 any(t != s.out and tuple(info.shapes[t]) == shape for t in tiles_read(e)):
             continue
         batch, m, ks = math.prod(shape[:-2]), shape[-2], shape[-1]
-        if ks % MMA_K or m % MMA_M and m > MMA_M:
+        if ks % MMA_K:  # whole k steps (ragged rows are fine: fragment loops skip them)
             continue
         consumers, sums, ok = [], [], True
         for r in readers.get(e.out, []):

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import math
 
-from ..lax.ops import DTYPES
-from ..ugraph.graph import BlockGraph, BlockOp, InputIter, tiles_read
+from ..lax.ops import DTYPES, OPS
+from ..ugraph.graph import BlockGraph, BlockOp, Fused, InputIter, tiles_read
 from ..ugraph.validate import BlockInfo
 from .mma import (MMA_K, MMA_M, MMA_N, TileMatmul, ldmatrix_operands, tile_matmul,
                   wgmma_operands, wgmma_swizzle_bits)
@@ -96,7 +96,13 @@ def plan_swizzles(bg: BlockGraph, info: BlockInfo, sched: BlockSchedule) -> dict
     out: dict[str, Swizzle] = {}
     for t, acc in computed.items():
         w = writers.get(t)
-        if w is None or w.kind != COMPUTE or not (w.flat or w.frag) or w.into or \
+        # element-wise writers store through the swizzle; a matmul or row sum computed from
+        # fragments (probabilities in registers) writes its tile plain (frags_to_smem,
+        # frag_row_sums), so such a tile keeps the identity
+        by_frag = w is not None and w.frag is not None and (
+            isinstance(w.node, Fused) or OPS.get(getattr(w.node, "op", None)) is not None and
+            OPS[w.node.op].elementwise)
+        if w is None or w.kind != COMPUTE or not (w.flat or by_frag) or w.into or \
                 t in vector_saved or t in sched.registers:
             continue
         shape = info.shapes[t]

@@ -274,23 +274,11 @@ __device__ __forceinline__ float silu(float x) { return fdiv(x, 1.0f + expf(-x))
 __device__ __forceinline__ float gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678f)); }
 __device__ __forceinline__ float relu(float x) { return x > 0.0f || x != x ? x : 0.0f; }
 
-// C = A @ B for tiles in shared memory, row-major: A (M, K), B (K, N), C (M, N) fp32. Products
-// and sums in fp32; with ACCUMULATE the result is added to C (a for-loop accumulator). Thread t
-// computes elements t, t + THREADS, ... of C. A tensor-core version replaces this function.
-template <int M, int N, int K, int THREADS, bool ACCUMULATE, class TA, class TB>
-__device__ __forceinline__ void tile_matmul(float* __restrict__ C, const TA* __restrict__ A,
-                                            const TB* __restrict__ B) {
-  for (int i = threadIdx.x; i < M * N; i += THREADS) {
-    const TA* a = A + (i / N) * K;
-    const TB* b = B + i % N;
-    float acc = 0.0f;
-    for (int k = 0; k < K; ++k) acc = fmaf(to_float(a[k]), to_float(b[k * N]), acc);
-    if (ACCUMULATE) C[i] += acc; else C[i] = acc;
-  }
-}
-
-// The same over BATCH tiles: C is (BATCH, M, N); a_off(b) / b_off(b) give the element offset of
-// the operands' b-th matrix (0 for an operand broadcast over the batch).
+// C = A @ B for BATCH pairs of tiles in shared memory, row-major: A (M, K), B (K, N), C (BATCH,
+// M, N) fp32; a_off(b) / b_off(b) give the element offset of the operands' b-th matrix (0 for an
+// operand broadcast over the batch; NoOffset for one pair). Products and sums in fp32; with
+// ACCUMULATE the result is added to C (a for-loop accumulator). Thread t computes elements t,
+// t + THREADS, ... of C. The tensor-core tile_mma replaces this wherever the block is whole warps.
 template <int BATCH, int M, int N, int K, int THREADS, bool ACCUMULATE, class TA, class TB,
           class AOff, class BOff>
 __device__ __forceinline__ void tile_matmul_batched(float* __restrict__ C, const TA* __restrict__ A,
