@@ -36,30 +36,35 @@ def _inputs(g, seed):
 
 # ---- planning ---------------------------------------------------------------------------------
 
-def test_pipelined_tiles_of_the_fixtures_arrive_by_tma_on_hopper_only():
-    """On h100 every pipelined tile of the attention fixtures (K and V, 128-byte rows with the
-    128B swizzle) is a TMA copy, placed on its swizzle's 1 KB repeat, with one mbarrier per
-    stage after the tiles; on a100 there is no TMA and the plan is unchanged otherwise."""
+def test_tiles_of_the_fixtures_arrive_by_tma_on_hopper_only():
+    """On h100 the pipelined tiles of the attention fixtures (K and V, 128-byte rows with the
+    128B swizzle) and their loop-invariant Q tiles are TMA copies, placed on the swizzle's 1 KB
+    repeat, with one mbarrier for the tiles loaded once and one per pipeline stage after the
+    tiles; on a100 there is no TMA and the plan is unchanged otherwise."""
     seen = 0
     for name in NAMES:
         g = hand_built(name, 1)
         hop, amp = plan_graph(g, "h100"), plan_graph(g, "a100")
         for k, kp in hop.kernels.items():
             assert amp.kernels[k].tma == {} and amp.kernels[k].barriers == -1
-            assert set(kp.tma) <= set(kp.pipelined)
+            once = {st.writes for st in kp.schedule.steps if st.kind == "load" and
+                    st.writes not in kp.pipelined and st.vector > 1 and not st.into}
+            assert set(kp.tma) <= set(kp.pipelined) | once
             assert kp.smem.conflicts() == []
             for t, c in kp.tma.items():
                 seen += 1
                 assert kp.smem.offsets[t] % (1024 if c.swizzle == 3 else 128) == 0
                 assert c.nbytes == int(np.prod(kp.info.shapes[t])) * (2 if c.dtype != "float32"
                                                                       else 4)
-                assert kp.barriers >= kp.smem.offsets[t] + c.nbytes * kp.pipeline
+                copies = kp.pipeline if t in kp.pipelined else 1
+                assert kp.barriers >= kp.smem.offsets[t] + c.nbytes * copies
             if kp.tma:
-                assert kp.barriers % 8 == 0
-                assert kp.smem.total_bytes == kp.barriers + 8 * kp.pipeline
-    assert seen >= 15
+                piped = any(t in kp.pipelined for t in kp.tma)
+                n = (kp.pipeline if piped else 0) + any(t not in kp.pipelined for t in kp.tma)
+                assert kp.barriers % 8 == 0 and kp.smem.total_bytes == kp.barriers + 8 * n
+    assert seen >= 20
     gqa = plan_graph(hand_built("gqa", 1), "h100").kernels[0]
-    assert set(gqa.tma) == {"k", "v"} and {c.swizzle for c in gqa.tma.values()} == {3}
+    assert set(gqa.tma) == {"q", "k", "v"} and {c.swizzle for c in gqa.tma.values()} == {3}
     v = gqa.tma["v"]  # V (2, 4096, 64): map dims innermost first, byte strides of dims 1..
     assert v.dims == (64, 4096, 2) and v.strides == (128, 4096 * 128) and v.box == (64, 64, 1)
 
@@ -119,7 +124,8 @@ def test_tma_pipeline_matches_the_interpreter_and_the_cp_async_path(depth):
 
 def _mutant(src, old, new, tag):
     assert old in src.kernels[0], old
-    return replace(src, kernels=(src.kernels[0].replace(old, new),), prefix=src.prefix + tag)
+    return replace(src, kernels=(src.kernels[0].replace(old, new), *src.kernels[1:]),
+                   prefix=src.prefix + tag)
 
 
 @needs_gxx
@@ -162,16 +168,21 @@ def test_tma_protocol_mutants_are_caught():
 
 @needs_gxx
 def test_attention_with_tma_in_the_emulator():
-    """The small flash-decoding attention (K and V pipelined by TMA, Q by cp.async before the
-    loop) equals the interpreter with and without TMA."""
+    """The small flash-decoding attention (K and V pipelined by TMA, Q by TMA once before the
+    loop, on its own mbarrier) equals the interpreter with and without TMA; a missing wait
+    for Q is caught."""
     g = cc.small_attention()
     src = emit_cuda(g, "h100", prefix="tma_attn")
-    assert src.launches[0].tensor_maps and "cp_async16(s_q" in src.kernels[0]
+    assert [m.copy.tile for m in src.launches[0].tensor_maps] == ["q", "k", "v"]
+    assert "mbar_wait(tma_bar, 0);" in src.kernels[0]
     x = cc.random_inputs(g, seed=3)
     ref = g.run(x, precision="gpu")["O"]
     for defines in ((), ("MIRAGE_NO_TMA",)):
         out = EmulatedGraph(src, lib=build_emulator(src, defines))(x)["O"]
         assert _rel(out, ref) <= 2e-3, defines
+    nowait = _mutant(src, "mbar_wait(tma_bar, 0);", "", "_noqwait")
+    out = EmulatedGraph(nowait)(x)["O"]
+    assert not np.all(np.isfinite(out)) or _rel(out, ref) > 0.1
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
@@ -186,7 +197,9 @@ def test_one_source_tma_on_sm90_cp_async_on_sm80():
     tu = translation_unit([src])
     k = src.launches[0].kernel
     hop, amp = sass_stats(tu, "sm_90")[k], sass_stats(tu, "sm_80")[k]
-    assert hop.tma == 4 and hop.opcodes["SYNCS"] > 0 and not hop.local_memory  # 2 tiles x 2
+    # K and V in the prologue and the loop, Q once
+    assert hop.tma == 5 and hop.opcodes["SYNCS"] > 0 and not hop.local_memory
+    assert sum(hop.ldgsts.values()) == 0
     assert amp.tma == 0 and amp.ldgsts.get(128, 0) > hop.ldgsts.get(128, 0)
 
 
@@ -203,9 +216,11 @@ def test_a_serialised_schedule_keeps_tma_to_one_stage(monkeypatch):
     kp = plan_graph(g, "h100").kernels[0]
     loads = {st.writes: st.stage for st in kp.schedule.steps if st.writes in kp.pipelined}
     assert len(set(loads.values())) > 1  # serialised: the tiles load in different stages
-    assert len(kp.tma) == 1 and len({loads[t] for t in kp.tma}) == 1
+    piped = [t for t in kp.tma if t in kp.pipelined]
+    assert len(piped) == 1 and len({loads[t] for t in piped}) == 1
     src = emit_cuda(g, "h100", prefix="tma_lean")
-    assert src.kernels[0].count("mbar_expect_tx(") == 2  # prologue + loop, one stage
+    # Q once, then K or V in the prologue and the loop, one stage
+    assert src.kernels[0].count("mbar_expect_tx(") == 3
     x = cc.random_inputs(g, seed=6)
     ref = g.run(x, precision="gpu")["O"]
     for order in ("reverse", 3):
@@ -217,12 +232,12 @@ def test_a_serialised_schedule_keeps_tma_to_one_stage(monkeypatch):
 def test_host_launcher_encodes_one_map_per_copy():
     src = emit_cuda(hand_built("gqa", 1), "h100")
     spec = src.launches[0]
-    assert [m.copy.tile for m in spec.tensor_maps] == ["k", "v"]
+    assert [m.copy.tile for m in spec.tensor_maps] == ["q", "k", "v"]
     launcher = src.launcher
-    assert launcher.count("mp_encode_tensor_map(") == 2
+    assert launcher.count("mp_encode_tensor_map(") == 3
     assert "const cuuint64_t dims[] = {64, 4096, 2};" in launcher  # V
-    assert f"d_Q, d_K, d_V, d_O_part, d_L_part, tm_k_{spec.op_index}, tm_v_{spec.op_index}" \
-        in launcher
+    i = spec.op_index
+    assert f"d_Q, d_K, d_V, d_O_part, d_L_part, tm_q_{i}, tm_k_{i}, tm_v_{i}" in launcher
     assert "mp_tensor_map" not in emit_cuda(hand_built("gqa", 1), "a100").launcher
 
 
@@ -286,5 +301,5 @@ def test_runtime_passes_maps_or_compiles_tma_out(tma, monkeypatch):
     for _ in range(2):
         out = np.asarray(cg(arrays)["O"], dtype=np.float32)
         assert _rel(out, ref) <= 2e-3
-    assert sorted(t for t, _ in encoded) == (["k", "v"] if tma else [])
+    assert sorted(t for t, _ in encoded) == (["k", "q", "v"] if tma else [])
     assert ("-DMIRAGE_NO_TMA" in cg.module.options) == (not tma)

@@ -64,6 +64,9 @@ class BlockKernelEmitter:
         tnames = Names("tm_")
         self.tensor_maps = {t: TensorMapParam(c.tensor, tnames(t), c)
                             for t, c in kplan.tma.items()}
+        # TMA tiles loaded once per block use mbarrier 0; the pipeline's stages follow
+        self.tma_once = [t for t in kplan.tma if t not in kplan.pipelined]
+        self.stage_bar0 = 1 if self.tma_once else 0
 
     def regs(self, acc: str) -> str:
         return "r_" + self.tile(acc)[2:]
@@ -475,20 +478,32 @@ class BlockKernelEmitter:
         tma = [st for st in steps if st.writes in self.tensor_maps]
         if not tma:
             return cp_async(steps)
-        bar = f"tma_bar + ({iteration}) % {self.plan.pipeline}"
-        issue = ["if (threadIdx.x == 0) {  // one thread arms the stage's mbarrier and issues",
+        bar = f"{self.stage_bar(f'({iteration})')}"
+        issue = self.tma_issue(tma, iteration, bar,
+                               {st.writes: self.buffer(st.writes, iteration) for st in tma})
+        return ["#ifdef MIRAGE_TMA", *issue, *cp_async([st for st in steps if st not in tma]),
+                "#else", *cp_async(steps), "#endif"]
+
+    def stage_bar(self, iteration: str) -> str:
+        """The mbarrier of the pipeline stage of ``iteration`` (a parenthesised expression)."""
+        base = f"tma_bar + {self.stage_bar0}" if self.stage_bar0 else "tma_bar"
+        return f"{base} + {iteration} % {self.plan.pipeline}"
+
+    def tma_issue(self, steps: list[Step], iteration: str, bar: str,
+                  dst: dict[str, str]) -> list[str]:
+        """Thread 0 arms mbarrier ``bar`` with the bytes of ``steps``' tiles and issues one
+        TMA copy per tile into ``dst[tile]``."""
+        lines = ["if (threadIdx.x == 0) {  // one thread arms the mbarrier and issues",
                  f"  mbar_expect_tx({bar}, "
-                 f"{sum(self.tensor_maps[st.writes].copy.nbytes for st in tma)});"]
-        for st in tma:
+                 f"{sum(self.tensor_maps[st.writes].copy.nbytes for st in steps)});"]
+        for st in steps:
             c = self.tensor_maps[st.writes].copy
             coords = ", ".join(self.tma_coords(st, iteration))
-            issue.append(f"  tma_load<{c.rank}>({self.buffer(st.writes, iteration)}, "
+            lines.append(f"  tma_load<{c.rank}>({dst[st.writes]}, "
                          f"{self.tensor_maps[st.writes].cname}, {bar}, {coords});  "
                          f"// {st.writes}: box {c.box} of {c.tensor}"
                          + (f", {16 << c.swizzle}B swizzle" if c.swizzle else ""))
-        issue.append("}")
-        return ["#ifdef MIRAGE_TMA", *issue, *cp_async([st for st in steps if st not in tma]),
-                "#else", *cp_async(steps), "#endif"]
+        return lines + ["}"]
 
     def tma_coords(self, st: Step, iteration: str) -> list[str]:
         """The tile's start in the tensor, one coordinate per tensor-map dim (innermost
@@ -513,17 +528,29 @@ class BlockKernelEmitter:
             return cp
         rest = [t for t in self.plan.pipelined if t not in self.tensor_maps]
         return ["#ifdef MIRAGE_TMA", *(cp if rest else []),
-                f"mbar_wait(tma_bar + it % {s}, (it / {s}) & 1);  // this iteration's TMA tiles "
-                "landed", "#else", *cp, "#endif"]
+                f"mbar_wait({self.stage_bar('it')}, (it / {s}) & 1);  // this iteration's TMA "
+                "tiles landed", "#else", *cp, "#endif"]
 
     def emit_stage(self, stage: int) -> list[str]:
         steps = self.plan.schedule.in_stage(stage)
         piped = [st for st in steps if st.kind == LOAD and st.writes in self.plan.pipelined]
+        once = [st for st in steps if st.kind == LOAD and st.writes in self.tma_once]
         out: list[str] = []
         for st in steps:
-            if st not in piped:
+            if st not in piped and st not in once:
                 out += self.emit_step(st)
-        if piped:
+        if once:  # tiles loaded once per block: TMA on mbarrier 0 (phase 0), else cp.async
+            cp = [x for st in once for x in self.emit_load(st)]
+            others = any(st.kind == LOAD and st.vector > 1 and not st.into and st not in once
+                         for st in steps)
+            out += ["#ifdef MIRAGE_TMA",
+                    *self.tma_issue(once, "0", "tma_bar", {st.writes: self.tile(st.writes)
+                                                           for st in once}),
+                    *(["cp_async_wait_all();  // this thread's copies landed"] if others else []),
+                    "mbar_wait(tma_bar, 0);  // the TMA tiles landed",
+                    "#else", *cp, "cp_async_wait_all();  // this thread's copies landed",
+                    "#endif"]
+        elif piped:
             s, ahead = self.plan.pipeline, f"it + {self.plan.pipeline - 1}"
             out += [f"if ({ahead} < {self.F}) {{  // prefetch iteration {ahead} "
                     f"({s} stages in flight)",
@@ -546,12 +573,17 @@ class BlockKernelEmitter:
         return out
 
     def tma_barriers(self) -> list[str]:
-        """The mbarriers of the TMA copies, one per pipeline stage, set up by thread 0."""
-        s = self.plan.pipeline
+        """The mbarriers of the TMA copies -- one for the tiles loaded once, one per pipeline
+        stage -- set up by thread 0."""
+        piped = any(t in self.plan.pipelined for t in self.tensor_maps)
+        n = self.stage_bar0 + (self.plan.pipeline if piped else 0)
+        what = ", ".join(x for x in (("1 for the tiles loaded once" if self.stage_bar0 else ""),
+                                     (f"{self.plan.pipeline} for the pipeline stages"
+                                      if piped else "")) if x)
         return ["#ifdef MIRAGE_TMA",
                 "unsigned long long* const tma_bar = reinterpret_cast<unsigned long long*>"
-                f"(smem + {self.plan.barriers});  // {s} mbarriers, one per pipeline stage",
-                "if (threadIdx.x == 0) {", f"  for (int s = 0; s < {s}; ++s) mbar_init(tma_bar + s, 1);",
+                f"(smem + {self.plan.barriers});  // {n} mbarriers: {what}",
+                "if (threadIdx.x == 0) {", f"  for (int s = 0; s < {n}; ++s) mbar_init(tma_bar + s, 1);",
                 "  mbar_fence_init();", "}", "__syncthreads();  // the mbarriers are set up",
                 "#endif"]
 

@@ -16,7 +16,7 @@ from .smem import SmemPlan, plan_shared_memory
 from .swizzle import Swizzle
 from .tile_swizzle import plan_swizzles
 from .tensors import DevicePlan, plan_device_memory
-from .tma import TmaCopy, plan_tma, tma_alignment
+from .tma import TmaCopy, plan_tma, plan_tma_once, tma_alignment
 
 
 class LayoutError(MirageError, ValueError):
@@ -32,8 +32,11 @@ class KernelPlan:
     swizzles: dict[str, Swizzle] = field(default_factory=dict)  # tile -> XOR swizzle
     pipeline: int = 1  # cp.async stages in flight over the for-loop (1: no software pipeline)
     pipelined: tuple[str, ...] = ()  # the body tiles with `pipeline` buffers each
-    tma: dict[str, TmaCopy] = field(default_factory=dict)  # pipelined tiles fetched by TMA
-    barriers: int = -1  # byte offset of the `pipeline` mbarriers of the TMA copies (-1: none)
+    # tiles fetched by TMA: pipelined ones, and ones loaded once per block (the others)
+    tma: dict[str, TmaCopy] = field(default_factory=dict)
+    # byte offset of the TMA copies' mbarriers (-1: none): first the one of the tiles loaded
+    # once, if any, then one per pipeline stage, if any pipelined tile is a TMA copy
+    barriers: int = -1
 
 
 @dataclass(frozen=True)
@@ -133,22 +136,35 @@ def _memory_plans(graph: KernelGraph, tgt: Target, infos: dict, device: DevicePl
         swz = (plan_swizzles(op.block, info, sched) if tensor_cores else {}) if exact else None
         depth = _requested_depth(stages, ordinal, op)
         tiles = pipeline_tiles(sched) if depth > 1 else ()
+        # TMA: tiles loaded once per block (one mbarrier), pipelined tiles (one per stage)
+        once = plan_tma_once(op, info, sched, device, tiles, tgt, swz)
         tma = plan_tma(op, info, sched, device, tiles, tgt, swz)
-        piped_aligns = dict(aligns)
-        for t in tma:
-            piped_aligns[t] = max(aligns.get(t, 1), tma_alignment(info.shapes[t], info.dtypes[t]))
-        bars = -1
+        base_aligns = _tma_aligns(aligns, once, info)
+        if once:
+            smem = plan_shared_memory(sched, info, aligns=base_aligns)
+        smem, bars = _with_barriers(smem, 1 if once else 0)
+        piped_aligns = _tma_aligns(base_aligns, tma, info)
         while tiles and depth > 1:
             piped, at = _with_barriers(
                 plan_shared_memory(sched, info, {t: depth for t in tiles}, piped_aligns),
-                depth if tma else 0)
+                (depth if tma else 0) + (1 if once else 0))
             if piped.total_bytes <= tgt.smem_per_block:
                 smem, bars = piped, at
                 break
             depth -= 1
         if depth == 1:
             tiles, tma = (), {}
-        out[k] = _MemoryPlan(op, sched, smem, depth if tiles else 1, tiles, swz, tma, bars)
+        out[k] = _MemoryPlan(op, sched, smem, depth if tiles else 1, tiles, swz,
+                             {**once, **tma}, bars)
+    return out
+
+
+def _tma_aligns(aligns: dict[str, int], copies: dict[str, TmaCopy],
+                info: BlockInfo) -> dict[str, int]:
+    """``aligns`` with the shared-memory alignment every TMA destination tile needs."""
+    out = dict(aligns)
+    for t in copies:
+        out[t] = max(out.get(t, 1), tma_alignment(info.shapes[t], info.dtypes[t]))
     return out
 
 

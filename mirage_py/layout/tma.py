@@ -1,4 +1,4 @@
-"""Which pipelined tiles arrive by TMA (the Tensor Memory Accelerator, sm_90+), and how.
+"""Which tiles arrive by TMA (the Tensor Memory Accelerator, sm_90+), and how.
 
 A tile of the cp.async software pipeline (see :mod:`.plan`) may instead be fetched whole by one
 ``cp.async.bulk.tensor`` instruction that a single thread issues; its bytes are counted on an
@@ -9,8 +9,10 @@ the map's dim order, with the swizzle applied to absolute shared-memory addresse
 
 A tile qualifies when all of this holds (otherwise it keeps its 16-byte cp.async copies):
 
-* the target has TMA (``Target.tma``) and the tile is pipelined (loaded in the loop body with
-  16-byte copies, in a loop with two or more stages in flight);
+* the target has TMA (``Target.tma``) and the tile is loaded with 16-byte copies either in the
+  software pipeline (the loop body, two or more stages in flight: one mbarrier per stage) or
+  once per block (loop-invariant tiles, or the body of a one-iteration loop: one more mbarrier,
+  used once);
 * the map's dims are the tensor's dims of size > 1 in reverse order, at most five; the innermost
   one is contiguous (stride 1) and the tile's box along it is a multiple of 16 bytes; every
   other stride is a multiple of 16 bytes and spans at least the dims inside it (the driver's
@@ -23,9 +25,9 @@ A tile qualifies when all of this holds (otherwise it keeps its 16-byte cp.async
   the swizzle span) and stays on cp.async;
 * the tile's bytes are a multiple of its shared-memory alignment (:func:`tma_alignment`: 128
   bytes, or the swizzle's repeat of 8 rows), so every pipeline buffer starts aligned;
-* it loads in the same barrier stage as the other TMA tiles (the stage with the most TMA bytes
-  wins): each pipeline stage's mbarrier is armed once per iteration, with the bytes of all of
-  them, by the code that issues them.
+* it loads in the same barrier stage as the other TMA tiles of its kind (the stage with the most
+  TMA bytes wins): each mbarrier is armed once per phase, with the bytes of all of them, by the
+  code that issues them.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from ..lax.ops import DTYPES
 from ..targets import Target
 from ..ugraph.graph import GraphKernel, InputIter
 from ..ugraph.validate import BlockInfo
-from .schedule import BlockSchedule
+from .schedule import LOAD, BlockSchedule
 from .swizzle import Swizzle
 from .tensors import DevicePlan
 
@@ -125,9 +127,30 @@ def plan_tma(gk: GraphKernel, info: BlockInfo, sched: BlockSchedule, device: Dev
     which skips choosing them)."""
     if not target.tma or not pipelined or not sched.loop_barrier:
         return {}
+    return _one_stage(gk, info, sched, device, swizzles,
+                      [st for st in sched.steps if st.writes in pipelined])
+
+
+def plan_tma_once(gk: GraphKernel, info: BlockInfo, sched: BlockSchedule, device: DevicePlan,
+                  pipelined: tuple[str, ...], target: Target,
+                  swizzles: dict[str, Swizzle] | None) -> dict[str, TmaCopy]:
+    """tile -> its TMA copy, for the tiles loaded once per block -- loop-invariant tiles (the
+    queries of attention), or body tiles of a one-iteration loop -- with 16-byte copies that
+    qualify (the same rules; one mbarrier, armed once, parity 0)."""
+    if not target.tma:
+        return {}
+    once = [st for st in sched.steps
+            if st.kind == LOAD and st.vector > 1 and not st.into and st.writes not in pipelined
+            and (st.segment == "pre" or st.segment == "body" and gk.block.forloop == 1)]
+    return _one_stage(gk, info, sched, device, swizzles, once)
+
+
+def _one_stage(gk: GraphKernel, info: BlockInfo, sched: BlockSchedule, device: DevicePlan,
+               swizzles: dict[str, Swizzle] | None, steps: list) -> dict[str, TmaCopy]:
+    """The TMA copies of the load ``steps`` that qualify, keeping those of one barrier stage."""
     by_stage: dict[int, dict[str, TmaCopy]] = {}
-    for st in sched.steps:
-        if st.writes not in pipelined or not isinstance(st.node, InputIter):
+    for st in steps:
+        if not isinstance(st.node, InputIter):
             continue
         shape, dtype = info.shapes[st.writes], info.dtypes[st.writes]
         if swizzles is None:
@@ -139,8 +162,8 @@ def plan_tma(gk: GraphKernel, info: BlockInfo, sched: BlockSchedule, device: Dev
         copy = tma_geometry(st.node, info, device, gk.inputs[st.node.input], swz)
         if copy is not None:
             by_stage.setdefault(st.stage, {})[st.writes] = copy
-    # one mbarrier per pipeline stage is armed once per iteration, by the stage that issues the
-    # copies: TMA tiles must load in one stage (a serialised schedule loads each tile in its own
-    # stage; the tiles of the others keep cp.async)
+    # each mbarrier is armed once per phase by the code that issues the copies: TMA tiles must
+    # load in one stage (a serialised schedule loads each tile in its own stage; the tiles of
+    # the others keep cp.async)
     return max(by_stage.values(), key=lambda cs: (sum(c.nbytes for c in cs.values()), len(cs)),
                default={})

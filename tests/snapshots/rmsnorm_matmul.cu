@@ -836,7 +836,7 @@ rmsnorm_matmul_k0_graph_Y(
   float* const s_x2 = reinterpret_cast<float*>(smem + 1280);  // (4, 16) float32, stages 2-3
   float* const s_sacc = reinterpret_cast<float*>(smem + 1536);  // (4, 1) float32, stages 0-4
   #ifdef MIRAGE_TMA
-  unsigned long long* const tma_bar = reinterpret_cast<unsigned long long*>(smem + 1552);  // 2 mbarriers, one per pipeline stage
+  unsigned long long* const tma_bar = reinterpret_cast<unsigned long long*>(smem + 1552);  // 2 mbarriers: 2 for the pipeline stages
   if (threadIdx.x == 0) {
     for (int s = 0; s < 2; ++s) mbar_init(tma_bar + s, 1);
     mbar_fence_init();
@@ -856,7 +856,7 @@ rmsnorm_matmul_k0_graph_Y(
 
   // software pipeline: iterations 0..0 of x, w in flight before the loop
   #ifdef MIRAGE_TMA
-  if (threadIdx.x == 0) {  // one thread arms the stage's mbarrier and issues
+  if (threadIdx.x == 0) {  // one thread arms the mbarrier and issues
     mbar_expect_tx(tma_bar + (0) % 2, 512);
     tma_load<2>(s_w_stages + (0) % 2 * 256, tm_w, tma_bar + (0) % 2, blockIdx.x * 16, (0) * 16);  // w: box (16, 16) of W, 32B swizzle
   }
@@ -892,7 +892,7 @@ rmsnorm_matmul_k0_graph_Y(
     // == stage 1 (loop body) ==
     if (it + 1 < 4) {  // prefetch iteration it + 1 (2 stages in flight)
       #ifdef MIRAGE_TMA
-      if (threadIdx.x == 0) {  // one thread arms the stage's mbarrier and issues
+      if (threadIdx.x == 0) {  // one thread arms the mbarrier and issues
         mbar_expect_tx(tma_bar + (it + 1) % 2, 512);
         tma_load<2>(s_w_stages + (it + 1) % 2 * 256, tm_w, tma_bar + (it + 1) % 2, blockIdx.x * 16, (it + 1) * 16);  // w: box (16, 16) of W, 32B swizzle
       }
