@@ -309,19 +309,9 @@ class BlockKernelEmitter:
             swz_args = ", " + ", ".join("NoSwizzle" if z is None else swizzle_type(z)
                                         for z in swz)
         if mma.wgmma:
-            tiling = f"{tm.batch}, {m}, {nn}, {k}, {mma.warps}"
-            call = [f"tile_wgmma<{tiling}, {mma.etype}{swz_args}>(", None,
-                    f"    {offsets[0]},", f"    {offsets[1]});"]
-            if st.writes in self.reg_acc:
-                reg = self.reg_acc[st.writes]
-                decl = [] if reg.carried else [f"float {self.regs(st.writes)}{reg.dims} = {{}};"]
-                call[1] = f"    {self.regs(st.writes)}, {self.tile(a)}, {self.tile(b)},"
-                return [head + " (registers)", *decl, *call]
-            dims = f"[{mma.rounds(tm.batch, m, nn)}][{mma.ng}][4]"
-            call[1] = f"    w_acc, {self.tile(a)}, {self.tile(b)},"
-            return [head, "{", f"  float w_acc{dims} = {{}};", *("  " + c for c in call),
-                    f"  frags_to_smem<{tiling}, {mma.ng}, {acc}>({self.tile(st.writes)}, "
-                    "w_acc);", "}"]
+            return self.into_fragments(
+                st, head, tm, f"tile_wgmma<{self.tiling(tm)}, {mma.etype}{swz_args}>(",
+                [f"{self.tile(a)}, {self.tile(b)},", f"{offsets[0]},", f"{offsets[1]});"])
         if st.writes in self.reg_acc:
             reg = self.reg_acc[st.writes]
             tparams = f"{reg.tiling}, {mma.etype}{swz_args}"
@@ -340,25 +330,38 @@ class BlockKernelEmitter:
         n: BlockOp = st.node
         a, b = n.operands
         mma = tm.cfg
-        tiling = f"{tm.batch}, {tm.m}, {tm.n}, {tm.k}, {mma.warps}"
         sb = self.plan.swizzles.get(b)
         head = self._header(st, f"{n.out} = matmul({a}, {b}): {self.shape(a)} @ {self.shape(b)}, "
                                 f"tensor cores with A from {a}'s fragments in registers "
                                 f"({mma.etype}, {mma.warps} warps x units of 16 x {tm.n})")
-        call = f"tile_mma_rega<{tiling}, {mma.etype}, " + \
+        call = f"tile_mma_rega<{self.tiling(tm)}, {mma.etype}, " + \
             ("NoSwizzle" if sb is None else swizzle_type(sb)) + ">("
+        return self.into_fragments(st, head, tm, call,
+                                   [f"{self.regs(a)}, {self.tile(b)},", f"{b_offset});"])
+
+    @staticmethod
+    def tiling(tm) -> str:
+        """The template arguments ``BATCH, M, N, K, WARPS`` of a tile matmul in units of
+        16 x N (warpgroup MMA, A from registers)."""
+        return f"{tm.batch}, {tm.m}, {tm.n}, {tm.k}, {tm.cfg.warps}"
+
+    def into_fragments(self, st: Step, head: str, tm, call: str, args: list[str]) -> list[str]:
+        """A tensor-core product in units of 16 x N: ``call`` (a template call's opening) with
+        the accumulator and then ``args`` (argument lines, the last closing the call). The
+        product lands in the register tile the schedule keeps for it, or in a temporary that
+        goes to (or is added into) shared memory once."""
         if st.writes in self.reg_acc:
             reg = self.reg_acc[st.writes]
             decl = [] if reg.carried else [f"float {self.regs(st.writes)}{reg.dims} = {{}};"]
             return [head + " (registers)", *decl, call,
-                    f"    {self.regs(st.writes)}, {self.regs(a)}, {self.tile(b)},",
-                    f"    {b_offset});"]
+                    f"    {self.regs(st.writes)}, {args[0]}", *("    " + x for x in args[1:])]
+        mma = tm.cfg
         dims = f"[{mma.rounds(tm.batch, tm.m, tm.n)}][{mma.ng}][4]"
         acc = "true" if st.into else "false"
         return [head, "{", f"  float w_acc{dims} = {{}};", f"  {call}",
-                f"      w_acc, {self.regs(a)}, {self.tile(b)},", f"      {b_offset});",
-                f"  frags_to_smem<{tiling}, {mma.ng}, {acc}>({self.tile(st.writes)}, w_acc);",
-                "}"]
+                f"      w_acc, {args[0]}", *("      " + x for x in args[1:]),
+                f"  frags_to_smem<{self.tiling(tm)}, {mma.ng}, {acc}>({self.tile(st.writes)}, "
+                "w_acc);", "}"]
 
     def emit_sum(self, st: Step) -> list[str]:
         n: BlockOp = st.node
@@ -478,7 +481,7 @@ class BlockKernelEmitter:
         tma = [st for st in steps if st.writes in self.tensor_maps]
         if not tma:
             return cp_async(steps)
-        bar = f"{self.stage_bar(f'({iteration})')}"
+        bar = self.stage_bar(f"({iteration})")
         issue = self.tma_issue(tma, iteration, bar,
                                {st.writes: self.buffer(st.writes, iteration) for st in tma})
         return ["#ifdef MIRAGE_TMA", *issue, *cp_async([st for st in steps if st not in tma]),

@@ -272,6 +272,12 @@ std::vector<TmaCopy> g_tma;
 inline unsigned int smem_offset(const void* p) {
   return static_cast<unsigned int>(static_cast<const unsigned char*>(p) - smem);
 }
+// The hardware's swizzle modes (TMA's, wgmma's) on an absolute shared-memory byte address with
+// `chunks` 16-byte chunks per row (1, 2, 4, 8): the chunk bits XOR the row bits 7..
+// (Swizzle<B,4,3> on bytes)
+inline unsigned int hw_swizzle(unsigned int addr, unsigned int chunks) {
+  return addr ^ (((addr >> 7) & (chunks - 1u)) << 4);
+}
 inline MBar* mbar_at(const void* p) {
   auto it = g_mbars.find(smem_offset(p));
   if (it == g_mbars.end()) {
@@ -302,19 +308,14 @@ inline void mbar_expect_tx(void* bar, unsigned int bytes) {
   mbar_complete(*b);
   g_progress++;
 }
-// write a copy's box: dense in shared memory, 16-byte chunks XORed with the row bits 7.. of
-// their absolute address (the 32B / 64B / 128B swizzle modes)
+// write a copy's box: dense in shared memory, swizzled by its absolute address (hw_swizzle)
 inline void tma_write(TmaCopy& c) {
   if (c.dst + c.size > g_smem_bytes) return fail("TMA box beyond the launch's shared memory");
   for (const auto& kv : g_mbars)
     if (kv.first < c.dst + c.size && c.dst < kv.first + 8)
       return fail("TMA box overwrites an mbarrier");
-  const unsigned int mask = c.swizzle ? (1u << c.swizzle) - 1u : 0u;
-  for (size_t o = 0; o < c.bytes.size(); ++o) {
-    unsigned int a = c.dst + static_cast<unsigned int>(o);
-    a ^= ((a >> 7) & mask) << 4;
-    smem[a] = c.bytes[o];
-  }
+  for (size_t o = 0; o < c.bytes.size(); ++o)
+    smem[hw_swizzle(c.dst + static_cast<unsigned int>(o), 1u << c.swizzle)] = c.bytes[o];
   c.bytes.clear();
 }
 // complete the copies counted on `bar` (writing those not written at issue)

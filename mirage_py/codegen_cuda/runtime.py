@@ -15,6 +15,8 @@ import hashlib
 import os
 from typing import Any, Mapping
 
+import numpy as np
+
 from ..errors import DTypeError, ProgramError, ShapeError
 from ..ugraph.graph import KernelGraph
 from . import tensor_map
@@ -91,16 +93,12 @@ def tma_enabled(cp: Any) -> bool:
 
 
 _encode_map = tensor_map.encode  # (TmaCopy, device address) -> the 128 bytes of the map
-_MAP_DTYPE = None
+_MAP_DTYPE = np.dtype({"names": ["opaque"], "formats": [("<u8", (16,))]})
 
 
 def _map_argument(raw: bytes) -> Any:
     """A tensor map as a by-value kernel argument: a one-element NumPy structured array of 128
     bytes, which CuPy passes as a struct."""
-    import numpy as np
-    global _MAP_DTYPE
-    if _MAP_DTYPE is None:
-        _MAP_DTYPE = np.dtype({"names": ["opaque"], "formats": [("<u8", (16,))]})
     buf = np.zeros(2 * tensor_map.MAP_BYTES, np.uint8)  # 128-byte aligned, as the type is
     start = (-buf.ctypes.data) % 128
     arg = buf[start:start + tensor_map.MAP_BYTES]
@@ -224,12 +222,11 @@ class CompiledGraph:
     def _tensor_map(self, kernel: str, m: Any, address: int) -> Any:
         """The kernel argument of TMA map ``m`` over the tensor at ``address``: encoded by the
         driver once per address (maps hold the address), zeros when TMA is compiled out."""
-        if not self.tma:
-            return _map_argument(bytes(tensor_map.MAP_BYTES))
-        key = (kernel, m.cname, address)
+        key = (kernel, m.cname, address) if self.tma else None  # compiled out: one zero map
         arg = self._maps.get(key)
         if arg is None:
             if len(self._maps) > 256:
                 self._maps.clear()
-            arg = self._maps[key] = _map_argument(_encode_map(m.copy, address))
+            raw = _encode_map(m.copy, address) if self.tma else bytes(tensor_map.MAP_BYTES)
+            arg = self._maps[key] = _map_argument(raw)
         return arg

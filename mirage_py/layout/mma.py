@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..lax.ops import DTYPES
+from .swizzle import CANONICAL_ROW_BYTES
 
 WARP = 32
 MMA_M, MMA_N, MMA_K = 16, 8, 16
@@ -82,7 +83,6 @@ def mma_config(batch: int, m: int, n: int, threads: int, dtype_a: str,
     return MmaConfig(warps, ng, mma_etype(dtype_a, dtype_b))
 
 
-WGMMA_ROW_BYTES = (32, 64, 128)  # operand rows that fill one swizzle atom (32B, 64B, 128B modes)
 WARPGROUP = 4  # warps
 
 
@@ -101,18 +101,12 @@ def wgmma_config(batch: int, m: int, n: int, k: int, threads: int, dtype_a: str,
         return None
     if threads <= 0 or threads % (WARP * WARPGROUP) or m % 64:
         return None
-    if 2 * k not in WGMMA_ROW_BYTES or 2 * n not in WGMMA_ROW_BYTES:
+    if 2 * k not in CANONICAL_ROW_BYTES or 2 * n not in CANONICAL_ROW_BYTES:
         return None
     groups = threads // (WARP * WARPGROUP)
     if batch * (m // 64) < groups:
         return None
     return MmaConfig(threads // WARP, n // MMA_N, etype, wgmma=True)
-
-
-def wgmma_swizzle_bits(row_bytes: int) -> int:
-    """log2 of the 16-byte chunks in a swizzle atom row: the B of the canonical Swizzle<B,4,3>
-    (bytes) of the 32B / 64B / 128B modes."""
-    return {32: 1, 64: 2, 128: 3}[row_bytes]
 
 
 def ldmatrix_operands(m: int, k: int, n: int, dtype_a: str, dtype_b: str,
@@ -282,7 +276,7 @@ def find_register_operand_pairs(bg: Any, info: Any) -> tuple[RegisterOperand, ..
 def wgmma_operands(bg: Any, info: Any) -> dict[str, int]:
     """Operand tile of a warpgroup MMA in block graph ``bg`` -> its row bytes (one swizzle atom
     wide: the atom is 8 such rows, the alignment its offset needs, and the row width selects
-    the canonical swizzle, see :func:`wgmma_swizzle_bits`)."""
+    the canonical swizzle, see :func:`.swizzle.canonical_swizzle`)."""
     out: dict[str, int] = {}
     for node in bg.ops:
         if getattr(node, "op", None) == "matmul":

@@ -175,8 +175,8 @@ def planned_shared_memory(graph: KernelGraph, target: Any = "h100",
     graph-defined kernel as code generation will lay it out -- buffers reused across stages,
     register accumulators left out, pipeline buffers and TMA mbarriers included -- without
     choosing swizzles (which do not change the bytes, except that a tile whose swizzle TMA
-    cannot write is fetched by cp.async and may need a few bytes less alignment). For cost models that want the real footprint rather than
-    validation's bound. ``infos``: the graph's ``validate`` result, when the caller has it.
+    cannot write is fetched by cp.async and may need a few bytes less alignment). For cost
+    models that want the real footprint rather than validation's bound. ``infos``: the graph's ``validate`` result, when the caller has it.
 
     Loads in flight: the cp.async pipeline's depth (lowered until the buffers fit). A loop with
     no cp.async tiles -- its loads go straight into accumulators -- keeps the requested depth

@@ -191,6 +191,20 @@ class Swizzle:
         return f"Swizzle<{self.bits},{self.base},{self.shift}>"
 
 
+# The hardware's swizzle modes (TMA's CU_TENSOR_MAP_SWIZZLE_32B / 64B / 128B, wgmma's matrix
+# descriptors): rows of 32, 64 or 128 bytes, 16-byte chunks XORed with the row bits 7.. of the
+# byte address -- Swizzle<B, 4, 3> on bytes, with 2^B chunks per row. Row bytes -> B.
+CANONICAL_ROW_BYTES = {32: 1, 64: 2, 128: 3}
+
+
+def canonical_swizzle(row_bytes: int, elem_bytes: int) -> Swizzle | None:
+    """The hardware mode's swizzle of a tile with rows of ``row_bytes`` on offsets of
+    ``elem_bytes``-byte elements (``Swizzle<B, group_base(elem_bytes), 3>``), or None for rows
+    no mode covers."""
+    bits = CANONICAL_ROW_BYTES.get(row_bytes)
+    return None if bits is None else Swizzle(bits, group_base(elem_bytes), 3)
+
+
 def candidates(shape: int | Sequence[int], elem_bytes: int, *, max_bits: int = 3,
                max_shift: int | None = None) -> list[Swizzle]:
     """Every candidate swizzle for a dense tile, in a fixed order: the identity first, then

@@ -23,10 +23,10 @@ from ..lax.ops import DTYPES, OPS
 from ..ugraph.graph import BlockGraph, BlockOp, Fused, InputIter, tiles_read
 from ..ugraph.validate import BlockInfo
 from .mma import (MMA_K, MMA_M, MMA_N, TileMatmul, ldmatrix_operands, tile_matmul,
-                  wgmma_operands, wgmma_swizzle_bits)
+                  wgmma_operands)
 from .schedule import COMPUTE, LOAD, SAVE, BlockSchedule
-from .swizzle import (Instruction, Swizzle, choose_swizzle, cp_async_fill, elementwise,
-                      fragment_reads_a, ldmatrix_a, ldmatrix_b_trans)
+from .swizzle import (Instruction, Swizzle, canonical_swizzle, choose_swizzle, cp_async_fill,
+                      elementwise, fragment_reads_a, ldmatrix_a, ldmatrix_b_trans)
 
 
 def _matmul_reads(t: TileMatmul, info: BlockInfo) -> dict[str, list]:
@@ -75,7 +75,7 @@ def plan_swizzles(bg: BlockGraph, info: BlockInfo, sched: BlockSchedule) -> dict
     Candidates: tiles filled by an iterator load and read by ldmatrix, and fp32 tiles computed by
     element-wise operators (in element or fragment order) and read as element-wise A fragments
     -- unless a 16-byte store reads them (it needs 32 contiguous bytes of an fp32 tile)."""
-    canonical = {t: Swizzle(wgmma_swizzle_bits(row), 3, 3)
+    canonical = {t: canonical_swizzle(row, DTYPES[info.dtypes[t]])
                  for t, row in wgmma_operands(bg, info).items()}
     reads: dict[str, list] = {}
     computed: dict[str, list] = {}

@@ -40,12 +40,11 @@ from ..targets import Target
 from ..ugraph.graph import GraphKernel, InputIter
 from ..ugraph.validate import BlockInfo
 from .schedule import LOAD, BlockSchedule
-from .swizzle import Swizzle
+from .swizzle import CANONICAL_ROW_BYTES, Swizzle, canonical_swizzle
 from .tensors import DevicePlan
 
 MAX_RANK = 5
 MAX_BOX = 256
-SWIZZLE_ROW_BYTES = {32: 1, 64: 2, 128: 3}  # row bytes -> CUtensorMapSwizzle (32B, 64B, 128B)
 
 
 @dataclass(frozen=True)
@@ -75,18 +74,16 @@ def tma_alignment(shape: tuple[int, ...], dtype: str) -> int:
     """Shared-memory alignment of a TMA destination: 128 bytes, or 8 rows when the rows are 32,
     64 or 128 bytes wide (the repeat of the swizzle such rows may carry)."""
     row = shape[-1] * DTYPES[dtype] if shape else 0
-    return 8 * row if row in SWIZZLE_ROW_BYTES else 128
+    return 8 * row if row in CANONICAL_ROW_BYTES else 128
 
 
 def tma_swizzle(shape: tuple[int, ...], dtype: str, swz: Swizzle | None) -> int | None:
-    """The CUtensorMapSwizzle that stores the tile as ``swz`` does, or None if none can."""
+    """The CUtensorMapSwizzle that stores the tile as ``swz`` does (0 none, 1 32B, 2 64B,
+    3 128B: the B of the mode's canonical swizzle), or None if none can."""
     if swz is None or swz.is_identity:
         return 0
-    eb = DTYPES[dtype]
-    mode = SWIZZLE_ROW_BYTES.get(shape[-1] * eb)
-    if mode is None or swz.bits != mode or swz.shift != 3 or (1 << swz.base) * eb != 16:
-        return None
-    return mode
+    return swz.bits if swz == canonical_swizzle(shape[-1] * DTYPES[dtype], DTYPES[dtype]) \
+        else None
 
 
 def tma_geometry(it: InputIter, info: BlockInfo, device: DevicePlan, tensor: str,
@@ -152,13 +149,9 @@ def _one_stage(gk: GraphKernel, info: BlockInfo, sched: BlockSchedule, device: D
     for st in steps:
         if not isinstance(st.node, InputIter):
             continue
-        shape, dtype = info.shapes[st.writes], info.dtypes[st.writes]
-        if swizzles is None:
-            row = shape[-1] * DTYPES[dtype]
-            swz = None if row not in SWIZZLE_ROW_BYTES else \
-                Swizzle(SWIZZLE_ROW_BYTES[row], int(math.log2(16 // DTYPES[dtype])), 3)
-        else:
-            swz = swizzles.get(st.writes)
+        shape, eb = info.shapes[st.writes], DTYPES[info.dtypes[st.writes]]
+        swz = canonical_swizzle(shape[-1] * eb, eb) if swizzles is None else \
+            swizzles.get(st.writes)
         copy = tma_geometry(st.node, info, device, gk.inputs[st.node.input], swz)
         if copy is not None:
             by_stage.setdefault(st.stage, {})[st.writes] = copy

@@ -59,10 +59,15 @@ __device__ __forceinline__ void copy16(void* dst, const void* src) {
 // 16 bytes from global to shared memory without passing through registers (cp.async, sm_80+);
 // cp_async_wait_all() before the barrier that publishes the tile
 #ifndef MIRAGE_EMULATE
+// the 32-bit shared-memory address of a generic pointer into shared memory
+__device__ __forceinline__ unsigned int smem_addr(const void* p) {
+  unsigned int a;
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+  return a;
+}
 __device__ __forceinline__ void cp_async16(void* smem_dst, const void* global_src) {
-  unsigned int d;
-  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(d) : "l"(smem_dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(d), "l"(global_src) : "memory");
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;"
+               :: "r"(smem_addr(smem_dst)), "l"(global_src) : "memory");
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 // software pipelines: close a group of copies; wait until at most N of the newest groups are
@@ -142,13 +147,8 @@ inline cudaError_t mp_encode_tensor_map(mp_tensor_map* map, int dtype, cuuint32_
 }
 #endif
 #if defined(MIRAGE_TMA) && !defined(MIRAGE_EMULATE)
-__device__ __forceinline__ unsigned int smem_u32(const void* p) {
-  unsigned int d;
-  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(d) : "l"(p));
-  return d;
-}
 __device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(smem_u32(bar)), "r"(count) : "memory");
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(smem_addr(bar)), "r"(count) : "memory");
 }
 // the initialised barriers become visible to the async proxy (TMA completes on them)
 __device__ __forceinline__ void mbar_fence_init() {
@@ -157,11 +157,11 @@ __device__ __forceinline__ void mbar_fence_init() {
 // arrive once and expect `bytes` more of transactions in the current phase
 __device__ __forceinline__ void mbar_expect_tx(unsigned long long* bar, unsigned int bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
-               :: "r"(smem_u32(bar)), "r"(bytes) : "memory");
+               :: "r"(smem_addr(bar)), "r"(bytes) : "memory");
 }
 // wait until the phase of parity `parity` has completed
 __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned int parity) {
-  const unsigned int a = smem_u32(bar);
+  const unsigned int a = smem_addr(bar);
   unsigned int done;
   do {
     asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; "
@@ -173,7 +173,7 @@ template <int R>
 __device__ __forceinline__ void tma_load(void* dst, const mp_tensor_map& map,
                                          unsigned long long* bar, int c0, int c1 = 0,
                                          int c2 = 0, int c3 = 0, int c4 = 0) {
-  const unsigned int d = smem_u32(dst), b = smem_u32(bar);
+  const unsigned int d = smem_addr(dst), b = smem_addr(bar);
   const unsigned long long m = reinterpret_cast<unsigned long long>(&map);
   if constexpr (R == 1)
     asm volatile("cp.async.bulk.tensor.1d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
@@ -333,11 +333,6 @@ template <class E> struct MmaBits<E, E> {
 };
 
 #ifndef MIRAGE_EMULATE
-__device__ __forceinline__ unsigned int smem_addr(const void* p) {
-  unsigned int a;
-  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-  return a;
-}
 // lanes 0-7 / 8-15 / 16-23 / 24-31 give the row addresses (16 bytes each) of matrices 0 / 1 / 2 / 3
 __device__ __forceinline__ void ldsm_x4(unsigned int (&r)[4], const void* row) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
@@ -717,15 +712,13 @@ __device__ __forceinline__ void wgmma_m64k16(float (&d)[8][4], unsigned long lon
 // The emulator decodes the descriptors as the hardware does -- canonical layouts of the swizzle
 // modes, the XOR on (1024-byte aligned) addresses -- and each thread computes its own
 // accumulator elements, so a wrong descriptor, layout or swizzle shows as a wrong result.
-inline unsigned int smem_addr(const void* p) {
-  return static_cast<unsigned int>(static_cast<const unsigned char*>(p) - smem);
-}
+inline unsigned int smem_addr(const void* p) { return mp_emu::smem_offset(p); }
 inline void wgmma_fence() {}
 inline void wgmma_commit() {}
 inline void wgmma_wait_all() {}
 inline void fence_view_async_shared() {}
 template <class E> inline float wgmma_read(unsigned int addr, int chunks) {
-  addr ^= ((addr >> 7) & static_cast<unsigned int>(chunks - 1)) << 4;  // Swizzle<B,4,3>
+  addr = mp_emu::hw_swizzle(addr, chunks);
   E e;
   memcpy(&e, smem + addr, sizeof e);
   return to_float(e);
