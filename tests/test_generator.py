@@ -150,6 +150,22 @@ def test_search_fuses_rmsnorm_into_the_matmul():
     assert estimate_us(g, H100) < estimate_us(naive_lowering(sub), H100)
 
 
+def test_residual_rmsnorm_into_the_matmul_every_candidate_correct():
+    """rms_norm(X + R) @ W: templates fill a leaf only with a value that is the leaf's
+    polynomial times one cofactor. Before, (X + R) @ W + R @ W filled the leaves X and R of the
+    template (X + R) / r -- equal to the right value in the coefficient-free normal form, so it
+    took its place and every candidate was wrong."""
+    p = mp.Program("res_rn")
+    X = p.input("X", (8, 1024))
+    R = p.input("R", (8, 1024))
+    W = p.input("W", (1024, 512))
+    p.output(mp.rms_norm(X + R) @ W)
+    sub, ranked = _best(p)
+    assert ranked[0].graph.num_kernels == 1
+    for c in ranked:
+        _check(p, c.graph)
+
+
 def test_search_every_candidate_is_valid_and_correct():
     p = mp.Program("lora_small")
     X = p.input("X", (16, 128))

@@ -238,11 +238,16 @@ def _round(pool: list[Val], new_from: int, add, ctx: Context, F: int, loop: str)
     # elementwise templates from the target, as fused thread graphs
     for tp in ctx.templates:
         # leaves are filled by values with the same expression first, then by values that
-        # contain it (x / r applied to x @ w: scaling commutes with the contraction)
+        # are it scaled or contracted as a whole (x / r applied to x @ w: scaling commutes with
+        # the contraction). Such a value must have exactly the leaf's monomials times one
+        # cofactor: (x + y) @ w may fill leaf x + y, but not leaf x -- the normal form drops
+        # coefficients, so (x + y) @ w + y @ w would pass for (x + y) @ w and, having the same
+        # key, shadow the right value (rms_norm(x + y) @ w found no correct kernel)
         cands = []
         for le in tp.leaf_exprs:
             exact = [v for v in cur if v.expr == le]
-            part = [v for v in cur if v.expr != le and ae._embeds(le, v.expr)]
+            part = [v for v in cur if v.expr != le and len(v.expr) == len(le) and
+                    ae._embeds(le, v.expr)]
             cands.append(exact + part)
         if any(not c for c in cands):
             continue
