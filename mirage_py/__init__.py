@@ -5,17 +5,18 @@ Pipeline (data flows one way): ``lax`` (programs, partition) -> ``generator`` (c
 in ``ugraph`` are the language every stage shares.
 """
 
-from .errors import (DatabaseError, DTypeError, MirageError, ProgramError, SerializationError,
-                     ShapeError, TargetError, ValidationError)
+from .errors import (DatabaseError, DTypeError, MirageError, OptionError, ProgramError,
+                     SerializationError, ShapeError, TargetError, ValidationError)
 from .lax import (Output, Partition, Program, Tensor, exp, gelu, matmul, mean, partition, relu,
                   reshape, rms_norm, silu, sqrt, square, sum, transpose)
 from .verifier import check_numerics, verify
 from .superopt import OptimizedProgram, load, superopt
+from . import regions
 
 __version__ = "0.4.0"
 
-__all__ = ["DatabaseError", "DTypeError", "MirageError", "ProgramError", "SerializationError", "ShapeError",
-           "TargetError", "ValidationError", "Output", "Partition", "Program", "Tensor", "exp",
+__all__ = ["DatabaseError", "DTypeError", "MirageError", "OptionError", "ProgramError",
+           "SerializationError", "ShapeError", "TargetError", "ValidationError", "Output", "Partition", "Program", "Tensor", "exp",
            "gelu", "matmul", "mean", "partition", "relu", "reshape", "rms_norm", "silu", "sqrt",
            "square", "sum", "transpose", "verify", "check_numerics", "superopt",
            "OptimizedProgram", "load", "__version__"]

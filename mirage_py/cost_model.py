@@ -391,6 +391,21 @@ def bytes_moved(graph: Any, target: Any = "h100") -> float:
     return sum(c.bytes for c in kernel_costs(graph, target))
 
 
+def lower_bound_us(program: Any, target: Any = "h100") -> float:
+    """A lower bound on the predicted time of any kernel graph of graph-defined kernels that
+    computes ``program`` (a :class:`~mirage_py.lax.Program`): one launch, plus the larger of
+    one memory round trip (every wave of a graph-defined kernel waits for one) and the time to
+    read every input once and write every output once at DRAM bandwidth (the model charges the
+    first read of every element loaded, and every output element written, to DRAM). Flops are
+    left out: the search may find a form with fewer. The region layer searches a region only
+    when the cover could still get cheaper with the region at this bound."""
+    t = get_target(target)
+    nbytes = sum(_size(x.shape) * DTYPES[x.dtype] for x in program.inputs)
+    nbytes += sum(_size(o.shape) * DTYPES[o.dtype] for o in
+                  {o.tensor.digest: o for o in program.outputs}.values())
+    return t.launch_us + max(t.mem_latency_us, 1e6 * nbytes / t.mem_bw)
+
+
 class AnalyticModel:
     """The formulas above behind the ``predict`` interface; ``smem_planner`` as in
     :func:`kernel_costs` (``superopt`` passes the layout planner's)."""
@@ -405,6 +420,11 @@ class AnalyticModel:
 
     def kernel_costs(self, graph: Any, target: Any) -> list[KernelCost]:
         return kernel_costs(graph, target, self.smem_planner)
+
+    def lower_bound(self, program: Any, target: Any) -> float:
+        """What any graph-defined kernel graph computing ``program`` costs at least: see
+        :func:`lower_bound_us`."""
+        return lower_bound_us(program, target)
 
 
 class RandomModel:

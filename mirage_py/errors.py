@@ -51,3 +51,7 @@ class ToolNotFoundError(ToolError):
 class DatabaseError(MirageError, RuntimeError):
     """A results database that cannot be used: a corrupt or foreign file, a newer schema, or a
     path that cannot be opened. The message names the file and what to do."""
+
+
+class OptionError(MirageError, ValueError):
+    """A bad option to an entry point (``superopt(time_budget_s=0)``, ``workers=0``, ...)."""

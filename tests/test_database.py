@@ -250,14 +250,39 @@ def test_default_database_comes_from_the_environment(monkeypatch, tmp_path):
     assert ResultsDB(tmp_path / "env.sqlite").count() > 0
 
 
-def test_cut_short_searches_are_recorded_but_not_reused(tmp_path):
+def test_cut_short_searches_are_recorded_but_not_reused(tmp_path, monkeypatch):
+    """Ctrl-C right after the first candidate: what was found is recorded, but the answer of a
+    search cut short is not reused (a later run searches again)."""
+    import sys
+    so = sys.modules["mirage_py.superopt"]
+
+    def interrupt(self, found, states=0, pruned=0):
+        raise KeyboardInterrupt
+    path = tmp_path / "r.sqlite"
+    p = small_program()
+    with monkeypatch.context() as m:
+        m.setattr(so._Progress, "__call__", interrupt)
+        opt = mp.superopt(p, workers=1, progress=False, database=path)
+    assert opt.parts[0].stats.interrupted
+    db = ResultsDB(path)
+    key = mp.regions.canonical(p).structural_hash()  # what superopt stores a program under
+    assert db.count() >= 1 and db.lookup(key, "h100") is None
+    again = mp.superopt(p, workers=1, progress=False, database=path)
+    assert again.parts[0].source == "search" and not again.parts[0].stats.interrupted
+    assert db.lookup(key, "h100") is not None  # complete now: reusable
+
+
+def test_a_spent_budget_searches_nothing_and_records_nothing(tmp_path):
+    """With the budget gone before any region search starts, the answer is the floor (found
+    in about a second whatever the budget) and nothing is marked for reuse."""
     path = tmp_path / "r.sqlite"
     p = small_program()
     opt = mp.superopt(p, workers=1, progress=False, database=path, time_budget_s=1e-6)
-    assert opt.parts[0].stats.timed_out
-    db = ResultsDB(path)
-    assert db.count() >= 1 and db.lookup(p.structural_hash(), "h100") is None
-    assert mp.superopt(p, workers=1, progress=False, database=path).parts[0].source != "database"
+    part = opt.parts[0]
+    assert part.stats.timed_out and part.source in ("floor", "naive")
+    assert part.estimated_us <= part.floor_us + 1e-9 and all(v.equivalent for v in
+                                                              opt.verification)
+    assert ResultsDB(path).lookup(mp.regions.canonical(p).structural_hash(), "h100") is None
 
 
 def test_every_measurement_is_recorded_and_exported(tmp_path):
@@ -272,7 +297,7 @@ def test_every_measurement_is_recorded_and_exported(tmp_path):
     assert len(runner.calls) >= 2 and len(measured) >= len(runner.calls)
     assert {r.runner for r in measured} == {"fake"}
     assert all(r.samples for r in measured)
-    chosen = db.lookup(p.structural_hash(), "h100")
+    chosen = db.lookup(mp.regions.canonical(p).structural_hash(), "h100")
     assert chosen.measured_us == opt.parts[0].measured_us is not None
     n = export_training_set(db, str(tmp_path / "train.jsonl"), measured_only=True)
     rows = [json.loads(x) for x in (tmp_path / "train.jsonl").read_text().splitlines()]

@@ -103,6 +103,7 @@ class Context:
     target_shapes: dict
     target_dtypes: dict
     reduced: frozenset
+    drops_leading: bool = False  # the target has a sum over its leading dim without keepdims
     max_values: int = 400
     max_rounds: int = 10
     max_template_combos: int = 64
@@ -217,16 +218,20 @@ def _round(pool: list[Val], new_from: int, add, ctx: Context, F: int, loop: str)
                     ae.apply("matmul", [a.expr, b.expr], a.dims[-1]), ph,
                     a.consumed | b.consumed | {c[0] for c in a.dims[-1]},
                     ("op", "matmul", (a.vid, b.vid), ()), a.cost + b.cost + 1))
-    # sums over one tile dim (kept as a size-1 dim)
+    # sums over one tile dim (kept as a size-1 dim); where the target sums a leading dim away
+    # (the heads of a per-head projection), also the sum over the leading dim that drops it
     for i in range(new_from, n):
         a = cur[i]
         for j, d in enumerate(a.dims):
             if dim_size(d) == 1:
                 continue
-            dims = a.dims[:j] + ((),) + a.dims[j + 1:]
-            add(Val(len(pool), dims, ae.apply("sum", [a.expr], d), a.phase,
-                    a.consumed | {c[0] for c in d},
-                    ("op", "sum", (a.vid,), attrs_of(axes=(j,), keepdims=True)), a.cost + 1))
+            for keep in (True, False) if j == 0 and ctx.drops_leading and len(a.dims) > 1 \
+                    else (True,):
+                dims = a.dims[:j] + (((),) if keep else ()) + a.dims[j + 1:]
+                add(Val(len(pool), dims, ae.apply("sum", [a.expr], d), a.phase,
+                        a.consumed | {c[0] for c in d},
+                        ("op", "sum", (a.vid,), attrs_of(axes=(j,), keepdims=keep)),
+                        a.cost + 1))
     # for-loop accumulators
     if F > 1:
         for i in range(new_from, n):

@@ -189,7 +189,9 @@ class Searcher:
             target_labels=self.labels.outputs,
             target_shapes={n: t.shape for n, t in outs.items()},
             target_dtypes={n: t.dtype for n, t in outs.items()},
-            reduced=self.labels.reduced, deadline=deadline)
+            reduced=self.labels.reduced, deadline=deadline,
+            drops_leading=any(t.op == "sum" and 0 in t.attr("axes") and not t.attr("keepdims")
+                              and len(t.inputs[0].shape) > 1 for t in program.nodes()))
         self.avail0 = [Avail(t.name, t.shape, t.dtype, exprs[t.digest],
                              self.labels.inputs[t.name]) for t in program.inputs]
 
@@ -361,7 +363,7 @@ def _split_labels(avail: list[Avail]) -> frozenset:
 
 def assemble(program, kernels: list[GraphKernel]) -> KernelGraph:
     """Kernel graph from the kernel sequence, dropping outputs nobody uses (and their savers)."""
-    from .dce import eliminate_dead
+    from ..ugraph.dce import eliminate_dead
     g = KernelGraph(program.name, tuple(DTensor(t.name, t.shape, t.dtype) for t in program.inputs),
                     tuple(kernels), tuple(program.output_tensors))
     return eliminate_dead(g)

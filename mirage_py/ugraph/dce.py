@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..ugraph.graph import (BlockGraph, GraphKernel, InputIter, KernelGraph, KernelOp,
+from .graph import (BlockGraph, GraphKernel, InputIter, KernelGraph, KernelOp,
                             OutputSaver, tiles_read)
 
 

@@ -1,0 +1,285 @@
+"""Which regions of a part to consider: rule-based floor groups, and regions to search.
+
+*Basic regions.* Each anchor (matmul, reduction) with its elementwise neighbourhood: the
+elementwise operators that feed it through elementwise operators only (its prologue: a norm's
+division before a matmul, the exp before a row sum) and those it feeds the same way (its
+epilogue: a scale, silu, a residual add). Elementwise operators that no anchor reaches form
+regions of their own (one per connected elementwise component). Basic regions overlap where an
+elementwise operator sits between two anchors -- the norm between its sum of squares and the
+next matmul -- and that overlap is what joins them.
+
+*Search regions* are unions of up to ``max_anchors`` basic regions that are connected (they share
+an operator, an edge, or a value they both read, as the gate and up projections share X), made
+convex, and free of operators no graph-defined kernel computes (reshape, transpose). The whole
+part is one more when it has at most ``whole_anchors`` anchors: that is the search the nine
+benchmarks always had.
+
+*Floor groups* are a disjoint, rule-based grouping (what a fusing compiler does without search):
+every anchor starts a group, an elementwise operator joins the group of its latest-produced
+operand when that keeps the groups convex (a matmul or reduction with its elementwise epilogue,
+elementwise chains), and an elementwise group whose values feed exactly one anchor's group is
+pulled into it (the reduction's prologue). Every group is lowered to one kernel quickly; the
+searched regions compete with them under the cost model.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from .region import PartDag, is_anchor, is_barrier, is_elementwise
+
+MAX_ANCHORS = 3  # search regions: at most this many matmuls / reductions
+WHOLE_ANCHORS = 5  # the whole part is searched as one region up to this many
+MAX_OPS = 24  # and at most this many operators
+
+
+@dataclass(frozen=True)
+class Atom:
+    """Operators that always go together: an anchor with the elementwise prologue only its
+    reduction reads (square(x) of sum(square(x))), or a piece of elementwise glue."""
+
+    ops: frozenset
+    anchor: str | None  # the anchor's digest; None for glue
+    barrier: bool = False
+
+
+def atoms(dag: PartDag) -> list[Atom]:
+    """The part's operators grouped into atoms (see the module docstring), in part order."""
+    nodes = dag.by_digest
+    ew = {d for d, t in nodes.items() if is_elementwise(t)}
+    owner: dict[str, str] = {}  # exclusive prologue node -> its reduction
+    for t in reversed(dag.nodes):
+        d = t.digest
+        users = dag.consumers[d]
+        if d not in ew or d in dag.output_names or not users:
+            continue
+        owners = {u if nodes[u].op == "sum" or _ops_reduce(nodes[u]) else owner.get(u)
+                  for u in users}
+        if len(owners) == 1 and None not in owners:
+            owner[d] = owners.pop()
+    glue = [d for d in dag.pos if d in ew and d not in owner]
+    # where each glue node's value goes: the anchors (and barriers, and the part's outputs) it
+    # reaches through elementwise nodes only
+    down: dict[str, frozenset] = {}
+    for t in reversed(dag.nodes):
+        d = t.digest
+        if d not in ew:
+            continue
+        reach = {"<out>"} if d in dag.output_names else set()
+        for u in dag.consumers[d]:
+            if u in owner:
+                reach.add(owner[u])
+            elif u in ew:
+                reach |= down[u]
+            else:
+                reach.add(u)
+        down[d] = frozenset(reach)
+    out: list[Atom] = []
+    seen: set[str] = set()
+    for t in dag.nodes:
+        d = t.digest
+        if d in seen or d in owner:
+            continue
+        if d not in ew:
+            ops = {d} | {p for p, a in owner.items() if a == d}
+            out.append(Atom(frozenset(ops), d if is_anchor(t) else None, is_barrier(t)))
+            seen |= ops
+            continue
+        comp, stack = set(), [d]  # connected glue with the same destinations
+        while stack:
+            x = stack.pop()
+            if x in comp:
+                continue
+            comp.add(x)
+            stack.extend(y for y in dag.operands(x) + dag.consumers[x]
+                         if y in ew and y not in owner and down[y] == down[d])
+        seen |= comp
+        out.append(Atom(frozenset(comp), None))
+    return out
+
+
+def _ops_reduce(t) -> bool:
+    return is_anchor(t) and t.op != "matmul"
+
+
+def search_regions(dag: PartDag, max_anchors: int = MAX_ANCHORS,
+                   whole_anchors: int = WHOLE_ANCHORS, max_ops: int = MAX_OPS,
+                   max_variants: int = 8) -> list[frozenset]:
+    """The op sets of the regions worth searching (see the module docstring), smallest first."""
+    ats = atoms(dag)
+    where = {d: k for k, a in enumerate(ats) for d in a.ops}
+    nbrs: dict[int, set[int]] = {k: set() for k in range(len(ats))}
+    for d, k in where.items():
+        for c in dag.consumers[d]:
+            if c in where and where[c] != k:
+                nbrs[k].add(where[c])
+                nbrs[where[c]].add(k)
+    reads = {k: {t.digest for d in a.ops for t in dag.reads(d)} - a.ops
+             for k, a in enumerate(ats)}
+    anchors = [k for k, a in enumerate(ats) if a.anchor is not None]
+    # anchors are neighbours when glue alone joins them, or they read a common value
+    near: dict[int, set[int]] = {k: set() for k in anchors}
+    for k in anchors:
+        stack, seen = list(nbrs[k]), {k}
+        while stack:
+            j = stack.pop()
+            if j in seen:
+                continue
+            seen.add(j)
+            if ats[j].anchor is not None:
+                near[k].add(j)
+            elif not ats[j].barrier:
+                stack.extend(nbrs[j])
+        near[k] |= {j for j in anchors if j != k and reads[k] & reads[j]}
+    found: dict[frozenset, None] = {}
+    seen_sets: set[frozenset] = set()
+    frontier = [frozenset([k]) for k in anchors]
+    while frontier:  # connected sets of anchors, grown one neighbour at a time
+        nxt = []
+        for s in frontier:
+            if s in seen_sets or len(s) > max_anchors:
+                continue
+            seen_sets.add(s)
+            for ops in _variants(dag, ats, nbrs, s, max_variants):
+                if len(ops) <= max_ops:
+                    found.setdefault(ops)
+            nxt.extend(s | {j} for k in s for j in near[k] if j not in s)
+        frontier = nxt
+    every = frozenset(dag.by_digest)
+    if every and len(anchors) <= whole_anchors and len(every) <= max_ops:
+        found.setdefault(every)
+    return sorted(found, key=lambda r: (sum(is_anchor(dag.by_digest[d]) for d in r), len(r),
+                                        min(dag.pos[d] for d in r)))
+
+
+def _variants(dag: PartDag, ats: list[Atom], nbrs: dict, s: frozenset,
+              max_variants: int) -> list[frozenset]:
+    """Regions with exactly the anchors ``s``: the anchors and the glue between them, plus each
+    choice of the glue around them (an elementwise epilogue or prologue on one side of a
+    boundary or the other)."""
+    want = {ats[k].anchor for k in s}
+
+    def close(atom_ids: set[int]) -> frozenset | None:
+        ops = dag.hull(set().union(*(ats[k].ops for k in atom_ids)))
+        if any(is_barrier(dag.by_digest[d]) for d in ops):
+            return None
+        if {d for d in ops if is_anchor(dag.by_digest[d])} != want:
+            return None
+        return ops
+
+    core = close(set(s))
+    if core is None:
+        return []
+    inside = {k for k, a in enumerate(ats) if a.ops <= core}
+    optional = sorted({j for k in inside for j in nbrs[k]
+                       if j not in inside and ats[j].anchor is None and not ats[j].barrier})
+    optional = [j for j in optional if close(inside | {j}) is not None]
+    if 2 ** len(optional) <= max_variants:
+        choices = [set(c) for r in range(len(optional) + 1)
+                   for c in itertools.combinations(optional, r)]
+    else:  # none, all, each one alone, all but each one
+        choices = [set(), set(optional)] + [{j} for j in optional] + \
+            [set(optional) - {j} for j in optional]
+    out = []
+    for c in choices:
+        ops = close(inside | c)
+        if ops is not None and ops not in out:
+            out.append(ops)
+    return out
+
+
+def floor_groups(dag: PartDag) -> list[frozenset]:
+    """The rule-based fusion (see the module docstring): disjoint groups in part order."""
+    group: dict[str, int] = {}
+    members: dict[int, list[str]] = {}
+    anchored: dict[int, bool] = {}
+
+    def quotient_acyclic(merge: dict[int, int]) -> bool:
+        # groups as nodes, data edges between them; ``merge`` renames groups
+        def g(d: str) -> int:
+            k = group[d]
+            return merge.get(k, k)
+        succ: dict[int, set[int]] = {}
+        for d in group:
+            for c in dag.consumers[d]:
+                if c in group and g(c) != g(d):
+                    succ.setdefault(g(d), set()).add(g(c))
+        state: dict[int, int] = {}
+        for start in set(g(d) for d in group):
+            if start in state:
+                continue
+            stack = [(start, iter(succ.get(start, ())))]
+            state[start] = 1
+            while stack:
+                node, it = stack[-1]
+                nxt = next(it, None)
+                if nxt is None:
+                    state[node] = 2
+                    stack.pop()
+                elif state.get(nxt) == 1:
+                    return False
+                elif nxt not in state:
+                    state[nxt] = 1
+                    stack.append((nxt, iter(succ.get(nxt, ()))))
+        return True
+
+    def new_group(d: str, anchor: bool) -> None:
+        k = len(members)
+        members[k] = [d]
+        anchored[k] = anchor
+        group[d] = k
+
+    # an elementwise node read only by one anchor (and no part output) is that anchor's
+    # prologue: square(x) goes with sum(square(x)), not with whatever produced x
+    pro: dict[str, str] = {}
+    for t in reversed(dag.nodes):
+        d = t.digest
+        users = dag.consumers[d]
+        if not is_elementwise(t) or d in dag.output_names or not users:
+            continue
+        owners = {u if is_anchor(dag.by_digest[u]) else pro.get(u) for u in users}
+        if len(owners) == 1 and None not in owners:
+            pro[d] = owners.pop()
+    for t in dag.nodes:
+        d = t.digest
+        if d in pro:
+            continue
+        if is_barrier(t) or is_anchor(t) or not is_elementwise(t):
+            new_group(d, is_anchor(t))
+            for p in dag.ancestors({d}):
+                if pro.get(p) == d:
+                    group[p] = group[d]
+                    members[group[d]].append(p)
+            continue
+        options = sorted({group[p] for p in dag.operands(d)
+                          if not is_barrier(dag.by_digest[p])}, reverse=True)
+        for k in options:  # the latest-produced operand's group first
+            group[d] = k
+            if quotient_acyclic({}):
+                members[k].append(d)
+                break
+            del group[d]
+        else:
+            new_group(d, False)
+    # prologues: an elementwise group whose values all feed one anchored group joins it
+    changed = True
+    while changed:
+        changed = False
+        for k in sorted(members):
+            if anchored[k] or k not in members:
+                continue
+            if any(d in dag.output_names for d in members[k]):
+                continue
+            users = {group[c] for d in members[k] for c in dag.consumers[d]} - {k}
+            if len(users) != 1:
+                continue
+            (u,) = users
+            if not anchored[u] or not quotient_acyclic({k: u}):
+                continue
+            for d in members.pop(k):
+                group[d] = u
+                members[u].append(d)
+            changed = True
+    return [frozenset(m) for _, m in sorted(members.items(), key=lambda kv: min(
+        dag.pos[d] for d in kv[1]))]

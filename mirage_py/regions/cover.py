@@ -1,0 +1,195 @@
+"""The cheapest cover of a part by candidate kernels: a small exact 0/1 program.
+
+A candidate is ``(reads, writes, cost)``: the values (operator results of the part) it reads and
+writes, and its predicted time. Every operator of the naive lowering is one, every region
+answer is one. A set of candidates is a *cover* when
+
+* every output of the part is written by a chosen candidate,
+* every value a chosen candidate reads is a part input or written by a chosen candidate that runs
+  before it, so the chosen candidates can be put in an order (two regions that each read what
+  the other writes cannot both run),
+
+and its cost is the sum of the chosen costs: kernels run one after another, and the values that
+cross between them are device tensors that every candidate's cost already charges (it writes what
+it writes and reads what it reads).
+
+The 0/1 program: a binary ``x_c`` per candidate; every output written (``sum_w x_w >= 1`` over
+its writers); every value read by a chosen candidate written by another chosen one
+(``sum_w x_w >= x_c``); every operator computed by some chosen candidate
+(``sum_{c computes d} x_c >= 1``); minimise ``sum cost_c x_c`` (plus 1e-6 per candidate: among
+equal costs, fewer kernels). The operator rows are implied by the others for every operator the
+outputs depend on (an output's writer computes its operator, and everything that operator reads
+is computed by the writers of what it reads, and so on), so they change no answer; but without
+them the relaxation is weak -- on the decoder block's 121 candidates it bounded the cost by 6.1
+us against an optimum of 16.5 us, and HiGHS took 0.7 s per solve; with them the relaxation is
+exact there and a solve takes 7 ms. The order is checked afterwards: the chosen candidates are placed greedily, each
+once everything it reads has a placed writer. If some set ``S`` is stuck (each member reads a
+value only other members of ``S`` write), the cut ``sum_S x - sum_E x <= |S| - 1`` is added,
+where ``E`` are the other writers of those values -- any orderable cover containing all of ``S``
+must contain one of ``E``, since the first member of ``S`` to run needs a writer outside
+``S`` -- and the program is solved again. Covering programs like this have tight relaxations;
+an earlier form with an order variable per candidate and big-M precedence constraints took
+HiGHS 7 s per solve on the decoder block's 132 candidates, this one milliseconds
+(``benchmarks/cover_solvers.py`` measures both solvers, HiGHS through ``scipy.optimize.milp``
+and z3's optimiser, on the composition programs).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import MirageError
+
+TIE = 1e-6  # us added per chosen candidate: among equal costs, fewer kernels
+
+
+class CoverError(MirageError):
+    """No set of candidates covers the part (cannot happen while the naive candidates are
+    there: they cover every part)."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A kernel or a group of kernels: what it reads, what it writes, what it costs."""
+
+    key: str
+    reads: frozenset
+    writes: frozenset
+    cost: float
+    ops: frozenset = frozenset()  # the operators it computes (default: the values it writes)
+
+    @property
+    def computes(self) -> frozenset:
+        return self.ops or self.writes
+
+
+@dataclass
+class Cover:
+    """A chosen set of candidates, in an order they can run in, and who reads from whom."""
+
+    chosen: list  # candidate keys, in run order
+    cost: float
+    seconds: float = 0.0
+    solver: str = ""
+    writer: dict = field(default_factory=dict)  # (reader key, value) -> the writer it reads
+
+
+def solve_cover(cands: list[Candidate], outputs: frozenset, *, needed: frozenset = frozenset(),
+                solver: str = "highs", time_limit_s: float = 60.0,
+                max_cuts: int = 1000) -> Cover:
+    """The cheapest cover (see the module docstring). Candidates of infinite cost are left out;
+    keys must be unique. ``needed``: operators every cover computes (those the outputs depend
+    on), which tightens the program without changing its answer. ``solver``: ``"highs"`` or
+    ``"z3"``."""
+    t0 = time.perf_counter()
+    cands = [c for c in cands if math.isfinite(c.cost)]
+    if len({c.key for c in cands}) != len(cands):
+        raise CoverError("cover: candidate keys are not unique")
+    if solver not in ("highs", "z3"):
+        raise MirageError(f"cover: unknown solver {solver!r}; choose 'highs' or 'z3'")
+    writers: dict = {}
+    for i, c in enumerate(cands):
+        for v in c.writes:
+            writers.setdefault(v, []).append(i)
+    missing = [v for v in outputs if v not in writers]
+    if missing:
+        raise CoverError(f"cover: no candidate writes output value(s) {sorted(missing)[:3]}")
+    rows: list[tuple[list[tuple[int, float]], float]] = []  # sum a_j x_j >= b
+    for v in sorted(outputs):
+        rows.append(([(w, 1.0) for w in writers[v]], 1.0))
+    for i, c in enumerate(cands):
+        for v in sorted(c.reads):
+            rows.append(([(w, 1.0) for w in writers.get(v, ()) if w != i] + [(i, -1.0)], 0.0))
+    computers: dict = {}
+    for i, c in enumerate(cands):
+        for d in c.computes:
+            computers.setdefault(d, []).append(i)
+    for d in sorted(needed):
+        if d not in computers:
+            raise CoverError(f"cover: no candidate computes operator {d[:12]}")
+        rows.append(([(i, 1.0) for i in computers[d]], 1.0))
+    for _ in range(max_cuts):
+        picked = (_highs if solver == "highs" else _z3)(cands, rows, time_limit_s)
+        order, stuck = _place(cands, picked, writers)
+        if not stuck:
+            return _cover(cands, order, writers, time.perf_counter() - t0, solver)
+        blocked = {v for i in stuck for v in cands[i].reads
+                   if not any(w in order for w in writers.get(v, ()))}
+        others = {w for v in blocked for w in writers.get(v, ()) if w not in stuck}
+        rows.append(([(i, -1.0) for i in stuck] + [(w, 1.0) for w in sorted(others)],
+                     1.0 - len(stuck)))
+    raise CoverError(f"cover: no orderable cover after {max_cuts} cuts")
+
+
+def _place(cands, picked: list[int], writers: dict) -> tuple[list[int], list[int]]:
+    """Place the picked candidates greedily (each once all it reads has a placed writer):
+    (the order, the candidates left stuck)."""
+    order: list[int] = []
+    done: set[int] = set()
+    rest = sorted(picked, key=lambda i: cands[i].key)
+    progress = True
+    while rest and progress:
+        progress = False
+        for i in list(rest):
+            if all(any(w in done for w in writers.get(v, ())) for v in cands[i].reads):
+                order.append(i)
+                done.add(i)
+                rest.remove(i)
+                progress = True
+    return order, rest
+
+
+def _cover(cands, order: list[int], writers: dict, seconds: float, solver: str) -> Cover:
+    pos = {i: k for k, i in enumerate(order)}
+    writer = {}
+    for i in order:
+        for v in cands[i].reads:
+            w = min((w for w in writers.get(v, ()) if w in pos and pos[w] < pos[i]),
+                    key=pos.get)
+            writer[(cands[i].key, v)] = cands[w].key
+    return Cover([cands[i].key for i in order], sum(cands[i].cost for i in order), seconds,
+                 solver, writer)
+
+
+def _highs(cands, rows, time_limit_s) -> list[int]:
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    from scipy.sparse import coo_matrix
+
+    n = len(cands)
+    r_idx, c_idx, vals = [], [], []
+    for r, (entries, _) in enumerate(rows):
+        for j, a in entries:
+            r_idx.append(r)
+            c_idx.append(j)
+            vals.append(a)
+    A = coo_matrix((vals, (r_idx, c_idx)), shape=(len(rows), n)).tocsr()
+    lo = np.array([b for _, b in rows])
+    res = milp(np.array([c.cost + TIE for c in cands]),
+               constraints=LinearConstraint(A, lo, np.full(len(rows), np.inf)),
+               integrality=np.ones(n), bounds=Bounds(np.zeros(n), np.ones(n)),
+               options={"time_limit": time_limit_s})
+    if res.x is None:
+        raise CoverError(f"cover: HiGHS found no cover ({res.message})")
+    return [i for i in range(n) if res.x[i] > 0.5]
+
+
+def _z3(cands, rows, time_limit_s) -> list[int]:
+    import z3
+
+    n = len(cands)
+    opt = z3.Optimize()
+    opt.set("timeout", int(time_limit_s * 1000))
+    x = [z3.Bool(f"x{i}") for i in range(n)]
+    for entries, b in rows:
+        opt.add(z3.PbGe([(x[j], int(a)) for j, a in entries], int(b)) if entries else
+                z3.BoolVal(b <= 0))
+    opt.minimize(z3.Sum([z3.If(x[i], round((c.cost + TIE) * 1e6), 0)
+                         for i, c in enumerate(cands)]))
+    if opt.check() != z3.sat:
+        raise CoverError("cover: z3 found no cover")
+    mdl = opt.model()
+    return [i for i in range(n) if z3.is_true(mdl.eval(x[i], model_completion=True))]

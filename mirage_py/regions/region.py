@@ -1,0 +1,190 @@
+"""Regions: connected, convex sets of a part's operators, each a program of its own.
+
+A *part* (a verifiable subprogram from :func:`mirage_py.lax.partition`) is a DAG of operators.
+A region is a subset of its operator nodes that one search can handle. It reads the values its
+operators consume from outside (part inputs or other operators' results) and writes the values
+the rest of the part still needs (part outputs, and results that operators outside the region
+consume). Those boundary values are device tensors.
+
+Every region is turned into a *canonical* program: inputs named ``r0, r1, ...`` in the order a
+depth-first walk from the outputs meets them, outputs named ``y0, y1, ...`` in an order that does
+not depend on names. Two regions that compute the same thing on tensors of the same shapes and
+dtypes -- the attention of layer 1 and of layer 2 -- get the same program and the same
+structural hash, which is what the search results are keyed by (in memory and in the results
+database), so identical layers are searched once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from ..lax import ops as _ops
+from ..lax.program import Program
+from ..lax.tensor import Tensor
+
+
+def is_anchor(t: Tensor) -> bool:
+    """Matmuls and reductions: the operators a region is grown around."""
+    return _ops.OPS[t.op].category in ("matmul", "reduce")
+
+
+def is_barrier(t: Tensor) -> bool:
+    """Operators no graph-defined kernel computes (reshape, transpose): alone in a region."""
+    return _ops.OPS[t.op].category == "shape"
+
+
+def is_elementwise(t: Tensor) -> bool:
+    return _ops.OPS[t.op].elementwise
+
+
+class PartDag:
+    """The operator DAG of one part: nodes in dependency order, producers and consumers."""
+
+    def __init__(self, part: Program):
+        self.part = part
+        self.nodes: list[Tensor] = [t for t in part.nodes() if t.op not in ("input", "const")]
+        self.by_digest: dict[str, Tensor] = {t.digest: t for t in self.nodes}
+        self.pos: dict[str, int] = {t.digest: i for i, t in enumerate(self.nodes)}
+        self.consumers: dict[str, list[str]] = {t.digest: [] for t in part.nodes()}
+        for t in self.nodes:
+            for i in dict.fromkeys(x.digest for x in t.inputs):  # each operand once per user
+                self.consumers.setdefault(i, []).append(t.digest)
+        self.output_names: dict[str, list[str]] = {}
+        for name, t in part.output_tensors.items():
+            self.output_names.setdefault(t.digest, []).append(name)
+        self.input_names = {t.digest: t.name for t in part.inputs}
+
+    def operands(self, d: str) -> list[str]:
+        """Digests of the operator nodes ``d`` reads (inputs and constants left out)."""
+        return list(dict.fromkeys(x.digest for x in self.by_digest[d].inputs
+                                  if x.digest in self.by_digest))
+
+    def reads(self, d: str) -> list[Tensor]:
+        """The non-constant values ``d`` reads (part inputs and operator results)."""
+        return list({x.digest: x for x in self.by_digest[d].inputs if x.op != "const"}.values())
+
+    # -- closures ---------------------------------------------------------------------------
+    def descendants(self, ds: set[str]) -> set[str]:
+        out, stack = set(), list(ds)
+        while stack:
+            for c in self.consumers.get(stack.pop(), ()):
+                if c not in out:
+                    out.add(c)
+                    stack.append(c)
+        return out
+
+    def ancestors(self, ds: set[str]) -> set[str]:
+        out, stack = set(), list(ds)
+        while stack:
+            for p in self.operands(stack.pop()):
+                if p not in out:
+                    out.add(p)
+                    stack.append(p)
+        return out
+
+    def hull(self, ops: set[str]) -> frozenset[str]:
+        """The smallest convex superset: ``ops`` plus every node on a path between two of them
+        (a region that leaves and re-enters could not run as one step)."""
+        return frozenset(ops | (self.descendants(ops) & self.ancestors(ops)))
+
+    def is_convex(self, ops: set[str]) -> bool:
+        return self.hull(ops) == ops
+
+
+def _shape_digest(t: Tensor, inside: set[str], memo: dict[str, str]) -> str:
+    """A digest of ``t``'s structure within a region with the region's inputs anonymous (known
+    by shape and dtype only): the order of outputs must not depend on names."""
+    if t.digest in memo:
+        return memo[t.digest]
+    if t.digest in inside:
+        body = [t.op, [list(a) if isinstance(a, tuple) else a for a in t.attrs], t.shape, t.dtype,
+                [_shape_digest(i, inside, memo) for i in t.inputs]]
+    elif t.op == "const":
+        body = ["const", float(t.attr("value")), t.dtype]
+    else:
+        body = ["in", t.shape, t.dtype]
+    d = hashlib.sha256(json.dumps(body, separators=(",", ":"), default=str).encode()).hexdigest()
+    memo[t.digest] = d
+    return d
+
+
+@dataclass(frozen=True, eq=False)
+class Region:
+    """A region of a part (see the module docstring).
+
+    ``inputs`` / ``outputs`` are the digests of the values read / written, in the canonical
+    order: the program's ``r<i>`` is ``inputs[i]``, its ``y<j>`` is ``outputs[j]``.
+    """
+
+    ops: frozenset
+    inputs: tuple
+    outputs: tuple
+    program: Program
+    anchors: int
+    whole: bool = False  # the whole part
+    tags: frozenset = field(default_factory=frozenset)  # "floor", "search", "op"
+
+    @cached_property
+    def key(self) -> str:
+        """The structural hash of the region's program (shapes and dtypes included)."""
+        return self.program.structural_hash()
+
+    @property
+    def size(self) -> int:
+        return len(self.ops)
+
+    def input_name(self, i: int) -> str:
+        return self.program.inputs[i].name
+
+    def output_name(self, j: int) -> str:
+        return self.program.outputs[j].name
+
+    def __repr__(self) -> str:
+        return (f"Region({len(self.ops)} ops, {self.anchors} anchors, "
+                f"{len(self.inputs)} in, {len(self.outputs)} out)")
+
+
+def extract(dag: PartDag, ops: frozenset, tags: frozenset = frozenset()) -> Region:
+    """The region computing ``ops`` (a convex set of ``dag``'s operator digests)."""
+    inside = set(ops)
+    written = [d for d in ops if d in dag.output_names or
+               any(c not in inside for c in dag.consumers.get(d, ()))]
+    memo: dict[str, str] = {}
+    written.sort(key=lambda d: (_shape_digest(dag.by_digest[d], inside, memo), dag.pos[d]))
+    # canonical input order: first met by a depth-first walk from the outputs, operands in order
+    inputs: list[Tensor] = []
+    seen: set[str] = set()
+    for d in written:
+        stack = [dag.by_digest[d]]
+        while stack:
+            t = stack.pop()
+            if t.digest in seen or t.op == "const":
+                continue
+            seen.add(t.digest)
+            if t.digest in inside:
+                stack.extend(reversed(t.inputs))
+            else:
+                inputs.append(t)
+    prog = Program("region")
+    built: dict[str, Tensor] = {}
+    for i, t in enumerate(inputs):
+        built[t.digest] = prog.input(f"r{i}", t.shape, t.dtype)
+    for t in sorted((dag.by_digest[d] for d in ops), key=lambda t: dag.pos[t.digest]):
+        args = tuple(i if i.op == "const" else built[i.digest] for i in t.inputs)
+        built[t.digest] = Tensor(t.op, args, t.attr_dict, t.shape, t.dtype)
+    for j, d in enumerate(written):
+        prog.output(built[d], f"y{j}")
+    return Region(frozenset(ops), tuple(t.digest for t in inputs), tuple(written), prog,
+                  sum(is_anchor(dag.by_digest[d]) for d in ops), inside == set(dag.by_digest),
+                  tags)
+
+
+def canonical(program: Program) -> Program:
+    """``program`` as the region layer searches and stores it: inputs ``r0, r1, ...`` and
+    outputs ``y0, y1, ...`` in a name-independent order, one output per distinct value. Its
+    structural hash is the results database's key for ``program``."""
+    dag = PartDag(program)
+    return extract(dag, frozenset(dag.by_digest)).program

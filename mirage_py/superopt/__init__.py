@@ -1,0 +1,132 @@
+"""``mp.superopt``: partition -> regions -> search -> tune -> measure -> verify -> cover -> join.
+
+For each part of ``partition(program, uninterpreted=True)`` that the verifier can check, the
+region layer (:mod:`.part`, docs/generator.md) builds the answer:
+
+1. **candidates**: every operator of the naive lowering (one pre-defined kernel each), the
+   rule-based floor (element-wise chains, reductions with their prologue and epilogue, matmuls
+   with their epilogue; each group lowered to one kernel by a quick search), and the search
+   regions -- unions of up to three matmuls / reductions with the element-wise glue around them,
+   plus the whole part when it is small enough for one search (the nine benchmarks are);
+2. **per region**, as a part was searched before regions existed: the **results database**
+   (a verified answer for the region's structural hash and the target is used as is), the
+   **search** (``workers`` processes sharing its plans, or one process per region when several
+   regions are searched at once; candidates stream back, so a time budget or Ctrl-C keeps what
+   was found), **tuning** of the ``tune_top`` best structures (part counts, threads, pipeline
+   stages; :mod:`mirage_py.tuning`), **measurement** with a runner that measures, and
+   **verification** in that order until one is proved equivalent (finite-field random testing);
+3. **the cover**: the cheapest set of verified candidates that computes the part, chosen exactly
+   under the cost model (a 0/1 program, :mod:`mirage_py.regions.cover`); unsearched regions
+   enter it at a lower bound, so only the regions that could still improve it get searched.
+
+Regions with the same structure (identical layers) are searched once per run and stored in the
+database by their structural hash. Parts the verifier cannot check use the naive lowering. The
+parts' kernel graphs are joined into one. Ranking is by (time, structural hash) and the tuner is
+seeded, so the same seed and settings give the same answer.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any
+
+from ..cost_model import create as create_model
+from ..errors import MirageError, OptionError, ProgramError
+from ..lax.partition import partition
+from ..lax.program import Program
+from ..targets import get_target
+from ..tuning.database import open_database
+from ..tuning.runners import default_runner
+from ..ugraph.lower import naive_lowering
+from .part import Run, solve_part
+from .result import (Answer, OptimizedProgram, PartResult, Piece, RegionResult, join_parts,
+                     load)
+from .search import (SavedVerification, Settings, _parallel_search, _Progress, _rank, _shape,
+                     default_model, tuning_choice)
+
+
+def _check_options(program, time_budget_s, workers, max_kernels, max_verify, tune_top,
+                   tune_rounds, measure_top, verify_tests, seed) -> None:
+    if not isinstance(program, Program):
+        raise OptionError(f"superopt: expected a Program, got {type(program).__name__}")
+    if not program.outputs:
+        raise ProgramError(f"superopt: program {program.name!r} has no outputs; declare them "
+                           "with Program.output")
+
+    def whole(name: str, value: Any, least: int, none_ok: bool = False) -> None:
+        if value is None and none_ok:
+            return
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise OptionError(f"superopt: {name} must be an integer >= {least}"
+                              f"{' or None' if none_ok else ''}, got {value!r}")
+    if time_budget_s is not None and (isinstance(time_budget_s, bool) or
+                                      not isinstance(time_budget_s, (int, float)) or
+                                      not time_budget_s > 0):
+        raise OptionError(f"superopt: time_budget_s must be a number of seconds > 0 or None, "
+                          f"got {time_budget_s!r}")
+    whole("workers", workers, 1, none_ok=True)
+    whole("max_kernels", max_kernels, 1)
+    whole("max_verify", max_verify, 1)
+    whole("tune_top", tune_top, 0)
+    whole("tune_rounds", tune_rounds, 0)
+    whole("measure_top", measure_top, 0)
+    whole("verify_tests", verify_tests, 1, none_ok=True)
+    whole("seed", seed, 0)
+
+
+def superopt(program: Program, *, target: Any = "h100", time_budget_s: float | None = None,
+             seed: int = 0, workers: int | None = None, max_kernels: int = 3,
+             verify_tests: int | None = None, max_verify: int = 16, tune_top: int = 4,
+             tune_rounds: int = 8, measure_top: int = 4, progress: bool | None = None,
+             database: Any = None, runner: Any = None,
+             cost_model: Any = None) -> OptimizedProgram:
+    """Superoptimise ``program`` for ``target`` (see the module docstring).
+
+    ``database``: None -> the default results file (``$MIRAGE_PY_DATABASE``, else under the user
+    cache directory), a path -> that file, False -> no database. ``runner``: None -> the GPU
+    runner when CuPy sees a device, else the cost model. ``cost_model``: an object with
+    ``predict(graph, target)`` (and optionally ``lower_bound(program, target)``) or a name
+    (``"analytic"``, default). ``time_budget_s`` bounds the region searches (80 %) and tuning
+    together; the floor and the verification of the chosen candidates always complete.
+    ``max_kernels`` bounds the kernels of one region's answer, ``workers`` the processes.
+    Bad options raise :class:`~mirage_py.errors.OptionError`.
+    """
+    _check_options(program, time_budget_s, workers, max_kernels, max_verify, tune_top,
+                   tune_rounds, measure_top, verify_tests, seed)
+    tgt = get_target(target)
+    model = default_model() if cost_model in (None, "analytic") else \
+        create_model(cost_model) if isinstance(cost_model, str) else cost_model
+    if not callable(getattr(model, "predict", None)):
+        raise OptionError(f"superopt: cost_model must have predict(graph, target), got "
+                          f"{type(model).__name__}")
+    runner = runner if runner is not None else default_runner(model)
+    db = open_database(database)
+    if workers is None:
+        workers = max(1, min(os.cpu_count() or 1, 8))
+    if progress is None:
+        progress = sys.stderr.isatty()
+    t0 = time.perf_counter()
+    run = Run(tgt, model, runner, db, Settings(max_kernels, tune_top, tune_rounds, seed),
+              workers, t0 + 0.8 * time_budget_s if time_budget_s else None,
+              t0 + time_budget_s if time_budget_s else None, verify_tests, max_verify,
+              measure_top, progress, seed)
+    parts = partition(program, uninterpreted=True)
+    results: list[PartResult] = []
+    for part in parts:
+        if part.verifiable:
+            results.append(solve_part(part, run))
+            continue
+        from ..verifier import Verifier
+        naive = naive_lowering(part)
+        naive_us = model.predict(naive, tgt)
+        results.append(PartResult(part, naive, "naive", naive_us, naive_us,
+                                  Verifier(part, seed=seed, target=tgt).check(
+                                      naive, tests=verify_tests), naive=naive))
+    return OptimizedProgram(program, tgt.name, results, time.perf_counter() - t0, model, parts)
+
+
+__all__ = ["superopt", "OptimizedProgram", "PartResult", "RegionResult", "Piece", "Answer",
+           "SavedVerification", "load", "join_parts", "default_model", "tuning_choice",
+           "get_target"]

@@ -1,0 +1,527 @@
+"""The region layer at work on one part: the floor, region searches, the cover -- anytime.
+
+1. **Candidates.** Every operator of the naive lowering (one pre-defined kernel each); the
+   floor's groups (:func:`regions.floor_groups`), each lowered to one kernel by a quick search
+   (one kernel, no tuning, about a second for all of them together, whatever the budget); the
+   search regions (:func:`regions.search_regions`), each one structure searched at most once
+   per run (regions with the same canonical program -- identical layers -- share the search).
+2. **Lazy, exact selection.** An unsearched region enters the cover at a *lower bound* of what
+   any answer for it can cost under the model (``lower_bound``: one launch, one memory round
+   trip, its inputs read and outputs written once). The cheapest cover is solved; the regions
+   in it that are unsearched get searched (several at once in worker processes), those searched
+   but unverified get their best option verified (the next one if it fails), and the cover is
+   solved again, until every piece of the cover is a verified answer. A region left unsearched
+   then could not have made the cover cheaper even at its lower bound, so the answer is the
+   cheapest cover by every region's best verified answer: exact under the cost model, without
+   searching every region.
+3. **Anytime.** After every step the best verified cover so far is known. When the search
+   budget runs out or Ctrl-C arrives, no more regions are searched (those not searched leave the
+   cover) and the loop finishes with verification only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import multiprocessing as mproc
+import queue as _queue
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import MirageError
+from ..generator.kernel_search import SearchStats
+from ..lax.program import Program
+from ..regions import PartDag, Region, extract, floor_groups, search_regions
+from ..regions.assemble import assemble, value_names
+from ..regions.cover import Candidate as CoverCandidate, Cover, solve_cover
+from ..tuning.annotations import AnnotatedGraph
+from ..ugraph.graph import DTensor, KernelGraph, KernelOp
+from ..ugraph.lower import naive_lowering
+from .result import Piece, PartResult, RegionResult, summed_verification
+from .search import (Explored, Settings, SavedVerification, _Progress, explore, measure,
+                     record, stored_answer)
+
+FLOOR_SECONDS = 1.0  # the floor's quick searches, all groups of a part together
+FLOOR = Settings(max_kernels=1, tune_top=0, tune_rounds=0)
+
+
+@dataclass
+class Run:
+    """What every part of one ``superopt`` call shares."""
+
+    target: Any
+    model: Any
+    runner: Any
+    db: Any
+    settings: Settings
+    workers: int
+    search_deadline: float | None
+    deadline: float | None
+    verify_tests: int | None
+    max_verify: int
+    measure_top: int
+    progress: bool
+    seed: int
+    structures: dict = field(default_factory=dict)  # region key -> _Structure (whole run)
+    interrupted: bool = False
+
+    def expired(self) -> bool:
+        return self.interrupted or (self.search_deadline is not None and
+                                    time.perf_counter() > self.search_deadline)
+
+
+@dataclass
+class _Structure:
+    """Everything known about one region structure (a canonical program)."""
+
+    program: Program
+    lb: float
+    status: str = "open"  # open, explored, verified, failed, skipped
+    explored: Explored | None = None
+    options: list = field(default_factory=list)  # still to verify, best first
+    measured: dict = field(default_factory=dict)
+    result: RegionResult | None = None
+    verifier: Any = None
+    tried: int = 0
+    naive: tuple | None = None  # (graph, cost)
+    floor: RegionResult | None = None  # the quick one-kernel lowering, when it is a floor group
+    recorded: bool = False
+
+    @property
+    def cost(self) -> float:
+        if self.status == "verified":
+            return self.result.estimated_us
+        if self.status == "explored":
+            return self.options[0][0] if self.options else math.inf
+        if self.status == "open":
+            return self.lb
+        return math.inf
+
+
+def lower_bound(model, program: Program, target) -> float:
+    """What any kernel graph for ``program`` costs at least under ``model`` (0 when the model
+    does not say)."""
+    f = getattr(model, "lower_bound", None)
+    return float(f(program, target)) if f is not None else 0.0
+
+
+def solve_part(part: Program, run: Run) -> PartResult:
+    """The answer for one verifiable part (see the module docstring)."""
+    t0 = time.perf_counter()
+    tgt, model = run.target, run.model
+    naive = naive_lowering(part)
+    naive_us = model.predict(naive, tgt)
+    dag = PartDag(part)
+    names = value_names(part)
+    # 1. candidates: the naive operators
+    op_kernels = dict(zip((t.digest for t in dag.nodes), naive.ops))
+    tensors = naive.tensors()
+    op_cost = {}
+    for d, k in op_kernels.items():
+        g = KernelGraph("op", tuple(tensors[n] for n in dict.fromkeys(k.inputs)), (k,),
+                        (k.output.name,))
+        op_cost[d] = model.predict(g, tgt)
+    inner = set(dag.by_digest)
+
+    def reads_of(ops: frozenset, inputs) -> frozenset:
+        return frozenset(v for v in inputs if v in inner)
+
+    op_cands = [CoverCandidate(f"op:{dag.pos[d]}", frozenset(
+        x.digest for x in dag.reads(d) if x.digest in inner), frozenset([d]), op_cost[d],
+        frozenset([d])) for d in op_kernels]
+    # the regions: floor groups and search regions
+    floor_sets = [g for g in floor_groups(dag) if len(g) > 1]
+    search_sets = search_regions(dag)
+    regions: dict[frozenset, Region] = {}
+    for ops in floor_sets + search_sets:
+        if ops not in regions:
+            regions[ops] = extract(dag, ops)
+    for r in regions.values():
+        if r.key not in run.structures:
+            run.structures[r.key] = _Structure(r.program, lower_bound(model, r.program, tgt))
+    uses: dict[str, int] = {}
+    for ops in set(search_sets) | set(floor_sets):
+        uses[regions[ops].key] = uses.get(regions[ops].key, 0) + 1
+    floor_keys = list(dict.fromkeys(regions[g].key for g in floor_sets))
+    search_keys = list(dict.fromkeys(regions[g].key for g in search_sets))
+    bar = _RegionBar(part.name, run.progress, len(search_keys))
+
+    # 2. the floor: every group lowered by a quick one-kernel search, whatever the budget
+    tf = time.perf_counter()
+    for i, key in enumerate(floor_keys):
+        st = run.structures[key]
+        _from_database(st, run)
+        if st.status == "verified" or st.floor is not None:
+            continue
+        share = max(0.05, (FLOOR_SECONDS - (time.perf_counter() - tf)) / (len(floor_keys) - i))
+        ex = explore(st.program, tgt, model, FLOOR, time.perf_counter() + share)
+        st.floor = _verify_first(st, ex.options, run, "floor", ex, tries=2)
+    floor_seconds = time.perf_counter() - tf
+
+    def cover_candidates(floor_only: bool = False) -> tuple[list, dict]:
+        cands = list(op_cands)
+        what: dict[str, tuple] = {}
+        for ops in floor_sets:
+            r = regions[ops]
+            st = run.structures[r.key]
+            res = st.floor if floor_only or st.status != "verified" else st.result
+            if res is not None:
+                k = f"floor:{dag.pos[min(ops, key=dag.pos.get)]}:{len(what)}"
+                cands.append(CoverCandidate(k, reads_of(ops, r.inputs), frozenset(r.outputs),
+                                            res.estimated_us, ops))
+                what[k] = (r, res)
+        if not floor_only:
+            for ops in search_sets:
+                r = regions[ops]
+                st = run.structures[r.key]
+                k = f"region:{len(what)}"
+                cands.append(CoverCandidate(k, reads_of(ops, r.inputs), frozenset(r.outputs),
+                                            st.cost, ops))
+                what[k] = (r, None)
+        return cands, what
+
+    outputs = frozenset(t.digest for t in part.output_tensors.values())
+    needed = frozenset(inner)  # the part's nodes are all ancestors of its outputs
+    solves, solve_s = 0, 0.0
+    cands, _ = cover_candidates(floor_only=True)
+    floor_cover = solve_cover(cands, outputs, needed=needed)
+    solves, solve_s = 1, floor_cover.seconds
+
+    # 3. the cover, lazily: search what it wants, verify what it picks, until it settles
+    while True:
+        cands, what = cover_candidates()
+        cover = solve_cover(cands, outputs, needed=needed)
+        solves += 1
+        solve_s += cover.seconds
+        bar.update(sum(run.structures[k].status != "open" for k in search_keys), cover.cost)
+        todo = []
+        for k in cover.chosen:
+            if k.startswith("region:"):
+                st = run.structures[what[k][0].key]
+                if st.status != "verified" and st not in todo:
+                    todo.append(st)
+        if not todo:
+            break
+        opened = [st for st in todo if st.status == "open"]
+        if opened:
+            for st in opened:
+                _from_database(st, run)
+            opened = [st for st in opened if st.status == "open"]
+        if opened:
+            if run.expired():
+                for st in opened:
+                    st.status = "skipped"
+                continue
+            _explore_all(opened + _speculate(opened, run, cover_candidates, outputs, needed),
+                         run, bar)
+            continue
+        for st in todo:  # explored: verify the best remaining option
+            if st.status == "explored":
+                _verify_next(st, run)
+
+    # 4. the answer
+    pieces: list[Piece] = []
+    parts_for_graph = []
+    chosen_results: list[RegionResult] = []
+    for k in cover.chosen:
+        if k.startswith("op:"):
+            d = dag.nodes[int(k.split(":")[1])].digest
+            op = op_kernels[d]
+            pieces.append(Piece("op", op_cost[d], 1, 1, None, f"{op.op} -> {op.output.name}"))
+            parts_for_graph.append(("op", d, op))
+            continue
+        region, res = what[k]
+        if res is None:
+            res = run.structures[region.key].result
+        res.uses = uses.get(region.key, 1)
+        pieces.append(Piece("region", res.estimated_us, res.graph.num_kernels, len(region.ops),
+                            res))
+        parts_for_graph.append(("region", region, res.annotated))
+        chosen_results.append(res)
+    graph, stages = assemble(part, parts_for_graph, names)
+    part_us = model.predict(AnnotatedGraph(graph, stages), tgt)
+    explored = [run.structures[k] for k in search_keys
+                if run.structures[k].explored is not None]
+    stats = SearchStats()
+    for st in explored:
+        for f in ("states", "pruned", "plans", "kernels", "candidates", "seconds"):
+            setattr(stats, f, getattr(stats, f) + getattr(st.explored.stats, f))
+        stats.timed_out |= st.explored.stats.timed_out
+        stats.interrupted |= st.explored.stats.interrupted
+    stats.timed_out |= any(run.structures[k].status == "skipped" for k in search_keys) and \
+        not run.interrupted
+    stats.interrupted |= run.interrupted
+    _record_all(run, [run.structures[k] for k in search_keys])
+    out = PartResult(part, graph, _source(pieces), part_us, naive_us,
+                     stats=stats, candidates=sum(st.explored.candidates for st in explored),
+                     verified=sum(st.tried for st in explored), stages=tuple(stages),
+                     tune_rounds=sum(st.explored.tune_rounds for st in explored),
+                     tune_evaluations=sum(st.explored.tune_evaluations for st in explored),
+                     naive=naive, pieces=pieces, regions=len(regions),
+                     searched=sum(run.structures[k].status in ("verified", "explored", "failed")
+                                  for k in search_keys),
+                     floor_us=floor_cover.cost, floor_seconds=floor_seconds,
+                     cover_seconds=solve_s, cover_solves=solves)
+    if len(chosen_results) == 1 and len(pieces) == 1:
+        r = chosen_results[0]
+        out.schedule, out.untuned_us, out.best_untuned_us = r.schedule, r.untuned_us, \
+            r.best_untuned_us
+        out.measured_us, out.naive_measured_us, out.origin = r.measured_us, \
+            r.naive_measured_us, r.origin
+    if chosen_results:
+        out.verification = summed_verification(chosen_results)
+    else:
+        from ..verifier import Verifier
+        out.verification = Verifier(part, seed=run.seed, target=tgt).check(
+            graph, tests=run.verify_tests)
+    bar.close()
+    return out
+
+
+def _speculate(opened: list[_Structure], run: Run, cover_candidates, outputs, needed) -> list:
+    """Structures to search alongside ``opened`` while workers would otherwise idle: those the
+    cover would want next if ``opened`` all failed. Searching them changes no answer (the
+    cover is exact over whatever has been searched); it only saves a round later."""
+    extra: list[_Structure] = []
+    if run.workers <= 1:
+        return extra
+    saved = {id(st): st.status for st in opened}
+    for st in opened:
+        st.status = "failed"
+    try:
+        while len(opened) + len(extra) < run.workers:
+            cands, what = cover_candidates()
+            try:
+                cover = solve_cover(cands, outputs, needed=needed)
+            except MirageError:
+                break
+            more = []
+            for k in cover.chosen:
+                if k.startswith("region:"):
+                    st = run.structures[what[k][0].key]
+                    if st.status == "open" and st not in more:
+                        more.append(st)
+            if not more:
+                break
+            for st in more[:run.workers - len(opened) - len(extra)]:
+                _from_database(st, run)
+                if st.status == "open":
+                    extra.append(st)
+                    st.status = "failed"
+    finally:
+        for st in opened:
+            st.status = saved[id(st)]
+        for st in extra:
+            st.status = "open"
+    return extra
+
+
+def _source(pieces: list[Piece]) -> str:
+    srcs = {x.result.source for x in pieces if x.kind == "region"}
+    if not srcs:
+        return "naive"
+    if srcs == {"database"}:
+        return "database"
+    if srcs <= {"floor", "database"} and "floor" in srcs:
+        return "floor"
+    return "search"
+
+
+def _from_database(st: _Structure, run: Run) -> None:
+    """Take a stored verified answer for the structure, if the database has one."""
+    if run.db is None or st.status != "open":
+        return
+    got = stored_answer(run.db, st.program, run.target, run.model)
+    if got is None:
+        return
+    g, stages, cost, v, schedule, measured, untuned, origin = got
+    st.result = RegionResult(st.program, g, "database", cost,
+                             _naive(st, run)[1], v, stages=stages, schedule=schedule,
+                             measured_us=measured, untuned_us=untuned, origin=origin)
+    st.status = "verified"
+    st.recorded = True
+
+
+def _naive(st: _Structure, run: Run) -> tuple:
+    if st.naive is None:
+        g = naive_lowering(st.program)
+        st.naive = (g, run.model.predict(g, run.target))
+    return st.naive
+
+
+def _explore_all(sts: list[_Structure], run: Run, bar) -> None:
+    """Search the structures, each in one process: a region's answer never depends on how many
+    workers there are (a search whose plans were shared among processes would prune
+    differently). With one worker they run here, one after another; with more, each in a worker
+    process of its own, ``run.workers`` at a time."""
+    if run.workers <= 1:
+        for st in sts:
+            if run.expired():
+                st.status = "skipped"
+                continue
+            prog = _Progress(f"search {len(sts)}", run.progress and bar.bar is None,
+                             run.model, run.target)
+            try:
+                ex = explore(st.program, run.target, run.model, run.settings,
+                             run.search_deadline, 1, prog)
+            finally:
+                prog.close()
+            _explored(st, ex, run)
+        return
+    got = _run_jobs(sts, run)
+    for st in sts:
+        if id(st) in got:
+            _explored(st, got[id(st)], run)
+        else:
+            st.status = "skipped"
+
+
+def _explored(st: _Structure, ex: Explored, run: Run) -> None:
+    st.explored = ex
+    st.options = list(ex.options)
+    if ex.stats.interrupted:
+        run.interrupted = True
+    if st.options and getattr(run.runner, "measures", False):
+        st.measured = measure(st.options, _naive(st, run)[0], run.runner, run.target,
+                              run.measure_top)
+    st.status = "explored" if st.options else "failed"
+
+
+def _verify_next(st: _Structure, run: Run) -> None:
+    """Verify the structure's best remaining option; on success it is the answer."""
+    if not st.options or st.tried >= run.max_verify:
+        st.status = "failed"
+        return
+    res = _verify_first(st, st.options, run, "search", st.explored, tries=1)
+    if res is not None:
+        st.result, st.status = res, "verified"
+    elif not st.options or st.tried >= run.max_verify:
+        st.status = "failed"
+
+
+def _verify_first(st: _Structure, options: list, run: Run, source: str, ex: Explored | None,
+                  tries: int) -> RegionResult | None:
+    """Verify ``options`` in order (popping each tried one) until one is equivalent."""
+    from ..verifier import Verifier
+    if st.verifier is None:
+        st.verifier = Verifier(st.program, seed=run.seed, target=run.target)
+    while options and tries > 0:
+        opt = options.pop(0)
+        tries -= 1
+        st.tried += source == "search"
+        cost, ag, untuned, sch = opt
+        v = st.verifier.check(ag.graph, tests=run.verify_tests)
+        if not v.equivalent:
+            continue
+        m = st.measured.get(id(opt))
+        nm = st.measured.get(-1)
+        if m is not None:
+            st.measured["chosen"] = m
+        return RegionResult(st.program, ag.graph, source, cost, _naive(st, run)[1], v,
+                            ex.stats if ex else SearchStats(), ex.candidates if ex else 0,
+                            st.tried, ag.stages_full(), sch, untuned,
+                            ex.best_untuned_us if ex else None,
+                            None if m is None else m.us, None if nm is None else nm.us,
+                            ex.tune_rounds if ex else 0, ex.tune_evaluations if ex else 0)
+    return None
+
+
+def _record_all(run: Run, sts: list[_Structure]) -> None:
+    """One database transaction per structure searched in full (cut-short searches are
+    recorded but their answer is not marked for reuse)."""
+    if run.db is None:
+        return
+    for st in sts:
+        if st.recorded or st.explored is None:
+            continue
+        st.recorded = True
+        ex = st.explored
+        complete = not (ex.stats.timed_out or ex.stats.interrupted)
+        chosen = None
+        if st.status == "verified" and st.result.source == "search":
+            r = st.result
+            chosen = (r.annotated, r.estimated_us, r.schedule, r.verification, r.source,
+                      r.untuned_us)
+        record(run.db, st.program, _naive(st, run), list(ex.options), st.measured, chosen,
+               complete, run.target)
+
+
+# ---- several searches at once -------------------------------------------------------------
+
+def _job(key: int, prog_json: dict, run: Run, q) -> None:
+    try:
+        ex = explore(Program.from_json(prog_json), run.target, run.model, run.settings,
+                     run.search_deadline, 1)
+    except KeyboardInterrupt:
+        ex = Explored()
+        ex.stats.interrupted = True
+    q.put((key, json.dumps(ex.to_json())))
+
+
+def _run_jobs(sts: list[_Structure], run: Run) -> dict[int, Explored]:
+    """Explore every structure in a worker process of its own, ``run.workers`` at a time;
+    returns what arrived (all of it, unless interrupted)."""
+    ctx = mproc.get_context("fork" if sys.platform != "win32" else "spawn")
+    q = ctx.Queue()
+    pending = list(sts)
+    running: dict[int, Any] = {}
+    out: dict[int, Explored] = {}
+    try:
+        while pending or running:
+            while pending and len(running) < run.workers and not run.expired():
+                st = pending.pop(0)
+                p = ctx.Process(target=_job, args=(id(st), st.program.to_json(), run, q),
+                                daemon=True)
+                p.start()
+                running[id(st)] = p
+            if not running:
+                break
+            try:
+                key, payload = q.get(timeout=0.2)
+            except _queue.Empty:
+                for k, p in list(running.items()):
+                    if not p.is_alive() and p.exitcode not in (0, None):
+                        running.pop(k)  # a worker that died: its structure is skipped
+                continue
+            out[key] = Explored.from_json(json.loads(payload))
+            running.pop(key).join(timeout=1)
+    except KeyboardInterrupt:
+        run.interrupted = True
+        while True:
+            try:
+                key, payload = q.get_nowait()
+            except _queue.Empty:
+                break
+            out[key] = Explored.from_json(json.loads(payload))
+    finally:
+        for p in running.values():
+            if p.is_alive():
+                p.terminate()
+            p.join(timeout=1)
+    return out
+
+
+class _RegionBar:
+    """Progress over a part's regions (tqdm on a terminal): structures searched of all, and the
+    best cover so far."""
+
+    def __init__(self, label: str, enabled: bool, total: int):
+        self.bar = None
+        if enabled and total > 1:
+            try:
+                from tqdm import tqdm
+                self.bar = tqdm(desc=f"regions {label}", total=total, unit=" regions",
+                                leave=False)
+            except ImportError:
+                self.bar = None
+
+    def update(self, done: int, cover_us: float) -> None:
+        if self.bar is not None:
+            self.bar.n = done
+            self.bar.set_postfix(cover_us=f"{cover_us:.1f}")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

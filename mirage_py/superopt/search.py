@@ -1,0 +1,381 @@
+"""Searching one program (a region): search -> rank -> tune -> measure, and the lazy
+verification of what was found.
+
+``explore`` is the unit of work the region layer schedules: a pure function from a program and
+settings to ranked, tuned options, so it can run in this process (its search spread over worker
+processes by first-level plans) or as a job in a worker process of its own, one region each.
+Verification and the results database stay with the caller.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mproc
+import queue as _queue
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..cost_model import AnalyticModel
+from ..errors import MirageError
+from ..generator.kernel_search import Candidate, SearchStats, search, trace_from_json
+from ..generator.rewrite import forms
+from ..lax.program import Program
+from ..layout.plan import planned_shared_memory
+from ..targets import get_target
+from ..tuning.annotations import AnnotatedGraph, Schedule, threads_of
+from ..tuning.database import Record, ResultsDB
+from ..tuning.runners import Measurement
+from ..tuning.scheduler import TaskScheduler
+from ..tuning.tuner import make_task
+from ..ugraph.graph import GraphKernel, KernelGraph
+
+Option = tuple  # (predicted us, AnnotatedGraph, untuned us, Schedule | None)
+
+
+def default_model() -> AnalyticModel:
+    """The analytic cost model with shared memory as the layout planner lays it out: what
+    superopt ranks, tunes and reports with."""
+    return AnalyticModel(smem_planner=planned_shared_memory)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What a search of one program needs besides the program and the target."""
+
+    max_kernels: int = 3
+    tune_top: int = 4
+    tune_rounds: int = 8
+    seed: int = 0
+
+
+@dataclass
+class Explored:
+    """What :func:`explore` found: the options (tuned bests first, then the untuned rest, each
+    ranked by (predicted time, structural hash)) and how the search went."""
+
+    options: list = field(default_factory=list)
+    stats: SearchStats = field(default_factory=SearchStats)
+    candidates: int = 0
+    best_untuned_us: float | None = None
+    tune_rounds: int = 0
+    tune_evaluations: int = 0
+
+    def to_json(self) -> dict:
+        return {"options": [[o[0], o[1].graph.to_json(), list(o[1].stages), o[2],
+                             None if o[3] is None else o[3].to_json()] for o in self.options],
+                "stats": self.stats.__dict__, "candidates": self.candidates,
+                "best_untuned_us": self.best_untuned_us, "tune_rounds": self.tune_rounds,
+                "tune_evaluations": self.tune_evaluations}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Explored":
+        opts = [(o[0], AnnotatedGraph(KernelGraph.from_json(o[1]), tuple(o[2])), o[3],
+                 None if o[4] is None else Schedule.from_json(o[4])) for o in d["options"]]
+        return cls(opts, SearchStats(**d["stats"]), d["candidates"], d["best_untuned_us"],
+                   d["tune_rounds"], d["tune_evaluations"])
+
+
+def explore(program: Program, target, model, settings: Settings, deadline: float | None,
+            workers: int = 1, progress=None) -> Explored:
+    """Search ``program`` and its algebraic forms (:func:`generator.rewrite.forms`: the
+    one-pass statistics of a norm before a matmul), rank what was found, tune the best
+    structures of each form (see the superopt module docstring). ``workers`` processes share
+    each search's first-level plans. Every option computes ``program``'s outputs from its
+    inputs; which form it came from does not matter to the verifier."""
+    tgt = get_target(target)
+    out = Explored()
+    opts: list = []
+    for form in forms(program):
+        found, stats = _parallel_search(form, tgt, settings.max_kernels, deadline, workers,
+                                        progress or (lambda *a, **k: None))
+        for f in ("states", "pruned", "plans", "kernels", "candidates", "seconds"):
+            setattr(out.stats, f, getattr(out.stats, f) + getattr(stats, f))
+        out.stats.timed_out |= stats.timed_out
+        out.stats.interrupted |= stats.interrupted
+        ranked = _rank(found, tgt, model)
+        out.candidates += len(ranked)
+        if ranked and (out.best_untuned_us is None or ranked[0][0] < out.best_untuned_us):
+            out.best_untuned_us = ranked[0][0]
+        opts += _tune(out, form, ranked, tgt, model, settings, deadline)
+        if out.stats.interrupted:
+            break
+    best: dict[str, tuple] = {}
+    for o in opts:
+        key = o[1].graph.structural_hash() + str(o[1].stages_full())
+        if key not in best or o[0] < best[key][0]:
+            best[key] = o
+    out.options = sorted(best.values(), key=lambda o: (o[0], o[1].graph.structural_hash(),
+                                                        o[1].stages_full()))
+    return out
+
+
+# ---- search ---------------------------------------------------------------------------------
+
+def _search_worker(args: tuple) -> None:
+    prog_json, target_name, max_kernels, deadline, share, nshares, q = args
+    program = Program.from_json(prog_json)
+    stats = SearchStats()
+    try:
+        search(program, get_target(target_name), max_kernels=max_kernels, deadline=deadline,
+               stats=stats, share=(share, nshares),
+               on_candidate=lambda c: q.put(("cand", json.dumps(
+                   {"graph": c.graph.to_json(), "trace": c.trace_json(), "worker": share,
+                    "states": stats.states, "pruned": stats.pruned}))))
+    except KeyboardInterrupt:
+        stats.interrupted = True
+    q.put(("done", json.dumps(stats.__dict__)))
+
+
+def _parallel_search(program: Program, target, max_kernels: int, deadline: float | None,
+                     workers: int, progress) -> tuple[list[Candidate], SearchStats]:
+    stats = SearchStats()
+    found: list[Candidate] = []
+    if workers <= 1:
+        def keep(c: Candidate) -> None:
+            found.append(c)
+            progress(found, stats.states, stats.pruned)
+        search(program, target, max_kernels=max_kernels, deadline=deadline, stats=stats,
+               on_candidate=keep)
+        return found, stats
+    ctx = mproc.get_context("fork" if sys.platform != "win32" else "spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_search_worker,
+                         args=((program.to_json(), target.name, max_kernels, deadline, w, workers,
+                                q),), daemon=True) for w in range(workers)]
+    t0 = time.perf_counter()
+    for p in procs:
+        p.start()
+    done = 0
+    seen: dict[int, tuple[int, int]] = {}  # worker -> (states, pruned) at its last report
+    try:
+        while done < workers:
+            try:
+                kind, payload = q.get(timeout=0.2)
+            except _queue.Empty:
+                if not any(p.is_alive() for p in procs) and q.empty():
+                    break
+                continue
+            if kind == "cand":
+                found.append(_cand(payload))
+                d = json.loads(payload)
+                seen[d["worker"]] = (d["states"], d["pruned"])
+                progress(found, sum(v[0] for v in seen.values()),
+                         sum(v[1] for v in seen.values()))
+            else:
+                done += 1
+                s = json.loads(payload)
+                for k in ("states", "pruned", "plans", "kernels", "candidates"):
+                    setattr(stats, k, getattr(stats, k) + s[k])
+                stats.timed_out |= s["timed_out"]
+                stats.interrupted |= s["interrupted"]
+    except KeyboardInterrupt:
+        stats.interrupted = True
+        while True:  # keep what the workers already sent
+            try:
+                kind, payload = q.get_nowait()
+            except _queue.Empty:
+                break
+            if kind == "cand":
+                found.append(_cand(payload))
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+            p.join(timeout=1)
+    stats.seconds = time.perf_counter() - t0
+    return found, stats
+
+
+def _cand(payload: str) -> Candidate:
+    d = json.loads(payload)
+    return Candidate(KernelGraph.from_json(d["graph"]), trace_from_json(d["trace"]))
+
+
+class _Progress:
+    """Progress on stderr (tqdm, when stderr is a terminal): candidates found, states visited and
+    pruned, the best predicted time so far; then candidates verified."""
+
+    def __init__(self, label: str, enabled: bool, model=None, target=None):
+        self.bar = None
+        self.model, self.target = model, target
+        self.best = float("inf")
+        self.seen = 0
+        if enabled:
+            try:
+                from tqdm import tqdm
+                self.bar = tqdm(desc=label, unit=" candidates", leave=False)
+            except ImportError:
+                self.bar = None
+
+    def __call__(self, found: list, states: int = 0, pruned: int = 0) -> None:
+        if self.bar is None:
+            return
+        if self.model is not None:
+            for c in found[self.seen:]:
+                self.best = min(self.best, self.model.predict(c.graph, self.target))
+        self.seen = len(found)
+        self.bar.n = len(found)
+        self.bar.set_postfix(states=states, pruned=pruned,
+                             best_us=f"{self.best:.1f}" if self.best < float("inf") else "-")
+
+    def verified(self, n: int, ok: bool) -> None:
+        if self.bar is not None:
+            self.bar.set_description("verify")
+            self.bar.set_postfix(verified=n, equivalent=ok)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+# ---- ranking and tuning ---------------------------------------------------------------------
+
+def _rank(cands: list[Candidate], target, model=None) -> list[tuple[float, Candidate]]:
+    """Candidates by (predicted time, structural hash), duplicates dropped: deterministic."""
+    model = model or default_model()
+    out = {}
+    for c in cands:
+        h = c.graph.structural_hash()
+        if h not in out:
+            out[h] = (model.predict(c.graph, target), h, c)
+    return [(cost, c) for cost, _, c in sorted(out.values(), key=lambda x: (x[0], x[1]))]
+
+
+def _shape(graph: KernelGraph) -> tuple:
+    """What the tuner can change least: per kernel, the operator or the grid's split labels
+    and loop length (part counts, threads and stages are what it tunes)."""
+    return tuple((op.block.grid, op.block.forloop) if isinstance(op, GraphKernel) else op.op
+                 for op in graph.ops)
+
+
+def tuning_choice(ranked: list[tuple[float, Candidate]], top: int) -> list[Candidate]:
+    """The ``top`` structures to tune, in rank order within each pass: the best with each number
+    of kernels, then the best of each kernel shape (:func:`_shape`), then the next best. The
+    untuned ranking is a poor guide among near-equal candidates, and its head is often variants
+    of one shape (qknorm_gqa at bs 8: eight 3-kernel variants ahead of the 2-kernel
+    flash-decoding form, which tunes 27% faster)."""
+    picked: list[Candidate] = []
+    for key in (lambda g: len(g.ops), _shape, None):
+        seen = {key(c.graph) for c in picked} if key else set()
+        for _, c in ranked:
+            if len(picked) >= top:
+                return picked
+            if any(c is p for p in picked) or key and key(c.graph) in seen:
+                continue
+            picked.append(c)
+            if key:
+                seen.add(key(c.graph))
+    return picked
+
+
+def _tune(out: Explored, program: Program, ranked, target, model, settings: Settings,
+          deadline: float | None) -> list[Option]:
+    """Tune the ``tune_top`` structures chosen by :func:`tuning_choice` for
+    ``tune_rounds`` generations; the options -- tuned bests, then the untuned rest -- ranked by
+    (predicted time, structural hash, stages)."""
+    task = None
+    if ranked and settings.tune_top > 0 and settings.tune_rounds > 0:
+        task = make_task(program.name, program, target,
+                         tuning_choice(ranked, settings.tune_top), model, seed=settings.seed)
+        try:
+            log = TaskScheduler([task], rounds=settings.tune_rounds, deadline=deadline).run()
+            out.tune_rounds += log.rounds[0]
+        except KeyboardInterrupt:  # Ctrl-C while tuning: keep what the tuner has
+            out.stats.interrupted = True
+    opts: dict[str, tuple] = {}
+
+    def add(cost: float, ag: AnnotatedGraph, untuned: float, sch) -> None:
+        key = ag.graph.structural_hash() + str(ag.stages_full())
+        if key not in opts or cost < opts[key][0]:
+            opts[key] = (cost, ag, untuned, sch)
+    if task is not None:
+        for tuner in task.tuners:
+            out.tune_evaluations += len(tuner.seen)
+            for ev in tuner.top(2):
+                sch = None if ev.schedule == tuner.base else ev.schedule
+                add(ev.cost, ev.graph, tuner.base_cost, sch)
+    for cost, c in ranked:
+        add(cost, AnnotatedGraph(c.graph), cost, None)
+    return sorted(opts.values(), key=lambda o: (o[0], o[1].graph.structural_hash(),
+                                                 o[1].stages_full()))
+
+
+def measure(opts: list[Option], naive: KernelGraph, runner, target, top: int) -> dict:
+    """Time the naive graph and the ``top`` best options with a measuring runner; those options
+    are then re-ordered by measured time (in place). Returns measurements by option id, the
+    naive graph's under -1."""
+    if not getattr(runner, "measures", False) or top <= 0 or not opts:
+        return {}
+    nm = runner.run(naive, target)
+    out = {id(o): runner.run(o[1], target) for o in opts[:top]}
+    head = sorted(opts[:top], key=lambda o: (out[id(o)].us, o[0]))
+    opts[:top] = head
+    out[-1] = nm
+    return out
+
+
+# ---- the results database -------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SavedVerification:
+    """A verification result as stored in a saved file or the results database (or the union of
+    several: the bound is then the sum of the regions' bounds)."""
+
+    equivalent: bool
+    bound: float
+    tests_run: int
+    seconds: float
+
+
+def stored_answer(db: ResultsDB, program: Program, target, model):
+    """(graph, stages, cost, verification, schedule, measured, untuned, origin) of a stored
+    verified answer for ``program`` on ``target``, or None (none there, or unusable)."""
+    rec = db.lookup(program.structural_hash(), target.name)
+    if rec is None or not rec.verification:
+        return None
+    try:
+        g = KernelGraph.from_json(rec.graph)
+        stages = tuple(rec.annotations.get("stages", ()))
+        cost = model.predict(AnnotatedGraph(g, stages), target)
+        sched = rec.annotations.get("schedule")
+        schedule = Schedule.from_json(sched) if sched else None
+        v = SavedVerification(**{k: rec.verification[k] for k in
+                                 ("equivalent", "bound", "tests_run", "seconds")})
+    except (MirageError, KeyError, TypeError, ValueError):
+        return None  # written by another version or for another model: search again
+    return (g, stages, cost, v, schedule, rec.measured_us, rec.annotations.get("untuned_us"),
+            rec.annotations.get("source", ""))
+
+
+def record(db: ResultsDB, program: Program, naive: tuple, opts: list[Option], measured: dict,
+           chosen: tuple | None, complete: bool, target, keep: int = 8) -> None:
+    """One transaction per program: every measurement, the best few predictions, and the answer
+    (``chosen``: (AnnotatedGraph, cost, schedule, verification, source, untuned); marked chosen
+    only when verified and the search ran to completion). ``naive``: (graph, cost)."""
+    def rec(ag: AnnotatedGraph, pred: float, sch, m: Measurement | None, **kw) -> Record:
+        ann = {"threads": list(threads_of(ag.graph)), "stages": list(ag.stages_full()),
+               "schedule": None if sch is None else sch.to_json()}
+        ann.update(kw.pop("extra", {}))
+        return Record(ag.graph.to_json(), target.name, ag.graph.structural_hash(), ann,
+                      predicted_us=pred, measured_us=None if m is None else m.us,
+                      runner=(m.runner if m is not None else "model"),
+                      samples=None if m is None else list(m.samples), **kw)
+
+    rows: list[Record] = []
+    if -1 in measured:
+        rows.append(rec(AnnotatedGraph(naive[0]), naive[1], None, measured[-1],
+                        extra={"source": "naive"}))
+    for i, o in enumerate(opts):
+        m = measured.get(id(o))
+        if m is not None or i < keep:
+            rows.append(rec(o[1], o[0], o[3], m))
+    if chosen is not None:
+        ag, cost, sch, v, source, untuned = chosen
+        vdoc = {"equivalent": bool(v.equivalent), "bound": float(v.bound),
+                "tests_run": int(v.tests_run), "seconds": float(v.seconds)}
+        rows.append(rec(ag, cost, sch, measured.get("chosen"), chosen=complete,
+                        verification=vdoc, extra={"source": source, "untuned_us": untuned}))
+    if rows:
+        db.add(program, rows)
