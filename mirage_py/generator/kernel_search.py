@@ -40,6 +40,7 @@ class SearchStats:
     seconds: float = 0.0
     timed_out: bool = False
     interrupted: bool = False
+    gave_up: bool = False  # ``patience`` states visited and no candidate yet
 
 
 def _divisors(n: int) -> list[int]:
@@ -203,7 +204,11 @@ class Searcher:
         return self.deadline is not None and time.perf_counter() > self.deadline
 
     def search(self, *, max_kernels: int = 3, stats: SearchStats | None = None,
-               on_candidate=None, share: tuple[int, int] = (0, 1)) -> list[Candidate]:
+               on_candidate=None, share: tuple[int, int] = (0, 1),
+               patience: int | None = None) -> list[Candidate]:
+        """Branch and bound over kernel sequences (module docstring). ``patience``: give up
+        (``stats.gave_up``) once that many block-level states were visited without a single
+        complete candidate -- a deterministic bound on hopeless searches."""
         stats = stats or SearchStats()
         t0 = time.perf_counter()
         found: list[Candidate] = []
@@ -215,6 +220,9 @@ class Searcher:
         def rec(avail, kernels, done, trace, cost_so_far) -> None:
             if self._expired():
                 stats.timed_out = True
+                return
+            if patience is not None and not found and self.ctx.stats["states"] > patience:
+                stats.gave_up = True
                 return
             if done >= self.outputs:
                 g = assemble(self.program, kernels)
@@ -239,6 +247,9 @@ class Searcher:
                     continue
                 if self._expired():
                     stats.timed_out = True
+                    return
+                if patience is not None and not found and self.ctx.stats["states"] > patience:
+                    stats.gave_up = True
                     return
                 stats.plans += 1
                 for grp, kc in enumerate(kernels_for_plan(plan, avail, self.ctx, self.target,
@@ -341,13 +352,14 @@ class Searcher:
 
 def search(program, target: Target, *, max_kernels: int = 3, deadline: float | None = None,
            stats: SearchStats | None = None, on_candidate=None,
-           share: tuple[int, int] = (0, 1)) -> list[Candidate]:
+           share: tuple[int, int] = (0, 1), patience: int | None = None) -> list[Candidate]:
     """All complete candidates found for ``program`` (a verifiable subprogram), in the order
     found. ``on_candidate(candidate)`` is called as each is found, so an interrupted or timed-out
     search keeps what it had. ``share=(i, n)`` explores only the first-level plans whose index
     is i modulo n (one worker's share)."""
     return Searcher(program, target, deadline).search(
-        max_kernels=max_kernels, stats=stats, on_candidate=on_candidate, share=share)
+        max_kernels=max_kernels, stats=stats, on_candidate=on_candidate, share=share,
+        patience=patience)
 
 
 def _kernel_cost(kernel: GraphKernel, avail: list[Avail], target: Target) -> float:

@@ -82,6 +82,9 @@ class _Rewriter:
             n *= x.shape[ax]
         s1 = T.sum(x, axes, True)
         s2 = T.sum(T.square(x), axes, True)
+        if m.op == "const":  # fold: no operator on constants alone
+            c = float(m.attr("value"))
+            return T.add(T.sub(s2, T.mul(s1, 2.0 * c)), n * c * c)
         return T.add(T.sub(s2, T.mul(T.mul(m, 2.0), s1)), T.mul(T.square(m), float(n)))
 
     # a @ W pushed through a's linear structure
@@ -108,7 +111,7 @@ class _Rewriter:
     def _linear(self, a: Tensor) -> list[tuple[Tensor | None, Tensor | None]]:
         """``a`` as a sum of terms ``scale * base`` (``scale`` constant along the last dim or
         None for 1; ``base`` None for a term constant along the last dim)."""
-        if _const_along_last(a) and a.op != "const":
+        if _const_along_last(a) and a.op != "const" and a.shape:
             return [(self(a), None)]
         if a.op in ("add", "sub"):
             left, right = self._linear(a.inputs[0]), self._linear(a.inputs[1])

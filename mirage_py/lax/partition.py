@@ -6,6 +6,10 @@ run one after another, and (c) no exp ends up nested under another exp inside on
 Merging repeats until nothing more can merge, so each Lax part is maximal in that sense.
 Constants are copied into every part that uses them. The parts come back in dependency order.
 
+``split_nested_exp=False`` (what ``superopt`` uses) leaves out rule (c): a part is then only a
+scope for the region layer, which verifies every region on its own and never forms a region with
+a nested exp.
+
 ``uninterpreted=True`` lets non-Lax elementwise operators (sqrt, silu, gelu, relu) join Lax groups:
 the verifier treats them as uninterpreted functions, which is what lets a search fuse, say,
 ``rms_norm(X) @ W`` or ``silu(X@W1) * (X@W2)`` into one kernel. Such parts have ``is_lax`` False
@@ -67,9 +71,11 @@ def _compatible(t: Tensor, uninterpreted: bool) -> bool:
     return _ops.OPS[t.op].is_lax or (uninterpreted and _ops.OPS[t.op].elementwise)
 
 
-def partition(program: Program, *, uninterpreted: bool = False) -> Partition:
+def partition(program: Program, *, uninterpreted: bool = False,
+              split_nested_exp: bool = True) -> Partition:
     """Split ``program`` into subprograms (see module docstring); evaluating them in order
-    gives exactly ``program.evaluate``."""
+    gives exactly ``program.evaluate``. ``split_nested_exp=False`` drops rule (c): the region
+    layer verifies each region on its own, so a part may nest exps as long as no region does."""
     nodes = [t for t in program.nodes() if t.op not in ("input", "const")]
     pos = {t.digest: i for i, t in enumerate(nodes)}
     group = {t.digest: i for i, t in enumerate(nodes)}  # union-find-free: relabel on merge
@@ -107,7 +113,7 @@ def partition(program: Program, *, uninterpreted: bool = False) -> Partition:
             if a == b or not (ok[u] and ok[v]):
                 continue
             merged = members[a] + members[b]
-            if nested_exp(merged) or not quotient_acyclic(a, b):
+            if (split_nested_exp and nested_exp(merged)) or not quotient_acyclic(a, b):
                 continue
             for t in members[b]:
                 group[t.digest] = a

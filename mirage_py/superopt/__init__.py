@@ -1,7 +1,8 @@
 """``mp.superopt``: partition -> regions -> search -> tune -> measure -> verify -> cover -> join.
 
-For each part of ``partition(program, uninterpreted=True)`` that the verifier can check, the
-region layer (:mod:`.part`, docs/generator.md) builds the answer:
+For each part of ``partition(program, uninterpreted=True, split_nested_exp=False)`` (maximal
+groups of operators the verifier can check; a part may nest exps, no region does), the region
+layer (:mod:`.part`, docs/generator.md) builds the answer:
 
 1. **candidates**: every operator of the naive lowering (one pre-defined kernel each), the
    rule-based floor (element-wise chains, reductions with their prologue and epilogue, matmuls
@@ -34,7 +35,7 @@ from typing import Any
 
 from ..cost_model import create as create_model
 from ..errors import MirageError, OptionError, ProgramError
-from ..lax.partition import partition
+from ..lax.ops import OPS
 from ..lax.program import Program
 from ..targets import get_target
 from ..tuning.database import open_database
@@ -42,7 +43,7 @@ from ..tuning.runners import default_runner
 from ..ugraph.lower import naive_lowering
 from .part import Run, solve_part
 from .result import (Answer, OptimizedProgram, PartResult, Piece, RegionResult, join_parts,
-                     load)
+                     load, parts_of)
 from .search import (SavedVerification, Settings, _parallel_search, _Progress, _rank, _shape,
                      default_model, tuning_choice)
 
@@ -112,10 +113,10 @@ def superopt(program: Program, *, target: Any = "h100", time_budget_s: float | N
               workers, t0 + 0.8 * time_budget_s if time_budget_s else None,
               t0 + time_budget_s if time_budget_s else None, verify_tests, max_verify,
               measure_top, progress, seed)
-    parts = partition(program, uninterpreted=True)
+    parts = parts_of(program)
     results: list[PartResult] = []
     for part in parts:
-        if part.verifiable:
+        if all(OPS[t.op].is_lax or OPS[t.op].elementwise for t in part.nodes()):
             results.append(solve_part(part, run))
             continue
         from ..verifier import Verifier

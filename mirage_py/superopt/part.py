@@ -27,7 +27,7 @@ import multiprocessing as mproc
 import queue as _queue
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import MirageError
@@ -45,6 +45,11 @@ from .search import (Explored, Settings, SavedVerification, _Progress, explore, 
 
 FLOOR_SECONDS = 1.0  # the floor's quick searches, all groups of a part together
 FLOOR = Settings(max_kernels=1, tune_top=0, tune_rounds=0)
+# a search of a region smaller than its part gives up after visiting this many block-level
+# states without finding one candidate (on the decoder block the successful searches found
+# their first candidate within 55,000 states, the hopeless ones went on to 230,000); the
+# whole part, which was the only region before regions existed, is searched to the end
+PATIENCE = 100_000
 
 
 @dataclass
@@ -78,6 +83,7 @@ class _Structure:
 
     program: Program
     lb: float
+    whole: bool = False  # the whole part of some part of this run
     status: str = "open"  # open, explored, verified, failed, skipped
     explored: Explored | None = None
     options: list = field(default_factory=list)  # still to verify, best first
@@ -138,9 +144,13 @@ def solve_part(part: Program, run: Run) -> PartResult:
     for ops in floor_sets + search_sets:
         if ops not in regions:
             regions[ops] = extract(dag, ops)
+    # a region the verifier cannot check alone (it nests exps) is left to smaller ones
+    floor_sets = [g for g in floor_sets if regions[g].program.verifiable]
+    search_sets = [g for g in search_sets if regions[g].program.verifiable]
     for r in regions.values():
         if r.key not in run.structures:
             run.structures[r.key] = _Structure(r.program, lower_bound(model, r.program, tgt))
+        run.structures[r.key].whole |= r.whole
     uses: dict[str, int] = {}
     for ops in set(search_sets) | set(floor_sets):
         uses[regions[ops].key] = uses.get(regions[ops].key, 0) + 1
@@ -270,12 +280,14 @@ def solve_part(part: Program, run: Run) -> PartResult:
             r.best_untuned_us
         out.measured_us, out.naive_measured_us, out.origin = r.measured_us, \
             r.naive_measured_us, r.origin
-    if chosen_results:
+    if chosen_results:  # pre-defined kernels beside them compute their operators exactly
         out.verification = summed_verification(chosen_results)
-    else:
+    elif part.verifiable:
         from ..verifier import Verifier
         out.verification = Verifier(part, seed=run.seed, target=tgt).check(
             graph, tests=run.verify_tests)
+    else:  # the naive lowering of a part that nests exps: the program's own operators
+        out.verification = SavedVerification(True, 0.0, 0, 0.0)
     bar.close()
     return out
 
@@ -364,7 +376,7 @@ def _explore_all(sts: list[_Structure], run: Run, bar) -> None:
             prog = _Progress(f"search {len(sts)}", run.progress and bar.bar is None,
                              run.model, run.target)
             try:
-                ex = explore(st.program, run.target, run.model, run.settings,
+                ex = explore(st.program, run.target, run.model, _settings(st, run),
                              run.search_deadline, 1, prog)
             finally:
                 prog.close()
@@ -376,6 +388,10 @@ def _explore_all(sts: list[_Structure], run: Run, bar) -> None:
             _explored(st, got[id(st)], run)
         else:
             st.status = "skipped"
+
+
+def _settings(st: _Structure, run: Run) -> Settings:
+    return run.settings if st.whole else replace(run.settings, patience=PATIENCE)
 
 
 def _explored(st: _Structure, ex: Explored, run: Run) -> None:
@@ -450,14 +466,19 @@ def _record_all(run: Run, sts: list[_Structure]) -> None:
 
 # ---- several searches at once -------------------------------------------------------------
 
-def _job(key: int, prog_json: dict, run: Run, q) -> None:
+def _job(key: int, prog_json: dict, settings: Settings, run: Run, q) -> None:
     try:
-        ex = explore(Program.from_json(prog_json), run.target, run.model, run.settings,
+        ex = explore(Program.from_json(prog_json), run.target, run.model, settings,
                      run.search_deadline, 1)
     except KeyboardInterrupt:
         ex = Explored()
         ex.stats.interrupted = True
     q.put((key, json.dumps(ex.to_json())))
+
+
+def _receive(q, timeout: float = 0.2):
+    """The next finished job from the workers (Ctrl-C arrives here while the parent waits)."""
+    return q.get(timeout=timeout)
 
 
 def _run_jobs(sts: list[_Structure], run: Run) -> dict[int, Explored]:
@@ -472,14 +493,14 @@ def _run_jobs(sts: list[_Structure], run: Run) -> dict[int, Explored]:
         while pending or running:
             while pending and len(running) < run.workers and not run.expired():
                 st = pending.pop(0)
-                p = ctx.Process(target=_job, args=(id(st), st.program.to_json(), run, q),
-                                daemon=True)
+                p = ctx.Process(target=_job, args=(id(st), st.program.to_json(),
+                                                   _settings(st, run), run, q), daemon=True)
                 p.start()
                 running[id(st)] = p
             if not running:
                 break
             try:
-                key, payload = q.get(timeout=0.2)
+                key, payload = _receive(q)
             except _queue.Empty:
                 for k, p in list(running.items()):
                     if not p.is_alive() and p.exitcode not in (0, None):

@@ -91,6 +91,12 @@ class PartResult(Answer):
     cover_solves: int = 0
 
 
+def parts_of(program: Program):
+    """The partition superopt works on: maximal parts of verifiable operators (uninterpreted
+    element-wise functions included), exps nested or not -- each region is verified alone."""
+    return partition(program, uninterpreted=True, split_nested_exp=False)
+
+
 def summed_verification(results: list) -> SavedVerification | None:
     """The union bound of independently verified pieces (docs/verifier.md)."""
     vs = [r.verification for r in results]
@@ -143,8 +149,7 @@ class OptimizedProgram:
         self.search_seconds = search_seconds
         self.model = model or default_model()
         # superopt hands over the partition it already made; a loaded result makes it again
-        self.partition = partitioned if partitioned is not None else \
-            partition(program, uninterpreted=True)
+        self.partition = partitioned if partitioned is not None else parts_of(program)
         self.graph = join_parts(program, [p.graph for p in parts], self.partition)
         self.naive_graph = join_parts(program, [p.naive for p in parts], self.partition)
         # pipeline stages of the joined graph's graph-defined kernels, part by part

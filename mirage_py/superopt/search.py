@@ -48,6 +48,7 @@ class Settings:
     tune_top: int = 4
     tune_rounds: int = 8
     seed: int = 0
+    patience: int | None = None  # states without a candidate before a search gives up
 
 
 @dataclass
@@ -89,11 +90,12 @@ def explore(program: Program, target, model, settings: Settings, deadline: float
     opts: list = []
     for form in forms(program):
         found, stats = _parallel_search(form, tgt, settings.max_kernels, deadline, workers,
-                                        progress or (lambda *a, **k: None))
+                                        progress or (lambda *a, **k: None), settings.patience)
         for f in ("states", "pruned", "plans", "kernels", "candidates", "seconds"):
             setattr(out.stats, f, getattr(out.stats, f) + getattr(stats, f))
         out.stats.timed_out |= stats.timed_out
         out.stats.interrupted |= stats.interrupted
+        out.stats.gave_up |= stats.gave_up
         ranked = _rank(found, tgt, model)
         out.candidates += len(ranked)
         if ranked and (out.best_untuned_us is None or ranked[0][0] < out.best_untuned_us):
@@ -114,12 +116,12 @@ def explore(program: Program, target, model, settings: Settings, deadline: float
 # ---- search ---------------------------------------------------------------------------------
 
 def _search_worker(args: tuple) -> None:
-    prog_json, target_name, max_kernels, deadline, share, nshares, q = args
+    prog_json, target_name, max_kernels, deadline, share, nshares, q, patience = args
     program = Program.from_json(prog_json)
     stats = SearchStats()
     try:
         search(program, get_target(target_name), max_kernels=max_kernels, deadline=deadline,
-               stats=stats, share=(share, nshares),
+               stats=stats, share=(share, nshares), patience=patience,
                on_candidate=lambda c: q.put(("cand", json.dumps(
                    {"graph": c.graph.to_json(), "trace": c.trace_json(), "worker": share,
                     "states": stats.states, "pruned": stats.pruned}))))
@@ -129,7 +131,8 @@ def _search_worker(args: tuple) -> None:
 
 
 def _parallel_search(program: Program, target, max_kernels: int, deadline: float | None,
-                     workers: int, progress) -> tuple[list[Candidate], SearchStats]:
+                     workers: int, progress,
+                     patience: int | None = None) -> tuple[list[Candidate], SearchStats]:
     stats = SearchStats()
     found: list[Candidate] = []
     if workers <= 1:
@@ -137,13 +140,13 @@ def _parallel_search(program: Program, target, max_kernels: int, deadline: float
             found.append(c)
             progress(found, stats.states, stats.pruned)
         search(program, target, max_kernels=max_kernels, deadline=deadline, stats=stats,
-               on_candidate=keep)
+               on_candidate=keep, patience=patience)
         return found, stats
     ctx = mproc.get_context("fork" if sys.platform != "win32" else "spawn")
     q = ctx.Queue()
     procs = [ctx.Process(target=_search_worker,
                          args=((program.to_json(), target.name, max_kernels, deadline, w, workers,
-                                q),), daemon=True) for w in range(workers)]
+                                q, patience),), daemon=True) for w in range(workers)]
     t0 = time.perf_counter()
     for p in procs:
         p.start()
@@ -170,6 +173,7 @@ def _parallel_search(program: Program, target, max_kernels: int, deadline: float
                     setattr(stats, k, getattr(stats, k) + s[k])
                 stats.timed_out |= s["timed_out"]
                 stats.interrupted |= s["interrupted"]
+                stats.gave_up |= s.get("gave_up", False)
     except KeyboardInterrupt:
         stats.interrupted = True
         while True:  # keep what the workers already sent

@@ -1,0 +1,346 @@
+"""The region layer: regions and atoms, the floor, the exact cover, region reuse, anytime
+behaviour, and the composition bank (chained benchmark patterns checked against NumPy)."""
+
+import itertools
+import math
+import random
+import sys
+
+import numpy as np
+import pytest
+
+import mirage_py as mp
+from benchmarks.compositions import bank, decoder_block, layernorm_lora, mlp_block
+from mirage_py.errors import OptionError
+from mirage_py.generator.rewrite import forms
+from mirage_py.regions import PartDag, atoms, canonical, extract, floor_groups, search_regions
+from mirage_py.regions.cover import Candidate, CoverError, solve_cover
+from mirage_py.ugraph import GraphKernel, KernelOp
+
+SO = sys.modules["mirage_py.superopt"]
+
+
+def part_of(p):
+    parts = mp.partition(p, uninterpreted=True, split_nested_exp=False)
+    assert len(parts) == 1
+    return parts[0]
+
+
+def check_answer(opt, reference, inputs, rel_gpu=2e-2):
+    """Verified, equal to an independent float64 NumPy evaluation, close in GPU precision."""
+    assert all(v.equivalent and v.bound <= 1e-9 for v in opt.verification)
+    ref = reference(inputs)
+    got = opt.run_numpy(inputs, precision="float64")
+    gpu = opt.run_numpy(inputs)
+    for k in ref:
+        np.testing.assert_allclose(got[k], ref[k], rtol=1e-9, atol=1e-9 * np.abs(ref[k]).max())
+        assert np.linalg.norm(gpu[k] - ref[k]) <= rel_gpu * np.linalg.norm(ref[k])
+
+
+# ---- regions, atoms, floor ---------------------------------------------------------------
+
+def test_regions_are_convex_connected_and_bounded():
+    dag = PartDag(part_of(decoder_block(b=1, kv=128, d=128, heads=2, f=256).program))
+    regions = search_regions(dag)
+    assert len(regions) > 20
+    for r in regions:
+        assert dag.is_convex(set(r))
+        reg = extract(dag, r)
+        assert 1 <= reg.anchors <= 3 and reg.outputs
+        assert not any(t.op in ("reshape", "transpose") for t in reg.program.nodes())
+    # every operator sits in exactly one atom
+    ats = atoms(dag)
+    assert sorted(d for a in ats for d in a.ops) == sorted(dag.by_digest)
+
+
+def test_region_programs_compute_the_part_values():
+    """A region's program, fed the part's values at its inputs, gives the part's values at its
+    outputs (float64, every region of a small decoder block)."""
+    comp = decoder_block(b=2, kv=64, d=128, heads=2, f=128)
+    part = part_of(comp.program)
+    dag = PartDag(part)
+    x = comp.inputs(1)
+    vals = {}
+    env = {t.name: x[t.name] for t in part.inputs}
+    for t in part.nodes():  # every node's value, keyed by digest
+        if t.op == "input":
+            vals[t.digest] = env[t.name]
+        elif t.op == "const":
+            vals[t.digest] = np.asarray(t.attr("value"))
+        else:
+            from mirage_py.lax.ops import compute
+            vals[t.digest] = compute(t.op, [vals[i.digest] for i in t.inputs], t.attr_dict)
+    for r in search_regions(dag) + floor_groups(dag):
+        reg = extract(dag, r)
+        out = reg.program.evaluate({reg.input_name(i): vals[d] for i, d in
+                                    enumerate(reg.inputs)})
+        for j, d in enumerate(reg.outputs):
+            np.testing.assert_allclose(out[reg.output_name(j)], vals[d], rtol=1e-12,
+                                       atol=1e-12)
+
+
+def test_identical_layers_give_identical_region_keys():
+    two = part_of(decoder_block(b=1, kv=64, d=128, heads=2, f=128, layers=2).program)
+    one = part_of(decoder_block(b=1, kv=64, d=128, heads=2, f=128).program)
+    d2, d1 = PartDag(two), PartDag(one)
+    k2 = [extract(d2, r).key for r in search_regions(d2)]
+    k1 = {extract(d1, r).key for r in search_regions(d1)}
+    assert len(k2) > len(set(k2))  # layers share structures
+    assert len(set(k2) & k1) >= 0.7 * len(k1)
+    # and the canonical program does not depend on names
+    a = mp.Program("a")
+    x, w = a.input("x", (4, 64)), a.input("w", (64, 32))
+    a.output(mp.rms_norm(x) @ w, name="out")
+    b = mp.Program("b")
+    w2, x2 = b.input("weights", (64, 32)), b.input("acts", (4, 64))
+    b.output(mp.rms_norm(x2) @ w2, name="y")
+    assert canonical(a).structural_hash() == canonical(b).structural_hash()
+
+
+def test_floor_groups_partition_the_part_and_follow_the_rules():
+    dag = PartDag(part_of(mlp_block(None, b=4, d=128, f=256).program))
+    groups = floor_groups(dag)
+    assert sorted(d for g in groups for d in g) == sorted(dag.by_digest)  # disjoint cover
+    ops = {d: dag.by_digest[d].op for d in dag.by_digest}
+    by_op = [sorted(ops[d] for d in g) for g in groups]
+    # the sum of squares takes its square (prologue) and, as the normalised x feeds two
+    # matmuls, the division (epilogue); the down projection takes silu * up (its prologue)
+    assert ["add", "div", "div", "sqrt", "square", "sum"] in by_op
+    assert any("silu" in g and g.count("matmul") == 1 for g in by_op)
+    for g in groups:
+        assert sum(ops[d] in ("matmul", "sum") for d in g) <= 1
+        assert dag.is_convex(set(g))
+
+
+# ---- the cover ----------------------------------------------------------------------------
+
+def _brute_force(cands, outputs, needed):
+    best = math.inf
+    for r in range(1, len(cands) + 1):
+        for combo in itertools.combinations(cands, r):
+            cost = sum(c.cost for c in combo)
+            if cost >= best:
+                continue
+            writers = {v for c in combo for v in c.writes}
+            if not outputs <= writers or not needed <= {d for c in combo for d in c.computes}:
+                continue
+            done, rest, ok = set(), list(combo), True
+            while rest and ok:
+                ok = False
+                for c in list(rest):
+                    if all(v in done for v in c.reads):
+                        done |= c.writes
+                        rest.remove(c)
+                        ok = True
+            if not rest:
+                best = cost
+    return best
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_cover_is_optimal_on_random_chains(seed):
+    """Random DAGs of 6 values, candidates = each op plus random convex windows: both solvers
+    find the brute-force optimum, and the chosen set runs in the order given."""
+    rng = random.Random(seed)
+    n = 6
+    preds = {i: [j for j in range(i) if rng.random() < 0.4] or ([i - 1] if i else []) for i in
+             range(n)}
+    cands = [Candidate(f"op{i}", frozenset(preds[i]), frozenset([i]), rng.uniform(2, 4),
+                       frozenset([i])) for i in range(n)]
+    for k in range(8):
+        lo = rng.randrange(n)
+        hi = rng.randrange(lo, n)
+        ops = frozenset(range(lo, hi + 1))
+        reads = frozenset(j for i in ops for j in preds[i] if j not in ops)
+        writes = frozenset(i for i in ops if i == n - 1 or
+                           any(i in preds[u] for u in range(n) if u not in ops))
+        cands.append(Candidate(f"r{k}", reads, writes, rng.uniform(2, 6), ops))
+    outputs, needed = frozenset([n - 1]), frozenset(range(n))
+    best = _brute_force(cands, outputs, needed)
+    for solver in ("highs", "z3"):
+        cover = solve_cover(cands, outputs, needed=needed, solver=solver)
+        assert cover.cost == pytest.approx(best, abs=1e-4)
+        by_key = {c.key: c for c in cands}
+        done = set()
+        for k in cover.chosen:
+            assert by_key[k].reads <= done
+            done |= by_key[k].writes
+
+
+def test_cover_breaks_cycles_between_candidates():
+    """Two cheap candidates that each read what the other writes cannot both be chosen: the
+    relaxed program picks them, the cut removes that, the answer is orderable."""
+    cands = [Candidate("a", frozenset(["q"]), frozenset(["p", "out"]), 1.0),
+             Candidate("b", frozenset(["p"]), frozenset(["q"]), 1.0),
+             Candidate("q_alone", frozenset(), frozenset(["q"]), 5.0),
+             Candidate("slow", frozenset(), frozenset(["p", "out"]), 9.0)]
+    for solver in ("highs", "z3"):
+        cover = solve_cover(cands, frozenset(["out"]), solver=solver)
+        assert cover.chosen == ["q_alone", "a"] and cover.cost == 6.0
+    with pytest.raises(CoverError):
+        solve_cover(cands[:2], frozenset(["out"]))  # only the cycle: no cover at all
+
+
+# ---- superopt on whole programs -----------------------------------------------------------
+
+@pytest.mark.parametrize("comp", bank(seed=7), ids=lambda c: c.name)
+def test_composition_bank(comp):
+    """Chained patterns with random sizes: verified, equal to NumPy, no slower (predicted)
+    than the floor or than the pieces superoptimised alone, and the assembled graph verifies
+    against the whole program in one go."""
+    opt = mp.superopt(comp.program, workers=2, progress=False, database=False)
+    check_answer(opt, comp.reference, comp.inputs(3))
+    us = opt.estimated_time_us
+    assert us <= sum(p.floor_us for p in opt.parts) * (1 + 1e-9)
+    alone = sum(mp.superopt(piece, workers=2, progress=False, database=False).estimated_time_us
+                for piece in comp.pieces)
+    assert us <= alone * (1 + 1e-9), (us, alone)
+    assert opt.num_kernels < opt.naive_num_kernels
+    assert mp.verify(comp.program, opt.graph).equivalent
+
+
+def test_decoder_block_fuses_into_few_kernels_and_mixes_kernel_kinds():
+    comp = decoder_block(b=8, kv=256, d=256, heads=4, f=512)
+    opt = mp.superopt(comp.program, workers=2, progress=False, database=False)
+    check_answer(opt, comp.reference, comp.inputs(0))
+    assert opt.num_kernels <= 6 < opt.naive_num_kernels
+    part = opt.parts[0]
+    assert part.regions > 30 and part.searched < part.regions  # the cover needed only some
+    assert opt.estimated_time_us <= part.floor_us
+
+
+def test_mixed_answer_runs_in_the_emulator():
+    """A cover with a pre-defined kernel next to graph-defined ones: the CUDA of the assembled
+    graph, run in the CPU emulator, equals the interpreter."""
+    from mirage_py.codegen_cuda.emulator import EmulatedGraph
+    p = mp.Program("mixed")
+    x = p.input("x", (4, 64))
+    w = p.input("w", (64, 64))
+    h = mp.rms_norm(x) @ w
+    p.output(mp.transpose(h) @ x, name="y")  # the transpose stays a pre-defined kernel
+    opt = mp.superopt(p, workers=1, progress=False, database=False)
+    kinds = {type(op) for op in opt.graph.ops}
+    assert kinds == {GraphKernel, KernelOp}
+    xs = p.random_inputs(0)
+    want = opt.run_numpy(xs)
+    got = EmulatedGraph(opt.graph)(xs)
+    np.testing.assert_allclose(got["y"], want["y"], rtol=2e-2, atol=2e-2)
+
+
+def test_identical_layers_are_searched_once():
+    comp = decoder_block(b=1, kv=64, d=128, heads=2, f=128, layers=2)
+    opt = mp.superopt(comp.program, workers=2, progress=False, database=False)
+    check_answer(opt, comp.reference, comp.inputs(0))
+    part = opt.parts[0]
+    assert len(opt.parts) == 1  # the layers' nested exps no longer split the program
+    assert any(x.kind == "region" and x.result.uses > 1 for x in part.pieces)
+    assert "shared by" in opt.summary()
+
+
+def test_regions_come_back_from_the_database(tmp_path):
+    comp = layernorm_lora(None, b=2, d=128, n=128)
+    path = tmp_path / "r.sqlite"
+    first = mp.superopt(comp.program, workers=1, progress=False, database=path)
+    again = mp.superopt(comp.program, workers=1, progress=False, database=path)
+    assert again.graph.structural_hash() == first.graph.structural_hash()
+    assert again.parts[0].source == "database" and again.parts[0].stats.plans == 0
+    assert again.estimated_time_us == pytest.approx(first.estimated_time_us)
+
+
+def test_layernorm_linear_in_one_kernel_by_the_one_pass_form():
+    p = mp.Program("ln_linear")
+    x = p.input("X", (8, 512))
+    w = p.input("W", (512, 512))
+    m = mp.mean(x, axis=-1, keepdims=True)
+    c = x - m
+    p.output((c / mp.sqrt(mp.mean(c * c, axis=-1, keepdims=True) + 1e-5)) @ w, name="Y")
+    assert len(forms(p)) == 2
+    opt = mp.superopt(p, workers=2, progress=False, database=False)
+    assert opt.num_kernels == 1
+    rng = np.random.default_rng(0)
+    xs = {"X": 3.0 + rng.standard_normal((8, 512)), "W": rng.standard_normal((512, 512)) / 23}
+
+    def ref(i):  # independent float64: NumPy's own mean and variance
+        xx = i["X"]
+        return {"Y": (xx - xx.mean(-1, keepdims=True)) / np.sqrt(xx.var(-1, keepdims=True)
+                                                                 + 1e-5) @ i["W"]}
+    check_answer(opt, ref, xs)  # a mean of 3 against a deviation of 1: the one-pass form holds
+
+
+def test_forms_are_exact_and_leave_other_programs_alone():
+    p = mp.Program("p")
+    x = p.input("x", (4, 32))
+    w = p.input("w", (32, 16))
+    p.output(mp.rms_norm(x) @ w)
+    assert forms(p) == [p]  # nothing to centre: no second form
+    q = mp.Program("q")
+    x = q.input("x", (4, 32))
+    w = q.input("w", (32, 16))
+    q.output((x - mp.mean(x, axis=-1, keepdims=True)) @ w, name="a")
+    q.output(mp.sum(mp.square(x - 1.5), axis=-1, keepdims=True), name="b")
+    orig, one_pass = forms(q)
+    assert [t.name for t in one_pass.inputs] == ["x", "w"] and \
+        list(one_pass.output_tensors) == ["a", "b"]
+    xs = q.random_inputs(2)
+    for k, v in orig.evaluate(xs).items():
+        np.testing.assert_allclose(one_pass.evaluate(xs)[k], v, rtol=1e-10, atol=1e-10)
+    assert mp.verify(orig, mp.ugraph.naive_lowering(one_pass)).equivalent
+
+
+# ---- budgets, interrupts, options ------------------------------------------------------------
+
+def test_tiny_budget_answers_with_the_floor_quickly():
+    comp = mlp_block(None, b=4, d=128, f=256)
+    import time
+    t0 = time.perf_counter()
+    opt = mp.superopt(comp.program, workers=1, progress=False, database=False,
+                      time_budget_s=1e-3)
+    assert time.perf_counter() - t0 < 30  # floor (~1 s) and its verification, no search
+    part = opt.parts[0]
+    assert part.stats.timed_out and part.searched == 0
+    assert part.estimated_us <= part.floor_us < part.naive_estimated_us
+    check_answer(opt, comp.reference, comp.inputs(1))
+
+
+def test_interrupt_during_region_searches_keeps_the_best_cover(monkeypatch):
+    """Ctrl-C in the parent while worker processes search regions (raised where the parent
+    waits for them, once the first answer has arrived): what arrived is kept, the regions still
+    running leave the cover, the answer is verified and right."""
+    part_mod = sys.modules["mirage_py.superopt.part"]
+    received = []
+    real = part_mod._receive
+
+    def ctrl_c(q, timeout=0.2):
+        if received:
+            raise KeyboardInterrupt
+        got = real(q, 60.0)
+        received.append(got[0])
+        return got
+    monkeypatch.setattr(part_mod, "_receive", ctrl_c)
+    comp = mlp_block(None, b=4, d=128, f=256)
+    opt = mp.superopt(comp.program, workers=2, progress=False, database=False)
+    part = opt.parts[0]
+    assert len(received) == 1 and part.stats.interrupted and part.searched == 1
+    check_answer(opt, comp.reference, comp.inputs(2))
+    assert opt.estimated_time_us <= part.floor_us
+
+
+@pytest.mark.parametrize("kw", [{"time_budget_s": 0}, {"time_budget_s": -1},
+                                {"time_budget_s": "2"}, {"workers": 0}, {"workers": 1.5},
+                                {"max_kernels": 0}, {"tune_top": -1}, {"seed": -2},
+                                {"verify_tests": 0}, {"max_verify": True}])
+def test_bad_options_raise_typed_errors(kw):
+    p = mp.Program("p")
+    x = p.input("x", (4, 8))
+    p.output(x * 2.0)
+    with pytest.raises(OptionError, match=list(kw)[0]):
+        mp.superopt(p, progress=False, database=False, **kw)
+
+
+def test_program_without_outputs_and_missing_files_raise_mirage_errors(tmp_path):
+    p = mp.Program("empty")
+    p.input("x", (4, 8))
+    with pytest.raises(mp.ProgramError, match="no outputs"):
+        mp.superopt(p, progress=False, database=False)
+    with pytest.raises(mp.MirageError, match="cannot read"):
+        mp.load(str(tmp_path / "nowhere.json"))
