@@ -42,10 +42,12 @@ latency-bound, so the search's branch and bound would drop looped structures tha
   step* is its own kernel (a launch, reading the partials back, the adds), so it is charged
   exactly like any other kernel and shows in the total.
 * **flops**: tile matmuls on tensor cores, ``2 m n k`` per tile and iteration with m, n, k padded
-  to the MMA shape; elementwise, sum, accumulator and fused thread-graph operators on CUDA cores,
-  one flop per element per operator, charged in steps of ``T`` elements (a 64-element tile on 256
-  threads costs 256: idle threads are not free). An accumulator of a tile matmul is free: the MMA
-  accumulates in its registers.
+  to the MMA shape; elementwise, reduction, accumulator and fused thread-graph operators on CUDA
+  cores, the operator's ``cost`` per element (the op table: one for +, exp, max, ...; the
+  operations of its CUDA expression for composite rows such as silu 3, mish 7), charged in steps
+  of ``T`` elements (a 64-element tile on 256 threads costs 256: idle threads are not free). An
+  accumulator of a tile matmul is free: the MMA accumulates in its registers. A mask iterator
+  reads nothing: it costs two operations per element (compare, select).
 * **occupancy**: resident blocks per SM
   ``r = min(max_blocks_per_sm, max_threads_per_sm // T, regs_per_sm // (T * REGS_PER_THREAD),
   smem_per_sm // (S_s + smem_reserved_per_block))`` with ``S_s = S + (s - 1) * S_body``
@@ -97,9 +99,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .errors import MirageError
-from .lax.ops import DTYPES
+from .lax.ops import DTYPES, OPS
 from .targets import Target, get_target
-from .ugraph.graph import Accum, BlockOp, Fused, GraphKernel, InputIter, KernelGraph, KernelOp
+from .ugraph.graph import (Accum, BlockOp, Fused, GraphKernel, InputIter, KernelGraph, KernelOp,
+                           MaskIter)
 from .ugraph.validate import validate
 
 SECTOR = 32  # bytes: the unit in which L2 and DRAM move data
@@ -238,7 +241,8 @@ def _op_cost(op: KernelOp, tensors: dict, t: Target, inter: set[str]) -> KernelC
         out = op.output.shape
         tc = _mma_flops(out[-2], out[-1], a.shape[-1], _size(out[:-2]))
     else:
-        simt = float(sum(_size(tensors[n].shape) for n in op.inputs) or op.output.size)
+        per = OPS[op.op].cost if op.op in OPS else 1
+        simt = float(sum(_size(tensors[n].shape) for n in op.inputs) or op.output.size) * per
     mem, tcu, simu = 1e6 * nbytes / t.mem_bw, 1e6 * tc / t.tc_flops, 1e6 * simt / t.fp32_flops
     us = t.launch_us + max(mem, tcu, simu)
     return KernelCost(f"{op.op}->{op.output.name}", us, nbytes, tc, simt, t.sm_count, 0, 0, 1, 1,
@@ -287,9 +291,13 @@ def _graph_kernel_cost(op: GraphKernel, info, tensors: dict, t: Target, stages: 
                 mm_outs.add(n.out)
             else:
                 src_shapes = [shapes[x] for x in n.operands if isinstance(x, str)]
-                simt += _steps(max(_size(s) for s in src_shapes), T) * reps * B
+                per = OPS[n.op].cost if n.op in OPS else 1
+                simt += _steps(max(_size(s) for s in src_shapes), T) * per * reps * B
+        elif isinstance(n, MaskIter):
+            simt += _steps(_size(shapes[n.out]), T) * 2 * reps * B
         elif isinstance(n, Fused):
-            simt += _steps(_size(shapes[n.out]), T) * len(n.thread.ops) * reps * B
+            per = sum(OPS[t.op].cost for t in n.thread.ops)
+            simt += _steps(_size(shapes[n.out]), T) * per * reps * B
         elif isinstance(n, Accum) and n.input not in mm_outs:  # MMAs accumulate in place
             simt += _steps(_size(shapes[n.out]), T) * F * B
     if planned is not None:  # the layout planner's footprint, pipeline depth, register tiles

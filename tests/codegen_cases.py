@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import mirage_py as mp
 from mirage_py.ugraph import (Accum, BlockGraph, BlockOp, DTensor, Fused, GraphKernel, InputIter,
-                              KernelGraph, KernelOp, OutputSaver, ThreadGraph, ThreadOp, attrs_of)
+                              KernelGraph, KernelOp, MaskIter, OutputSaver, ThreadGraph, ThreadOp,
+                              attrs_of)
 
 R = -1
 
 
 def _thread(*ops: tuple, ninputs: int) -> ThreadGraph:
-    return ThreadGraph(ninputs, tuple(ThreadOp(o[0], o[1], tuple(o[2:])) for o in ops))
+    """Thread ops from tuples (out, op, operands...), a trailing dict giving attributes."""
+    return ThreadGraph(ninputs, tuple(
+        ThreadOp(o[0], o[1], tuple(x for x in o[2:] if not isinstance(x, dict)),
+                 attrs_of(*[x for x in o[2:] if isinstance(x, dict)])) for o in ops))
 
 
 def small_rmsnorm_matmul() -> KernelGraph:
@@ -93,6 +97,54 @@ def attention_row_sums_after_loop() -> KernelGraph:
                        (GraphKernel(("Q", "K", "V"), (DTensor("O", (h, rows, d)),), g),), ("O",))
 
 
+def causal_two_pass_attention() -> KernelGraph:
+    """Safe causal attention in two kernels, the form the search finds for a prefill: kernel 0
+    walks the keys and keeps the running row maximum of the masked scores (a block max per
+    chunk, a max accumulator over the loop; the mask tile computed from indices, split over the
+    grid and the loop); kernel 1 subtracts it before the exp. Also a min accumulator, a slice
+    and attributes in a thread graph (clamp, leaky_relu)."""
+    h, rows, d, seq, loop = 2, 16, 16, 32, 4
+    q = InputIter("q", 0, (0, 1, R))
+    k = InputIter("k", 1, (0, R, R), fmap=2)
+    mask = MaskIter("m", (seq, seq), 0, 0, (R, 0, R), fmap=1)
+    scores = [q, k, mask, BlockOp("s", "matmul", ("q", "k")),
+              Fused("sm", ("m", "s"), _thread(("y", "where", "in0", "in1", -1e4), ninputs=2))]
+    k0 = GraphKernel(("Q", "K"), (DTensor("Mx", (h, seq, 1), "float32"),
+                                  DTensor("Mn", (h, seq, 1), "float32")), BlockGraph(
+        (h, seq // rows, 1), 64, loop, (
+            *scores,
+            BlockOp("cm", "max", ("sm",), attrs_of(axes=(2,), keepdims=True)),
+            BlockOp("cn", "min", ("s",), attrs_of(axes=(2,), keepdims=True)),
+            Accum("mx", "cm", "max"),
+            Accum("mn", "cn", "min"),
+            OutputSaver("mx", 0, (0, 1, R)),
+            OutputSaver("mn", 1, (0, 1, R)),
+        )))
+    k1 = GraphKernel(("Q", "K", "V", "Mx", "Mn"), (DTensor("O", (h, seq, d)),), BlockGraph(
+        (h, seq // rows, 1), 64, loop, (
+            *scores,
+            InputIter("v", 2, (0, R, R), fmap=1),
+            InputIter("mx", 3, (0, 1, R)),
+            InputIter("mn", 4, (0, 1, R)),
+            Fused("e", ("sm", "mx"), _thread(("t", "sub", "in0", "in1"), ("y", "exp", "t"),
+                                             ninputs=2)),
+            BlockOp("o", "matmul", ("e", "v")),
+            BlockOp("l", "sum", ("e",), attrs_of(axes=(2,), keepdims=True)),
+            Accum("O", "o"),
+            Accum("L", "l"),
+            BlockOp("half", "slice", ("O",), attrs_of(axis=2, start=0, stop=d // 2)),
+            BlockOp("rest", "slice", ("O",), attrs_of(axis=2, start=d // 2, stop=d)),
+            BlockOp("cat", "concat", ("rest", "half"), attrs_of(axis=2)),
+            Fused("out", ("cat", "L", "mn"), _thread(
+                ("y", "div", "in0", "in1"), ("c", "clamp", "y", {"lo": -0.5, "hi": 0.5}),
+                ("z", "leaky_relu", "in2", {"negative_slope": 0.1}), ("w", "add", "c", "z"),
+                ninputs=3)),
+            OutputSaver("out", 0, (0, 1, R)),
+        )))
+    ins = (DTensor("Q", (h, seq, d)), DTensor("K", (h, d, seq)), DTensor("V", (h, seq, d)))
+    return KernelGraph("causal_two_pass", ins, (k0, k1), ("O",))
+
+
 def mixed_block_ops() -> KernelGraph:
     """Every other block operator and mapping: bf16 and fp32 tensors, concat, a batched matmul
     with a broadcast operand, sums without keepdims and over two axes, a scalar operand, a saved
@@ -141,6 +193,23 @@ def kernel_ops_program() -> mp.Program:
     p.output(mp.sqrt(mp.square(U) + 1.0), name="U")
     p.output(mp.sum(mp.silu(G), axis=(0, 2)), name="V")
     p.output(-mp.sum(X, axis=-1), name="N")
+    return p
+
+
+def new_ops_program() -> mp.Program:
+    """One of each operator of issue #16 as a pre-defined kernel (naive lowering): the new
+    element-wise functions with their attributes, maximum / minimum / where with a mask, max /
+    min reductions with and without keepdims, slices, concat and a cast."""
+    p = mp.Program("new_ops")
+    X = p.input("X", (4, 8), "float16")
+    Y = p.input("Y", (8,), "float32")
+    a = mp.sigmoid(X) + mp.tanh(X) * mp.abs(X) - mp.softplus(X) + mp.mish(X)
+    b = mp.gelu(X, approximate="tanh") + mp.leaky_relu(X, 0.2) + mp.clamp(X, -0.5, 0.5)
+    c = mp.log(X * X + 1.0) + X ** 3 + mp.pow(X * X + 1.0, -0.5) + mp.maximum(X, Y)
+    d = mp.where(mp.sliding_window_mask(4, 8, 3), mp.minimum(a, b), c)
+    e = mp.concat([d[:, 4:], mp.max(d, 1, keepdims=True), d[:, :3]], axis=1)
+    p.output(mp.cast(e, "float32") + mp.min(e, 0), name="Z")
+    p.output(mp.logsumexp(X, -1), name="L")
     return p
 
 

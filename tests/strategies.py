@@ -6,10 +6,16 @@ import mirage_py as mp
 
 SHAPES = [(3, 3), (3,), (2, 3, 3), (1, 3), (3, 1), (2, 1, 3)]
 UNARY = {"neg": lambda a: -a, "exp": mp.exp, "square": mp.square, "sqrt": mp.sqrt,
-         "silu": mp.silu, "gelu": mp.gelu, "relu": mp.relu}
+         "silu": mp.silu, "gelu": mp.gelu, "relu": mp.relu, "sigmoid": mp.sigmoid,
+         "tanh": mp.tanh, "mish": mp.mish, "clamp": lambda a: mp.clamp(a, -1.0, 2.0),
+         "leaky_relu": lambda a: mp.leaky_relu(a, 0.1), "pow": lambda a: a ** 3,
+         "cast": lambda a: mp.cast(a, "float32"), "softmax": mp.softmax,
+         "logsumexp": lambda a: mp.logsumexp(a, -1, keepdims=True),
+         "rotate": lambda a: mp.concat([-a[..., 2:], a[..., :2]], -1),
+         "causal": lambda a: mp.where(mp.causal_mask(*a.shape[-2:]), a, -9.0)}
 BINARY = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
-          "div": lambda a, b: a / b}
-KINDS = list(UNARY) + ["exp", "exp"] + list(BINARY) + ["matmul", "matmul", "sum", "mean",
+          "div": lambda a, b: a / b, "maximum": mp.maximum, "minimum": mp.minimum}
+KINDS = list(UNARY) + ["exp", "exp"] + list(BINARY) + ["matmul", "matmul", "sum", "mean", "max",
                                                        "rms_norm", "reshape", "transpose"]
 
 
@@ -35,18 +41,18 @@ def random_programs(draw):
                 t = BINARY[kind](*((a, b) if draw(st.booleans()) else (b, a)))
             elif kind == "matmul":
                 t = a @ draw(st.sampled_from(pool))
-            elif kind in ("sum", "mean"):
+            elif kind in ("sum", "mean", "max"):
                 axis = draw(st.none() | st.integers(-a.ndim, a.ndim - 1)) if a.ndim else None
-                t = (mp.sum if kind == "sum" else mp.mean)(a, axis=axis,
-                                                           keepdims=draw(st.booleans()))
+                t = {"sum": mp.sum, "mean": mp.mean, "max": mp.max}[kind](
+                    a, axis=axis, keepdims=draw(st.booleans()))
             elif kind == "rms_norm":
                 t = mp.rms_norm(a, eps=draw(st.sampled_from([1e-6, 0.5])))
             elif kind == "reshape":
                 t = mp.reshape(a, draw(st.sampled_from([(-1,), a.shape[::-1], (1,) + a.shape])))
             else:
                 t = mp.transpose(a, draw(st.permutations(range(a.ndim))))
-        except (mp.ShapeError, mp.DTypeError):
-            continue  # operands that do not fit: draw another operator
+        except (mp.ShapeError, mp.DTypeError, IndexError, TypeError):
+            continue  # operands that do not fit (a scalar has no rows to mask): draw another
         pool.append(t)
     candidates = pool[len(names):] or pool
     outs = draw(st.lists(st.sampled_from(candidates), min_size=1, max_size=3))

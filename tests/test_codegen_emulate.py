@@ -20,8 +20,9 @@ from mirage_py.ugraph import naive_lowering
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 
 SMALL = {g.name: g for g in [cc.small_rmsnorm_matmul(), cc.small_attention(),
-                             cc.attention_row_sums_after_loop(),
-                             cc.mixed_block_ops(), naive_lowering(cc.kernel_ops_program())] +
+                             cc.attention_row_sums_after_loop(), cc.causal_two_pass_attention(),
+                             cc.mixed_block_ops(), naive_lowering(cc.kernel_ops_program()),
+                             naive_lowering(cc.new_ops_program())] +
          [naive_lowering(cc.small_benchmark(n)) for n in NAMES]}
 ORDERS = ("forward", "reverse", 11)
 

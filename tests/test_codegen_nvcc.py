@@ -36,7 +36,9 @@ def _groups():
                                         prefix=f"{n}_naive_bs{bs}") for n in NAMES]
     g["small"] = [emit_cuda(cc.small_rmsnorm_matmul()), emit_cuda(cc.small_attention()),
                   emit_cuda(cc.attention_row_sums_after_loop()), emit_cuda(cc.mixed_block_ops()),
-                  emit_cuda(naive_lowering(cc.kernel_ops_program()))]
+                  emit_cuda(naive_lowering(cc.kernel_ops_program())),
+                  emit_cuda(cc.causal_two_pass_attention()),
+                  emit_cuda(naive_lowering(cc.new_ops_program()))]
     return g
 
 

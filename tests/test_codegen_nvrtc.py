@@ -23,7 +23,9 @@ def _group(group):
     if group == "small":
         return [emit_cuda(g) for g in (cc.small_rmsnorm_matmul(), cc.small_attention(),
                                        cc.mixed_block_ops(),
-                                       naive_lowering(cc.kernel_ops_program()))]
+                                       naive_lowering(cc.kernel_ops_program()),
+                                       cc.causal_two_pass_attention(),
+                                       naive_lowering(cc.new_ops_program()))]
     kind, bs = group.split("_bs")
     make = (lambda n: hand_built(n, int(bs))) if kind == "fused" else \
         (lambda n: naive_lowering(get_program(n, int(bs))))

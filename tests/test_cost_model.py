@@ -258,3 +258,24 @@ def test_register_tiles_cost_occupancy_under_the_planned_model():
     assert floats == 64  # scores (the probabilities replace them) and the output, 32 floats each
     assert default_model().kernel_costs(hand_built("gqa", 1), "h100")[0].blocks_per_sm == \
         occupancy(H100, 128, smem, estimated_registers(64))
+
+
+def test_operator_costs_and_masks():
+    """An element-wise operator is charged its op-table cost per element (mish is seven
+    operations, exp one); a mask iterator reads no memory, two operations per element."""
+    from mirage_py.ugraph import MaskIter
+
+    def ew(op):
+        return one_kernel("ew", [DTensor("X", (64, 256))], [DTensor("Y", (64, 256))], (64, 1, 1),
+                          1, [InputIter("x", 0, (0, R, R)), BlockOp("y", op, ("x",)),
+                              OutputSaver("y", 0, (0, R, R))], 256)
+
+    exp, mish = (kernel_costs(ew(op), "h100")[0] for op in ("exp", "mish"))
+    assert mish.simt_flops == 7 * exp.simt_flops and mish.bytes == exp.bytes
+    masked = one_kernel("m", [DTensor("X", (64, 256))], [DTensor("Y", (64, 256))], (64, 1, 1), 1,
+                        [InputIter("x", 0, (0, R, R)), MaskIter("m", (64, 256), 0, 0, (0, R, R)),
+                         BlockOp("y", "where", ("m", "x", -1.0)),
+                         OutputSaver("y", 0, (0, R, R))], 256)
+    c = kernel_costs(masked, "h100")[0]
+    assert c.bytes == exp.bytes  # the mask adds no traffic
+    assert c.simt_flops == exp.simt_flops * 3  # 2 per element for the mask, 1 for the where

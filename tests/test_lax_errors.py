@@ -349,3 +349,137 @@ def test_json_with_bad_dtype_or_duplicate_input(prog):
 def test_load_missing_file(tmp_path):
     with pytest.raises(FileNotFoundError):
         mp.Program.load(str(tmp_path / "nope.json"))
+
+
+# ---- the operators of issue #16 -------------------------------------------------------------
+
+def test_concat_errors(p):
+    A = p.input("A", (2, 3))
+    B = p.input("B", (4, 5))
+    H = p.input("H", (2, 3), "bfloat16")
+    with raises(mp.ShapeError, "concat", "(2, 3)", "(4, 5)", "differ outside axis 1"):
+        mp.concat([A, B], axis=1)
+    with raises(mp.ShapeError, "concat", "axis 2", "(2, 3)"):
+        mp.concat([A, A], axis=2)
+    with raises(mp.ShapeError, "concat", "(2, 3)", "(2,)", "rank"):
+        mp.concat([A, mp.sum(A, 1)], axis=0)
+    with raises(mp.DTypeError, "concat", "bfloat16", "float16"):
+        mp.concat([A, H], axis=0)
+    with raises(mp.ShapeError, "concat", "at least one"):
+        mp.concat([])
+    with raises(mp.ShapeError, "concat", "int"):
+        mp.concat(A.shape, 0)
+
+
+@pytest.mark.parametrize("args, needles", [
+    ((1, 2, 9), ("slice", "2:9", "axis 1", "(2, 6)")),
+    ((1, 3, 3), ("slice", "3:3", "(2, 6)")),
+    ((1, -1, 3), ("slice", "-1:3", "(2, 6)")),
+    ((2, 0, 1), ("slice", "axis 2", "(2, 6)")),
+    ((1, 0.5, 2), ("slice", "start", "(2, 6)")),
+])
+def test_slice_errors(p, args, needles):
+    A = p.input("A", (2, 6))
+    with raises(mp.ShapeError, *needles):
+        mp.slice(A, *args)
+
+
+def test_split_and_indexing_errors(p):
+    A = p.input("A", (2, 6))
+    with raises(mp.ShapeError, "split", "6 elements", "4 equal parts", "(2, 6)"):
+        mp.split(A, 4, axis=1)
+    with raises(mp.ShapeError, "split", "[2, 3]", "(2, 6)"):
+        mp.split(A, [2, 3], axis=1)
+    with raises(mp.ShapeError, "indexing", "step 2", "(2, 6)"):
+        A[:, ::2]
+    with raises(mp.ShapeError, "indexing", "index 2", "axis 0", "(2, 6)"):
+        A[2]
+    with raises(mp.ShapeError, "indexing", "3 indices", "(2, 6)"):
+        A[0, 1, 2]
+    with raises(mp.ShapeError, "indexing", "selects nothing", "(2, 6)"):
+        A[:, 4:2]
+
+
+def test_mask_and_where_errors(p):
+    S = p.input("S", (2, 4, 6))
+    with raises(mp.ShapeError, "where", "mask (4, 4)", "(2, 4, 6)"):
+        mp.where(mp.causal_mask(4, 4), S, 0.0)
+    with raises(mp.ShapeError, "where", "mask (6, 4)", "(2, 4, 6)"):
+        mp.where(mp.causal_mask(6, 4), S, 0.0)
+    with raises(mp.ShapeError, "where", "mask (1, 6)", "(2, 4, 6)", "cover the last two dims"):
+        mp.where(mp.causal_mask(1, 6), S, 0.0)
+    with raises(mp.ShapeError, "where", "condition must be a mask", "add", "(2, 4, 6)"):
+        mp.where(S + 1, S, 0.0)
+    with raises(mp.ShapeError, "where", "at least one", "(4, 6)"):
+        mp.where(mp.causal_mask(4, 6), 1.0, 0.0)
+    with raises(mp.ShapeError, "causal_mask", "rows", "0"):
+        mp.causal_mask(0, 4)
+    with raises(mp.ShapeError, "sliding_window_mask", "window", "(4, 4)"):
+        mp.sliding_window_mask(4, 4, 0)
+    with raises(mp.ShapeError, "causal_mask", "offset", "1.5"):
+        mp.causal_mask(4, 4, offset=1.5)
+    q = mp.Program("q")
+    with raises(mp.ProgramError, "constant", "mask"):
+        q.output(mp.causal_mask(2, 2))
+
+
+def test_elementwise_attribute_errors(p):
+    A = p.input("A", (2, 3))
+    with raises(mp.ShapeError, "clamp", "min 2", "max 1", "(2, 3)"):
+        mp.clamp(A, 2, 1)
+    with raises(mp.ShapeError, "clamp", "give min, max", "(2, 3)"):
+        mp.clamp(A)
+    with raises(mp.ShapeError, "clamp", "finite", "inf"):
+        mp.clamp(A, max=float("inf"))
+    with raises(mp.ShapeError, "leaky_relu", "negative_slope", "(2, 3)"):
+        mp.leaky_relu(A, "0.1")
+    with raises(mp.ShapeError, "pow", "exponent", "tensor", "(2, 3)"):
+        mp.pow(A, A)
+    with raises(mp.ShapeError, "pow", "exponent", "nan"):
+        A ** float("nan")
+    with raises(mp.ShapeError, "pow", "exponent", "tensor", "(2, 3)"):
+        2.0 ** A
+    with raises(mp.ShapeError, "gelu", "approximate", "'fast'", "(2, 3)"):
+        mp.gelu(A, approximate="fast")
+    with raises(mp.DTypeError, "cast", "float64", "(2, 3)"):
+        mp.cast(A, "float64")
+    with raises(mp.ShapeError, "maximum", "(2, 3)", "(4,)"):
+        mp.maximum(A, p.input("B", (4,)))
+
+
+def test_reduction_and_composite_errors(p):
+    A = p.input("A", (2, 6))
+    with raises(mp.ShapeError, "max", "axis 2", "(2, 6)"):
+        mp.max(A, 2)
+    with raises(mp.ShapeError, "min", "repeated axis", "(2, 6)"):
+        mp.min(A, (1, -1))
+    with raises(mp.ShapeError, "softmax", "axis 3", "(2, 6)"):
+        mp.softmax(A, 3)
+    with raises(mp.ShapeError, "logsumexp", "axis -3", "(2, 6)"):
+        mp.logsumexp(A, -3)
+    with raises(mp.ShapeError, "group_norm", "4 groups", "6 channels", "(2, 6)"):
+        mp.group_norm(A, 4)
+    with raises(mp.ShapeError, "group_norm", "weight", "(3,)", "(6,)", "(2, 6)"):
+        mp.group_norm(A, 2, p.input("W", (3,)))
+    with raises(mp.ShapeError, "batch_norm", "running_var", "(2,)", "(6,)", "(2, 6)"):
+        mp.batch_norm(A, p.input("M", (6,)), p.input("V", (2,)))
+    with raises(mp.ShapeError, "layer_norm", "normalized_ndim", "(2, 6)"):
+        mp.layer_norm(A, normalized_ndim=3)
+    with raises(mp.ShapeError, "layer_norm", "eps", "(2, 6)"):
+        mp.layer_norm(A, eps=-1.0)
+
+
+def test_rebuilding_new_operators_checks_attributes(prog):
+    doc = json.loads(prog.dumps())
+    doc["nodes"].append({"id": 99, "op": "clamp", "inputs": [0], "attrs": {"lo": {"f": "2.0"},
+                         "hi": {"f": "1.0"}}, "shape": [2, 3], "dtype": "float16"})
+    with raises(mp.SerializationError, "clamp", "min 2.0", "max 1.0"):
+        mp.Program.from_json(doc)
+    doc["nodes"][-1] = {"id": 99, "op": "pow", "inputs": [0], "attrs": {}, "shape": [2, 3],
+                        "dtype": "float16"}
+    with raises(mp.SerializationError, "pow", "missing attribute", "exponent"):
+        mp.Program.from_json(doc)
+    doc["nodes"][-1] = {"id": 99, "op": "mask", "inputs": [], "attrs": {"offset": 0,
+                        "window": 0}, "shape": [2, 3, 4], "dtype": "float16"}
+    with raises(mp.SerializationError, "mask", "(2, 3, 4)", "(rows, cols)"):
+        mp.Program.from_json(doc)

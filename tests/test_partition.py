@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 import mirage_py as mp
 from benchmarks.programs import NAMES, get_inputs, get_program
-from mirage_py.lax.ops import OPS
+from mirage_py.lax.ops import OPS, lax_class
 from mirage_py.lax.tensor import Tensor
 from strategies import random_programs
 
@@ -16,13 +16,17 @@ from strategies import random_programs
 
 
 def op_nodes(p):
-    return [t for t in p.nodes() if t.op not in ("input", "const")]
+    return [t for t in p.nodes() if OPS[t.op].category != "leaf"]  # not inputs, consts, masks
+
+
+def lax(t):
+    return lax_class(t.op, t.attrs) not in ("uf", "select")
 
 
 def compatible(part, uninterpreted):
-    """True when every operator of ``part`` may sit in a Lax (or Lax + UF) group."""
-    return all(OPS[t.op].is_lax or (uninterpreted and OPS[t.op].elementwise)
-               for t in op_nodes(part))
+    """True when every operator of ``part`` may sit in a Lax (or Lax + uninterpreted) group:
+    with ``uninterpreted`` every operator may (uninterpreted functions, max and min)."""
+    return all(lax(t) or uninterpreted for t in op_nodes(part))
 
 
 def group_graph(parts):
@@ -91,7 +95,7 @@ def check_structure(p, parts, uninterpreted):
         else:
             # a part outside the fragment is a single non-Lax operator
             ops = op_nodes(part)
-            assert len(ops) == 1 and not OPS[ops[0].op].is_lax
+            assert len(ops) == 1 and not lax(ops[0])
             assert not part.is_lax
         if not part.is_lax:
             assert part.uninterpreted_ops, f"{part.name} is non-Lax without a non-Lax operator"

@@ -319,3 +319,24 @@ def test_from_json_rejects_non_documents():
             KernelGraph.from_json(doc)
     with pytest.raises(SerializationError):
         loads(None)
+
+
+def test_new_nodes_roundtrip_and_old_thread_ops_keep_their_json():
+    """Mask iterators, max/min accumulators, slices, reshapes and thread-op attributes round
+    trip; a thread op without attributes is written as before (no "attrs" key), so graphs made
+    before attributes existed keep their JSON and structural hash."""
+    import codegen_cases as cc
+    g = cc.causal_two_pass_attention()
+    h = roundtrip(g)
+    x = cc.random_inputs(g, seed=1)
+    np.testing.assert_array_equal(run(g, x)["O"], run(h, x)["O"])
+    roundtrip(naive_lowering(cc.new_ops_program()))
+    doc = json.loads(g.dumps())
+    ops = [t for k in doc["ops"] for n in k["block"]["ops"] if n["node"] == "Fused"
+           for t in n["thread"]["ops"]]
+    assert any("attrs" in t for t in ops) and any("attrs" not in t for t in ops)
+    assert {n["node"] for k in doc["ops"] for n in k["block"]["ops"]} >= {"MaskIter", "Accum"}
+    fixtures = pytest.importorskip("benchmarks.fixtures")
+    assert '"attrs"' not in json.dumps([o for k in json.loads(
+        fixtures.hand_built("gqa", 1).dumps())["ops"] for o in k.get("block", {}).get("ops", [])
+        if o["node"] == "Fused"])

@@ -12,7 +12,7 @@ import pytest
 
 from mirage_py.errors import MirageError, ValidationError
 from mirage_py.ugraph import (Accum, BlockOp, DTensor, Fused, GraphKernel, InputIter, KernelGraph,
-                              KernelOp, OutputSaver, ThreadOp, attrs_of, validate)
+                              KernelOp, MaskIter, OutputSaver, ThreadOp, attrs_of, validate)
 from ugraph_cases import R, one_kernel, rms_matmul, split_k, thread, tiled_matmul
 
 MM, _ = tiled_matmul()     # ops: a, b, c = matmul, acc, save
@@ -78,7 +78,7 @@ CASES = [
     ("operator", node(MM, 2, BlockOp("c", "matmul", ("a", "b", "a"))), "block op matmul -> 'c'"),
     ("operator", node(MM, 2, BlockOp("c", "exp", ("a", "b"))), "block op exp -> 'c'"),
     ("operator", node(MM, 2, BlockOp("c", "mul", (2.0, 3.0))), "block op mul -> 'c'"),
-    ("operator", node(MM, 3, Accum("acc", "c", kind="max")), "accumulator max -> 'acc'"),
+    ("operator", node(MM, 3, Accum("acc", "c", kind="rescale")), "accumulator rescale -> 'acc'"),
     ("operator", node(RMS, 3, replace(SQ, thread=thread(("q", "matmul", "in0", "in0"),
                                                         ninputs=1))),
      "fused thread graph -> 'sq'"),
@@ -142,6 +142,37 @@ CASES = [
     # -- binding
     ("binding", node(MM, 0, InputIter("a", 2, (0, R, R), fmap=1)), "input iterator 'a'"),
     ("binding", node(MM, 4, OutputSaver("acc", 1, (0, 1, R))), "output saver 'acc'"),
+]
+
+# the operators and nodes of issue #16 (MM's tiles: a (32, 32) per iteration, b (32, 32))
+MASK = MaskIter("m", (64, 128), 0, 0, (0, R, R), fmap=1)
+CASES += [
+    ("operator", node(MM, 2, BlockOp("c", "leaky_relu", ("a",))), "block op leaky_relu -> 'c'"),
+    ("operator", node(MM, 2, BlockOp("c", "where", ("a", "b"))), "block op where -> 'c'"),
+    ("operator", node(RMS, 3, replace(SQ, thread=thread(("q", "leaky_relu", "in0"),
+                                                        ninputs=1))),
+     "thread op 'q'"),
+    ("operator", kernel(TWO, 2, op="pow", operands=("S",)), "kernel pow -> 'C'"),
+    ("shape", node(MM, 2, BlockOp("c", "slice", ("a",), attrs_of(axis=1, start=16, stop=48))),
+     "block op slice -> 'c'"),
+    ("shape", node(MM, 2, BlockOp("c", "reshape", ("a",), attrs_of(shape=(16, 48)))),
+     "block op reshape -> 'c'"),
+    ("shape", node(MM, 2, BlockOp("c", "max", ("a",), attrs_of(axes=(2,)))),
+     "block op max -> 'c'"),
+    ("shape", node(MM, 2, BlockOp("c", "concat", ("a", 1.0), attrs_of(axis=0))),
+     "block op concat -> 'c'"),
+    ("shape", node(MM, 0, [MASK, replace(MASK, out="a", shape=(64,))]), "mask iterator 'a'"),
+    ("shape", node(MM, 0, [MASK, replace(MASK, out="a", window=-1)]), "mask iterator 'a'"),
+    ("shape", kernel(TWO, 2, op="mask", operands=("S",), attrs=attrs_of(offset=0, window=0)),
+     "kernel mask -> 'C'"),
+    ("shape", kernel(TWO, 2, op="slice", operands=("S",),
+                     attrs=attrs_of(axis=1, start=0, stop=64)), "kernel slice -> 'C'"),
+    ("imap", node(MM, 0, [replace(MASK, imap=(2, R, R)), InputIter("a", 0, (0, R, R), fmap=1)]),
+     "mask iterator 'm'"),
+    ("tile-divides", node(MM, 0, [replace(MASK, shape=(63, 128)),
+                                  InputIter("a", 0, (0, R, R), fmap=1)]), "mask iterator 'm'"),
+    ("dtype", kernel(TWO, 2, op="cast", operands=("S",), attrs=attrs_of(dtype="bfloat16")),
+     "kernel cast -> 'C'"),
 ]
 
 

@@ -277,7 +277,7 @@ class SymBackend(Backend):
     def scalar(self, v):
         return sympy.Rational(v)
 
-    def elementwise(self, op, args):
+    def elementwise(self, op, args, attrs=None):
         if op in ("exp",) or OPS[op].lax == "uf":
             f = np.vectorize(lambda a: self.fresh.setdefault(
                 (op, sympy.simplify(a)), sympy.Symbol(f"{op}{len(self.fresh)}")), otypes=[object])

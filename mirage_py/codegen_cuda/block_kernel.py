@@ -20,10 +20,10 @@ from ..layout.schedule import ACCUMULATE, COMPUTE, INIT, LOAD, SAVE, Step
 from ..layout.tensors import DevicePlan
 from ..targets import Target
 from ..lax.ops import OPS
-from ..ugraph.graph import AXES, BlockOp, Fused, GraphKernel, InputIter, OutputSaver
+from ..ugraph.graph import AXES, BlockOp, Fused, GraphKernel, InputIter, MaskIter, OutputSaver
 from ..ugraph.printing import format_block
-from .cexpr import (CTYPES, Names, broadcast_coords, elementwise, flit, linear, prod,
-                    prune_unused, row_major, declare_coords)
+from .cexpr import (CTYPES, REDUCE_INIT, Names, broadcast_coords, declare_coords, elementwise,
+                    flit, linear, mask_value, prod, prune_unused, reduce_step, row_major)
 from .errors import CodegenError
 from .launch import KernelParam, LaunchSpec, TensorMapParam
 from ..layout.mma import tile_matmul, wgmma_operands
@@ -120,12 +120,14 @@ class BlockKernelEmitter:
                     "until the loop ends",
                     f"float {self.regs(n.out)}{self.reg_acc[n.out].dims} = {{}};"]
         if st.kind == INIT:
-            return [f"// {n.out} = accum.{n.kind}({n.input}): start at zero",
-                    *self.loop(prod(self.shape(n.out)), [f"{self.tile(n.out)}[i] = 0.0f;"])]
-        if st.kind == ACCUMULATE:
-            return [f"// {n.out} += {n.input}",
+            start = {"sum": "zero", "max": "-inf", "min": "+inf"}[n.kind]
+            return [f"// {n.out} = accum.{n.kind}({n.input}): start at {start}",
                     *self.loop(prod(self.shape(n.out)),
-                               [f"{self.tile(n.out)}[i] += {self.read(n.input, 'i')};"])]
+                               [f"{self.tile(n.out)}[i] = {REDUCE_INIT[n.kind]};"])]
+        if st.kind == ACCUMULATE:
+            step = reduce_step(n.kind, f"{self.tile(n.out)}[i]", self.read(n.input, "i"))
+            return [f"// {n.out} = {n.kind}({n.out}, {n.input})" if n.kind != "sum" else
+                    f"// {n.out} += {n.input}", *self.loop(prod(self.shape(n.out)), [step + ";"])]
         if st.kind == SAVE:
             return self.emit_save(st)
         assert st.kind == COMPUTE
@@ -133,15 +135,17 @@ class BlockKernelEmitter:
             return self.emit_elementwise(st)
         if n.op == "matmul":
             return self.emit_matmul(st)
-        if n.op == "sum":
-            return self.emit_sum(st)
-        if n.op == "concat":
+        if n.op in ("sum", "max", "min"):
+            return self.emit_reduce(st)
+        if n.op in ("concat", "slice", "reshape"):
             return self.emit_concat(st)
         raise NotImplementedError(f"block operator {n.op!r}")
 
     def emit_load(self, st: Step, iteration: str = "it", dst: str | None = None) -> list[str]:
         """The copy of an iterator's tile; ``iteration`` / ``dst``: which loop iteration's tile,
         and where it goes (the software pipeline prefetches into one of its buffers)."""
+        if isinstance(st.node, MaskIter):
+            return self.emit_mask(st, iteration)
         it: InputIter = st.node
         inp = self.gk.inputs[it.input]
         lay = self.device.layouts[inp]
@@ -223,7 +227,8 @@ class BlockKernelEmitter:
                 args = [env[o] if isinstance(o, str) else flit(o) for o in t.operands]
                 consts = tuple(None if isinstance(o, str) else o for o in t.operands)
                 env[t.out] = vals(t.out)
-                body.append(f"const float {env[t.out]} = {elementwise(t.op, args, consts)};")
+                body.append(f"const float {env[t.out]} = "
+                            f"{elementwise(t.op, args, consts, t.attrs)};")
             body += self._result(st, env[n.thread.ops[-1].out])
         else:
             text = f"{n.out} = {n.op}({', '.join(map(str, n.operands))})"
@@ -236,7 +241,7 @@ class BlockKernelEmitter:
                 else:
                     args.append(flit(o))
             consts = tuple(None if isinstance(o, str) else o for o in n.operands)
-            body += self._result(st, elementwise(n.op, args, consts))
+            body += self._result(st, elementwise(n.op, args, consts, n.attrs))
         if st.frag:
             reg = self.reg_acc.get(st.writes)
             keep = reg is not None and not reg.carried and not st.into
@@ -363,9 +368,32 @@ class BlockKernelEmitter:
                 f"  frags_to_smem<{self.tiling(tm)}, {mma.ng}, {acc}>({self.tile(st.writes)}, "
                 "w_acc);", "}"]
 
-    def emit_sum(self, st: Step) -> list[str]:
+    def emit_mask(self, st: Step, iteration: str = "it") -> list[str]:
+        """A mask iterator's tile: each element's 0/1 value from its row and column in the
+        mask (the tile's start: the block's part along grid-split dims, the iteration's along
+        the loop's)."""
+        mk: MaskIter = st.node
+        shape = self.shape(mk.out)
+        decls, cs = _declare("i", shape)
+        pos = []
+        for d in range(2):
+            terms = [cs[d]] if cs[d] != "0" else []
+            for a in range(3):
+                if mk.imap[a] == d and self.bg.grid[a] > 1:
+                    terms.append(f"{BLOCK_IDX[a]} * {mk.shape[d] // self.bg.grid[a]}")
+            if mk.fmap == d and self.F > 1:
+                terms.append(f"{iteration} * {shape[d]}")
+            pos.append(" + ".join(terms) or "0")
+        value = mask_value(pos[0], pos[1], mk.offset, mk.window)
+        head = (f"// {mk.out} = mask {tuple(mk.shape)} offset={mk.offset} window={mk.window}: "
+                "0/1 from indices")
+        return [head, *self.loop(prod(shape), [
+            *_const_ints(decls), f"store({self.tile(mk.out)} + {self.sw(mk.out, 'i')}, {value});"])]
+
+    def emit_reduce(self, st: Step) -> list[str]:
         n: BlockOp = st.node
         src = n.operands[0]
+        op = n.op
         if st.frag is not None:  # row sums of a register tile's fragments
             reg = self.reg_acc[st.frag]
             return [self._header(st, f"{n.out} = sum({src}) over its rows, from {src}'s "
@@ -384,40 +412,59 @@ class BlockKernelEmitter:
         off = linear(list(zip(kc, [strides[d] for d in kept])) +
                      list(zip(rc, [strides[d] for d in axes])))
         dst = f"{self.tile(st.writes)}[o] {'+=' if st.into else '='} acc;"
-        head = self._header(st, f"{n.out} = sum({src}) axes={axes} keepdims="
+        head = self._header(st, f"{n.out} = {op}({src}) axes={axes} keepdims="
                                 f"{bool(n.attr('keepdims', True))}")
+        what = {"sum": "sums", "max": "maxima", "min": "minima"}[op]
+        init = f"float acc = {REDUCE_INIT[op]};"
+
         def inner(start: str, step: str) -> list[str]:
             return [f"for (int r = {start}; r < {red}; r += {step}) {{",
                     *("  " + d for d in _const_ints(rdecls)),
-                    f"  acc += {self.read(src, off)};", "}"]
+                    f"  {reduce_step(op, 'acc', self.read(src, off))};", "}"]
         g = 1
         while g * 2 <= min(32, self.T // nout if nout else 1):
             g *= 2
         if g == 1:
-            body = [*_const_ints(kdecls), "float acc = 0.0f;",
-                    *inner("0", "1"), dst]
-            return [head + f": {nout} sums of {red} elements",
+            body = [*_const_ints(kdecls), init, *inner("0", "1"), dst]
+            return [head + f": {nout} {what} of {red} elements",
                     *self.loop(nout, body, var="o")]
         guard = self.T // g > nout
         red_loop = [*_const_ints(kdecls), *inner("lane", str(g))]
-        lines = [head + f": {nout} sums of {red} elements, {g} threads each", "{",
+        lines = [head + f": {nout} {what} of {red} elements, {g} threads each", "{",
                  f"  const int o = threadIdx.x / {g}, lane = threadIdx.x % {g};",
-                 "  float acc = 0.0f;"]
+                 f"  {init}"]
         if guard:
             lines += [f"  if (o < {nout}) {{", *("    " + s for s in red_loop), "  }"]
         else:
             lines += ["  " + s for s in red_loop]
         s = g // 2
         while s >= 1:
-            lines.append(f"  acc += __shfl_xor_sync(0xffffffffu, acc, {s});")
+            lines.append(f"  {reduce_step(op, 'acc', f'__shfl_xor_sync(0xffffffffu, acc, {s})')};")
             s //= 2
         cond = f"o < {nout} && lane == 0" if guard else "lane == 0"
         lines += [f"  if ({cond}) {dst}", "}"]
         return lines
 
     def emit_concat(self, st: Step) -> list[str]:
+        """Concatenation (each element reads the operand that holds it), slices (a
+        concatenation of one operand, read from an offset) and reshapes (a copy)."""
         n: BlockOp = st.node
         out_shape = self.shape(n.out)
+        if n.op == "reshape":  # both tiles row-major: element i is element i
+            src = n.operands[0]
+            return [self._header(st, f"{n.out} = reshape({src}) {self.shape(src)} -> "
+                                     f"{out_shape}"),
+                    *self.loop(prod(out_shape), self._result(st, self.read(src, "i")))]
+        if n.op == "slice":
+            ax, start = n.attr("axis"), n.attr("start")
+            decls, cs = _declare("i", out_shape)
+            src = n.operands[0]
+            tcs = list(cs)
+            tcs[ax] = f"({cs[ax]} + {start})" if cs[ax] != "0" else str(start)
+            off = linear(list(zip(tcs, row_major(self.shape(src)))))
+            body = [*_const_ints(decls), *self._result(st, self.read(src, off))]
+            return [self._header(st, f"{n.out} = {src}[{start}:{n.attr('stop')}] along axis "
+                                     f"{ax}"), *self.loop(prod(out_shape), body)]
         ax = n.attr("axis", -1) % len(out_shape)
         decls, cs = _declare("i", out_shape)
         cax = cs[ax]

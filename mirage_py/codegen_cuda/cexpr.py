@@ -8,13 +8,13 @@ import re
 
 import numpy as np
 
-from ..lax.ops import OPS
+from ..lax.ops import EXACT_POW, OPS
 
 # storage type of each device dtype in the emitted code (see prelude.py)
 CTYPES = {"float16": "fp16_t", "bfloat16": "bf16_t", "float32": "float"}
 
-# element-wise operators as CUDA expressions of float operands ({0}, {1}); every operand is a
-# variable or a literal, so repeating one ({0} * {0}) costs nothing
+# element-wise operators as CUDA expressions of float operands ({0}, {1}, {2}); every operand is
+# a variable or a literal, so repeating one ({0} * {0}) costs nothing
 UNARY = {
     "neg": "-{0}",
     "square": "{0} * {0}",
@@ -23,8 +23,40 @@ UNARY = {
     "silu": "silu({0})",
     "gelu": "gelu({0})",
     "relu": "relu({0})",
+    "sigmoid": "sigmoid({0})",
+    "tanh": "tanhf({0})",
+    "log": "logf({0})",
+    "abs": "fabsf({0})",
+    "softplus": "softplus({0})",
+    "mish": "mish({0})",
 }
-BINARY = {"add": "{0} + {1}", "sub": "{0} - {1}", "mul": "{0} * {1}", "div": "fdiv({0}, {1})"}
+BINARY = {"add": "{0} + {1}", "sub": "{0} - {1}", "mul": "{0} * {1}", "div": "fdiv({0}, {1})",
+          "maximum": "maxf({0}, {1})", "minimum": "minf({0}, {1})"}
+TERNARY = {"where": "{0} != 0.0f ? {1} : {2}"}
+
+
+def _with_attrs(op: str, args: list[str], attrs: dict) -> str | None:
+    """Operators whose expression depends on their attributes."""
+    x = args[0]
+    if op == "gelu":
+        return f"gelu_tanh({x})" if attrs.get("approximate") == "tanh" else f"gelu({x})"
+    if op == "leaky_relu":
+        return f"leaky_relu({x}, {flit(attrs['negative_slope'])})"
+    if op == "clamp":
+        if "lo" in attrs:
+            x = f"maxf({x}, {flit(attrs['lo'])})"
+        return f"minf({x}, {flit(attrs['hi'])})" if "hi" in attrs else x
+    if op == "pow":
+        e = float(attrs["exponent"])
+        if not e.is_integer() or abs(e) > EXACT_POW:
+            return f"powf({x}, {flit(e)})"
+        k = abs(int(e))
+        p = {0: "1.0f", 1: x, 2: f"{x} * {x}", 3: f"{x} * {x} * {x}"}.get(k, f"powi({x}, {k})")
+        return p if e >= 0 else f"fdiv(1.0f, {p})"
+    if op == "cast":
+        return f"round_to<{CTYPES[attrs['dtype']]}>({x})"
+    return None
+
 
 _KEYWORDS = set("""alignas alignof asm auto bool break case catch char class const constexpr
 const_cast continue decltype default delete do double dynamic_cast else enum explicit export extern
@@ -34,18 +66,43 @@ static_cast struct switch template this throw true try typedef typeid typename u
 using virtual void volatile wchar_t while""".split())
 
 
-def elementwise(op: str, args: list[str], consts: tuple = ()) -> str:
+def elementwise(op: str, args: list[str], consts: tuple = (), attrs: dict | tuple = ()) -> str:
     """The CUDA expression of element-wise ``op`` applied to float expressions ``args``.
     ``consts`` holds the Python value of each argument that is a constant (None otherwise):
     division by a power of two becomes the (exactly equal) multiplication by its reciprocal,
-    which spares the IEEE division's slow-path call."""
+    which spares the IEEE division's slow-path call. ``attrs``: the operator's attributes."""
     spec = OPS[op]
     if op == "div" and len(consts) == 2 and consts[1] is not None and _pow2(consts[1]):
         return f"{args[0]} * {flit(1.0 / float(np.float32(consts[1])))}"
-    table = UNARY if spec.category == "unary" else BINARY
+    special = _with_attrs(op, args, dict(attrs))
+    if special is not None:
+        return special
+    table = {"unary": UNARY, "binary": BINARY, "ternary": TERNARY}.get(spec.category, {})
     if op not in table:
         raise KeyError(f"no CUDA expression for element-wise operator {op!r}")
     return table[op].format(*args)
+
+
+# reductions and loop accumulators: the starting value, and one step acc <- op(acc, x)
+REDUCE_INIT = {"sum": "0.0f", "max": "__int_as_float(0xff800000)",
+               "min": "__int_as_float(0x7f800000)"}
+
+
+def reduce_step(op: str, acc: str, x: str) -> str:
+    """The C statement folding ``x`` into ``acc`` for reduction ``op`` (sum, max, min)."""
+    if op == "sum":
+        return f"{acc} += {x}"
+    return f"{acc} = {'maxf' if op == 'max' else 'minf'}({acc}, {x})"
+
+
+def mask_value(row: str, col: str, offset: int, window: int) -> str:
+    """The 0/1 value of a position mask at (row, col) as a float expression (the rule of
+    :func:`mirage_py.lax.ops.mask_values`): 1 where ``d = col - row - offset <= 0`` and, with a
+    window, ``d > -window``."""
+    # signed: blockIdx is unsigned, and a negative difference must not wrap
+    d = f"static_cast<int>({col}) - static_cast<int>({row})" + (f" - ({offset})" if offset else "")
+    cond = f"{d} <= 0" + (f" && {d} > {-window}" if window else "")
+    return f"(({cond}) ? 1.0f : 0.0f)"
 
 
 def _pow2(v: float) -> bool:

@@ -3,9 +3,10 @@
 These are simple generated kernels, not library calls, so the exported extension depends on
 nothing but the CUDA runtime (no cuBLAS): element-wise operators with NumPy broadcasting and
 scalar operands (a grid-stride loop over output elements), matmul with batch broadcasting (16x16
-output tiles through shared memory, fp32 accumulation), sum over axes (one warp per output
-element), rms_norm over the last axis (one warp per row), reshape and transpose (copies). Every
-operand is read through its layout's strides, so padded intermediates need no special case.
+output tiles through shared memory, fp32 accumulation), sum / max / min over axes (one warp per
+output element), rms_norm over the last axis (one warp per row), reshape, transpose, slice and
+concat (copies), masks (0/1 values from indices). Every operand is read through its layout's
+strides, so padded intermediates need no special case.
 Values are computed in fp32 and rounded once, when stored.
 """
 
@@ -14,8 +15,8 @@ from __future__ import annotations
 from ..layout.tensors import DevicePlan, TensorLayout
 from ..lax.ops import OPS
 from ..ugraph.graph import KernelOp
-from .cexpr import (CTYPES, Names, broadcast_coords, elementwise, flit, linear, prod,
-                    prune_unused, declare_coords)
+from .cexpr import (CTYPES, REDUCE_INIT, Names, broadcast_coords, declare_coords, elementwise,
+                    flit, linear, mask_value, prod, prune_unused, reduce_step)
 from .errors import CodegenError
 from .launch import KernelParam, LaunchSpec
 from ..layout.mma import mma_config
@@ -74,7 +75,7 @@ class KernelOpEmitter:
 
     def expr(self, args: list[str]) -> str:
         consts = tuple(None if isinstance(o, str) else o for o in self.op.operands)
-        return elementwise(self.op.op, args, consts)
+        return elementwise(self.op.op, args, consts, self.op.attrs)
 
     def load(self, i: int, off: str) -> str:
         return f"to_float({self.arg[i]}[{off}])"
@@ -107,12 +108,14 @@ class KernelOpEmitter:
         o = self.op.op
         if o == "matmul":
             return self.emit_matmul_mma() if self.tensor_cores else self.emit_matmul()
-        if o == "sum":
-            return self.emit_sum()
+        if o in ("sum", "max", "min"):
+            return self.emit_reduce()
         if o == "rms_norm":
             return self.emit_rms_norm()
-        if o in ("reshape", "transpose"):
+        if o in ("reshape", "transpose", "slice", "concat"):
             return self.emit_copy()
+        if o == "mask":
+            return self.emit_mask()
         if OPS.get(o) is not None and OPS[o].elementwise:
             return self.emit_elementwise()
         raise NotImplementedError(f"kernel operator {o!r}")
@@ -147,17 +150,43 @@ class KernelOpEmitter:
                            "one thread per output element (grid-stride loop), fp32 arithmetic")
 
     def emit_copy(self) -> tuple[str, LaunchSpec]:
-        src, out = self.layout(0), self.out_layout
+        out = self.out_layout
         n = prod(out.shape)
-        itype = _index_type(src, out, n=n)
+        itype = _index_type(out, *(self.layout(i) for i in self.arg), n=n)
         loop, grid = self.grid_stride(n, itype)
         odecls, oc = _coords("i", out.shape, "c", itype)
-        if self.op.op == "reshape":
+        o = self.op
+        if o.op == "concat":
+            ax = o.attr("axis") % len(out.shape)
+            body, lo = [*odecls, "float v;"], 0
+            for j in self.arg:
+                lay = self.layout(j)
+                ic = list(oc)
+                ic[ax] = f"({oc[ax]} - {lo})" if lo else oc[ax]
+                hi = lo + lay.shape[ax]
+                cond = ("if" if j == 0 else "else if") + f" ({oc[ax]} < {hi}) " \
+                    if j < len(self.arg) - 1 else "else "
+                body.append(f"{cond if len(self.arg) > 1 else ''}v = "
+                            f"{self.load(j, _offset(lay, ic))};")
+                lo = hi
+            body.append(f"store({self.out.cname} + {_offset(out, oc)}, v);")
+            spec = self.spec(grid, (THREADS, 1, 1))
+            return self.finish(spec, [*loop, *("  " + b for b in body), "}"],
+                               f"concatenation along axis {ax}: each output element reads the "
+                               "operand that holds it")
+        src = self.layout(0)
+        if o.op == "reshape":
             # element i in row-major order is the same element in both shapes
             idecls, ic = _coords("i", src.shape, "s", itype)
             note = "copy in row-major element order"
+        elif o.op == "slice":
+            ax, start = o.attr("axis"), o.attr("start")
+            ic = list(oc)
+            ic[ax] = f"({oc[ax]} + {start})" if oc[ax] != "0" else str(start)
+            idecls = []
+            note = f"elements {start}:{o.attr('stop')} along axis {ax}"
         else:
-            perm = tuple(self.op.attr("perm"))
+            perm = tuple(o.attr("perm"))
             ic = ["0"] * len(perm)
             for d, p in enumerate(perm):
                 ic[p] = oc[d]
@@ -169,11 +198,25 @@ class KernelOpEmitter:
         spec = self.spec(grid, (THREADS, 1, 1))
         return self.finish(spec, [*loop, *("  " + b for b in body), "}"], note)
 
-    def _warp_reduce(self, var: str) -> list[str]:
-        return [f"for (int s = 16; s > 0; s >>= 1) {var} += __shfl_xor_sync(0xffffffffu, {var}, s);"]
+    def emit_mask(self) -> tuple[str, LaunchSpec]:
+        out = self.out_layout
+        n = prod(out.shape)
+        itype = _index_type(out, n=n)
+        loop, grid = self.grid_stride(n, itype)
+        odecls, oc = _coords("i", out.shape, "c", itype)
+        body = [*odecls, f"store({self.out.cname} + {_offset(out, oc)}, "
+                         f"{mask_value(oc[0], oc[1], self.op.attr('offset'), self.op.attr('window', 0))});"]
+        spec = self.spec(grid, (THREADS, 1, 1))
+        return self.finish(spec, [*loop, *("  " + b for b in body), "}"],
+                           "a 0/1 position mask computed from the element's row and column")
 
-    def emit_sum(self) -> tuple[str, LaunchSpec]:
+    def _warp_reduce(self, var: str, op: str = "sum") -> list[str]:
+        return [f"for (int s = 16; s > 0; s >>= 1) "
+                f"{reduce_step(op, var, f'__shfl_xor_sync(0xffffffffu, {var}, s)')};"]
+
+    def emit_reduce(self) -> tuple[str, LaunchSpec]:
         src, out = self.layout(0), self.out_layout
+        op = self.op.op
         axes = tuple(sorted(self.op.attr("axes", ())))
         kept = [d for d in range(len(src.shape)) if d not in axes]
         kshape = tuple(src.shape[d] for d in kept)
@@ -193,14 +236,15 @@ class KernelOpEmitter:
         body = [f"const {itype} o = blockIdx.x * {_lit(warps, itype)} + threadIdx.x / 32;",
                 "const int lane = threadIdx.x % 32;",
                 f"if (o >= {nout}) return;  // whole warps leave together",
-                *kdecls, "float acc = 0.0f;",
+                *kdecls, f"float acc = {REDUCE_INIT[op]};",
                 f"for ({itype} r = lane; r < {red}; r += 32) {{",
                 *("  " + d for d in rdecls),
-                f"  acc += {self.load(0, in_off)};", "}",
-                *self._warp_reduce("acc"),
+                f"  {reduce_step(op, 'acc', self.load(0, in_off))};", "}",
+                *self._warp_reduce("acc", op),
                 f"if (lane == 0) store({self.out.cname} + {_offset(out, out_cs)}, acc);"]
         spec = self.spec((max(1, -(-nout // warps)), 1, 1), (THREADS, 1, 1))
-        return self.finish(spec, body, f"one warp per output element: {nout} sums of {red}")
+        what = {"sum": "sums", "max": "maxima", "min": "minima"}[op]
+        return self.finish(spec, body, f"one warp per output element: {nout} {what} of {red}")
 
     def emit_rms_norm(self) -> tuple[str, LaunchSpec]:
         src, out = self.layout(0), self.out_layout

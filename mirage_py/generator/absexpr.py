@@ -8,7 +8,9 @@ themselves).
 Normal form (the canonical form we decide by, instead of asking a solver each time):
 
 * a **polynomial** is a set of monomials (numeric coefficients from repeated terms are dropped,
-  constants are atoms);
+  constants are atoms; a negation or subtraction multiplies by the constant atom -1 and
+  ``x + x`` is ``2 * x``, so that ``a - b`` and ``a + b``, ``x - x``, ``x + x`` and ``x``,
+  ``concat([-b, a])`` and ``concat([b, a])`` stay apart);
 * a **monomial** is ``(S, factors)``: ``S`` a sorted tuple of ``(label, size)``, one entry per
   *independent* sum the monomial sits under, labelled with the dimension label it sums over (see
   :mod:`labels`), and ``factors`` a sorted tuple of ``(atom, power)`` with non-zero integer
@@ -16,8 +18,12 @@ Normal form (the canonical form we decide by, instead of asking a solver each ti
   (sum(a, sum(b, x)) = sum(a*b, x): a sum over a split range equals the full sum); a product of
   sums keeps separate entries, so (sum x)^2 and sum(x^2) stay apart, and a sum over a label the
   target never sums over is told apart from the target's sums;
-* an **atom** is a variable, a constant (other than 1), ``exp(P)``, an uninterpreted function ``f(P)`` (sqrt, silu, ...), or
-  ``inv(P)`` for the reciprocal of a polynomial that is not a plain product.
+* an **atom** is a variable (an input, or a mask), a constant (other than 1), ``exp(P)``, an
+  uninterpreted function ``f(P)`` (sqrt, silu, ..., keyed by name and attributes; a binary one
+  such as ``maximum(a, b)`` takes ``a + b``), ``inv(P)`` for the reciprocal of a polynomial that
+  is not a plain product, a *selection* ``max[l:n](P)`` / ``min[l:n](P)`` over ``n`` elements of
+  dimension label ``l`` (nested selections of one kind over one label merge, like sums: the max
+  of chunk maxima is the max), or a *slice* ``P[l: a..b]`` of the dim labelled ``l``.
 
 The axioms behind it: + and * are associative and commutative; * distributes over +; sums of sums
 merge (sum(a, sum(b, x)) = sum(a*b, x)); sums distribute over + and commute with * and / by terms
@@ -36,7 +42,10 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Iterable
 
-# Atom: ("var", name) | ("exp", Poly) | ("uf", name, Poly) | ("inv", Poly)
+from ..lax.ops import EXACT_POW
+
+# Atom: ("var", name) | ("const", v) | ("exp", Poly) | ("uf", name, Poly) | ("inv", Poly)
+#       | ("sel", "max" | "min", ((label, n),), Poly) | ("slice", label, start, stop, Poly)
 # Mono: (S, ((atom, power), ...)) with factors sorted by atom
 # Poly: frozenset of Mono
 Atom = tuple
@@ -88,6 +97,10 @@ def _key(atom: Atom) -> str:
         return f"{atom[0]}:{atom[1]!r}"
     if atom[0] == "uf":
         return f"uf:{atom[1]}({canon(atom[2])})"
+    if atom[0] == "sel":
+        return f"sel:{atom[1]}[{atom[2][0][0]}:{atom[2][0][1]}]({canon(atom[3])})"
+    if atom[0] == "slice":
+        return f"slice:{atom[1]}:{atom[2]}:{atom[3]}({canon(atom[4])})"
     return f"{atom[0]}({canon(atom[1])})"
 
 
@@ -128,6 +141,37 @@ def uf(name: str, a: Poly) -> Poly:
     return frozenset({((), ((("uf", name, a), 1),))})
 
 
+def _atom(at: Atom) -> Poly:
+    return frozenset({((), ((at, 1),))})
+
+
+@lru_cache(maxsize=1 << 16)
+def selected(op: str, n: int, a: Poly, label: str = "_") -> Poly:
+    """max / min (``op``) over ``n`` elements of dimension label ``label``; a selection of the
+    same kind over the same label merges (the max of chunk maxima is the max)."""
+    if n == 1:
+        return a
+    label = _base(label)
+    if len(a) == 1:
+        (s, factors), = a
+        if not s and len(factors) == 1 and factors[0][1] == 1:
+            at = factors[0][0]
+            if at[0] == "sel" and at[1] == op and at[2][0][0] == label:
+                return _atom(("sel", op, ((label, at[2][0][1] * n),), at[3]))
+    return _atom(("sel", op, ((label, n),), a))
+
+
+@lru_cache(maxsize=1 << 16)
+def sliced(a: Poly, label: str, start: int, stop: int) -> Poly:
+    return _atom(("slice", _base(label), start, stop, a))
+
+
+def _uf_key(op: str, attrs: dict | None) -> str:
+    if not attrs:
+        return op
+    return op + "(" + ",".join(f"{k}={attrs[k]!r}" for k in sorted(attrs)) + ")"
+
+
 def _sum_mono(label: str, n: int, m: Mono) -> Mono:
     s = list(m[0])
     same = [i for i, (l, _) in enumerate(s) if l == label]
@@ -147,21 +191,37 @@ def summed(n: int, a: Poly, label: str = "_") -> Poly:
     return frozenset(_sum_mono(label, n, m) for m in a)
 
 
-def apply(op: str, args: list[Poly], reduce: tuple = ()) -> Poly:
+def apply(op: str, args: list[Poly], reduce: tuple = (), attrs: dict | None = None) -> Poly:
     """Abstract expression of operator ``op`` (the op-table names) on argument expressions;
-    ``reduce`` lists ``(label, size)`` of the contracted dim (matmul) or summed dims (sum)."""
-    if op in ("add", "sub"):
-        return add(args[0], args[1])
+    ``reduce`` lists ``(label, size)`` of the contracted dim (matmul) or reduced dims (sum, max,
+    min), or ``(label, start, stop)`` of a slice's dim; ``attrs``: the operator's attributes."""
+    if op == "add":  # x + x is 2x, not x (a value would shadow its double)
+        return mul(args[0], const(2.0)) if args[0] == args[1] else add(args[0], args[1])
+    if op == "sub":  # a - b apart from a + b (and x - x from x): b times the constant -1
+        return add(args[0], mul(args[1], const(-1.0)))
     if op == "mul":
         return mul(args[0], args[1])
     if op == "div":
         return div(args[0], args[1])
-    if op == "neg":
+    if op == "cast":
         return args[0]
+    if op == "neg":  # kept apart from x itself: concat([-b, a]) is not concat([b, a])
+        return mul(args[0], const(-1.0))
     if op == "square":
         return mul(args[0], args[0])
     if op == "exp":
         return exp(args[0])
+    if op == "where":  # b + m (a - b), coefficients dropped
+        m, a, b = args
+        return add(b, mul(m, add(a, b)))
+    if op == "pow":
+        e = float((attrs or {})["exponent"])
+        if e.is_integer() and abs(e) <= EXACT_POW:
+            out = ONE
+            for _ in range(abs(int(e))):
+                out = mul(out, args[0])
+            return div(ONE, out) if e < 0 else out
+        return uf(_uf_key(op, attrs), args[0])
     if op == "matmul":
         out = mul(args[0], args[1])
         for label, n in reduce:
@@ -172,12 +232,23 @@ def apply(op: str, args: list[Poly], reduce: tuple = ()) -> Poly:
         for label, n in reduce:
             out = summed(n, out, label)
         return out
+    if op in ("max", "min"):
+        out = args[0]
+        for label, n in reduce:
+            out = selected(op, n, out, label)
+        return out
+    if op == "slice":
+        (label, start, stop), = reduce
+        return sliced(args[0], label, start, stop)
     if op in ("reshape", "transpose", "concat"):
         out = args[0]
         for a in args[1:]:
             out = add(out, a)
         return out
-    return uf(op, args[0])  # sqrt, silu, gelu, relu, ... as uninterpreted functions
+    # sqrt, silu, gelu, relu, sigmoid, ..., maximum, minimum: uninterpreted functions of their
+    # arguments (a binary one of their sum)
+    arg = args[0] if len(args) == 1 else add(args[0], args[1])
+    return uf(_uf_key(op, attrs), arg)
 
 
 # ---- the oracle -----------------------------------------------------------------------------
@@ -189,7 +260,7 @@ def _atoms(p: Poly) -> Iterable[Atom]:
 
 
 def _has_args(at: Atom) -> bool:
-    return at[0] in ("exp", "uf", "inv")
+    return at[0] in ("exp", "uf", "inv", "sel", "slice")
 
 
 @lru_cache(maxsize=None)
@@ -214,10 +285,21 @@ def _part_of(m: Mono, big: Mono) -> bool:
             return False
     bp = dict(big[1])
     for at, p in m[1]:
-        q = bp.get(at, 0)
+        q = bp.get(at, 0) or (_sel_part(at, bp) if at[0] == "sel" else 0)
         if q == 0 or (p > 0) != (q > 0) or abs(p) > abs(q):
             return False
     return True
+
+
+def _sel_part(at: Atom, bp: dict) -> int:
+    """The power of a selection in ``bp`` that ``at`` is a part of: the same kind, label and
+    argument over a multiple of ``at``'s elements (a chunk's max is part of the row's max)."""
+    op, ((label, n),), arg = at[1], at[2], at[3]
+    for b, q in bp.items():
+        if b[0] == "sel" and b[1] == op and b[3] == arg and b[2][0][0] == label and \
+                b[2][0][1] % n == 0:
+            return q
+    return 0
 
 
 @lru_cache(maxsize=None)
@@ -277,27 +359,40 @@ def is_subexpression(e: Poly, target: Poly) -> bool:
     return Oracle([target])(e)
 
 
-def of_program(program, dims: dict | None = None) -> dict[str, Poly]:
-    """Abstract expression of every node of a program, keyed by node digest; ``dims`` gives the
-    label of each node dim (from :func:`labels.infer_labels`), unlabeled sums use "_"."""
-    if dims is None:
+def mask_var(t) -> Poly:
+    """A mask leaf's variable: one per distinct mask (shape, offset, window)."""
+    return var(f"mask{t.shape}:{t.attr('offset')}:{t.attr('window')}")
+
+
+def of_program(program, labels=None) -> dict[str, Poly]:
+    """Abstract expression of every node of a program, keyed by node digest; ``labels``
+    (:func:`labels.infer_labels`) names the dims: a reduction over a dim sums (or selects) over
+    each of its label components."""
+    if labels is None:
         from .labels import infer_labels
-        dims = infer_labels(program).node_dims
+        labels = infer_labels(program)
+    dims, comps = labels.node_dims, labels.node_components
     out: dict[str, Poly] = {}
     for t in program.nodes():
         if t.op == "input":
             out[t.digest] = var(t.name)
         elif t.op == "const":
             out[t.digest] = const(t.attr("value"))
+        elif t.op == "mask":
+            out[t.digest] = mask_var(t)
         else:
             red: tuple = ()
             if t.op == "matmul":
                 a = t.inputs[0]
-                red = ((dims[a.digest][-1] or "_", a.shape[-1]),)
-            elif t.op == "sum":
+                red = comps[a.digest][-1]
+            elif t.op in ("sum", "max", "min"):
                 a = t.inputs[0]
-                red = tuple((dims[a.digest][ax] or "_", a.shape[ax]) for ax in t.attr("axes"))
-            out[t.digest] = apply(t.op, [out[i.digest] for i in t.inputs], red)
+                red = tuple(c for ax in t.attr("axes") for c in comps[a.digest][ax])
+            elif t.op == "slice":
+                a = t.inputs[0]
+                red = ((dims[a.digest][t.attr("axis")] or "_", t.attr("start"), t.attr("stop")),)
+            attrs = {k: v for k, v in t.attrs}
+            out[t.digest] = apply(t.op, [out[i.digest] for i in t.inputs], red, attrs)
     return out
 
 
@@ -312,6 +407,10 @@ def to_text(p: Poly) -> str:
             return f"exp({to_text(at[1])})"
         if at[0] == "uf":
             return f"{at[1]}({to_text(at[2])})"
+        if at[0] == "sel":
+            return f"{at[1]}[{at[2][0][0]}:{at[2][0][1]}]({to_text(at[3])})"
+        if at[0] == "slice":
+            return f"({to_text(at[4])})[{at[1]}: {at[2]}..{at[3]}]"
         return f"1/({to_text(at[1])})"
 
     def mono(m: Mono) -> str:

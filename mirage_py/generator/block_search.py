@@ -3,10 +3,13 @@ graph-defined kernel can compute, and the kernels worth building from them.
 
 A plan assigns dimension labels (see :mod:`labels`) to grid axes with a part count each, and a
 label to the for-loop with an iteration count. Every available tensor gets an input iterator
-(imap/fmap follow the labels), and then block operators are added one at a time -- tile matmuls,
-sums over a tile dim, for-loop accumulators and elementwise templates taken from the target
-(fused thread graphs) -- each kept only if its abstract expression is a subexpression of the
-target's (the oracle), its labels line up, and it is new. A value is identified by (abstract
+(imap/fmap follow the labels; a mask of the program gets a mask iterator, its tile computed from
+indices), and then block operators are added one at a time -- tile matmuls, sums (and the max /
+min reductions the target uses; dropping the dim where the target does) over a tile dim,
+for-loop accumulators (sum; max / min of a
+value that is a maximum / minimum over the loop's label), and elementwise templates taken from
+the target (fused thread graphs) -- each kept only if its abstract expression is a
+subexpression of the target's (the oracle), its labels line up, and it is new. A value is identified by (abstract
 expression, dim labels, phase), so every distinct value is built once: the enumeration saturates
 instead of exploring orderings, and is cheap.
 
@@ -23,7 +26,7 @@ from dataclasses import dataclass, field
 
 from ..errors import MirageError
 from ..ugraph.graph import (Accum, BlockGraph, BlockOp, DTensor, Fused, GraphKernel, InputIter,
-                            OutputSaver, ThreadGraph, ThreadOp, attrs_of, tiles_read)
+                            MaskIter, OutputSaver, ThreadGraph, ThreadOp, attrs_of, tiles_read)
 from ..ugraph.validate import check_block
 from . import absexpr as ae
 
@@ -43,13 +46,15 @@ def _outer(d: Dim) -> str | None:
 
 @dataclass(frozen=True)
 class Avail:
-    """A device tensor available to later kernels."""
+    """A device tensor available to later kernels; ``mask`` (offset, window): a position mask
+    of the program instead, which iterators compute from indices (no tensor in memory)."""
 
     name: str
     shape: tuple[int, ...]
     dtype: str
     expr: ae.Poly
     dims: tuple[Dim, ...]
+    mask: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -73,7 +78,9 @@ class Val:
     expr: ae.Poly
     phase: str
     consumed: frozenset
-    node: tuple  # ("iter", i, imap, fmap) | ("op", name, operands, attrs) | ("fused", tpl, operands) | ("accum", a)
+    # ("iter", i, imap, fmap) | ("op", name, operands, attrs) | ("fused", tpl, operands)
+    # | ("accum", a, kind)
+    node: tuple
     cost: int = 0
 
     @property
@@ -103,7 +110,12 @@ class Context:
     target_shapes: dict
     target_dtypes: dict
     reduced: frozenset
-    drops_leading: bool = False  # the target has a sum over its leading dim without keepdims
+    # the reductions the target uses, as (operator, keepdims): sums keeping the dim always
+    reductions: tuple = (("sum", True),)
+    label_sizes: dict = field(default_factory=dict)  # label -> its full size
+    slices: dict = field(default_factory=dict)  # (label, start, stop) -> the slice's label
+    concats: dict = field(default_factory=dict)  # (part labels...) -> the result's label
+    reshapes: frozenset = frozenset()  # component label tuples the target splits / merges
     max_values: int = 400
     max_rounds: int = 10
     max_template_combos: int = 64
@@ -218,28 +230,32 @@ def _round(pool: list[Val], new_from: int, add, ctx: Context, F: int, loop: str)
                     ae.apply("matmul", [a.expr, b.expr], a.dims[-1]), ph,
                     a.consumed | b.consumed | {c[0] for c in a.dims[-1]},
                     ("op", "matmul", (a.vid, b.vid), ()), a.cost + b.cost + 1))
-    # sums over one tile dim (kept as a size-1 dim); where the target sums a leading dim away
-    # (the heads of a per-head projection), also the sum over the leading dim that drops it
+    # sums (and max / min) over one tile dim (kept as a size-1 dim)
     for i in range(new_from, n):
         a = cur[i]
         for j, d in enumerate(a.dims):
             if dim_size(d) == 1:
                 continue
-            for keep in (True, False) if j == 0 and ctx.drops_leading and len(a.dims) > 1 \
-                    else (True,):
+            for red, keep in ctx.reductions:
                 dims = a.dims[:j] + (((),) if keep else ()) + a.dims[j + 1:]
-                add(Val(len(pool), dims, ae.apply("sum", [a.expr], d), a.phase,
+                add(Val(len(pool), dims, ae.apply(red, [a.expr], d), a.phase,
                         a.consumed | {c[0] for c in d},
-                        ("op", "sum", (a.vid,), attrs_of(axes=(j,), keepdims=keep)),
-                        a.cost + 1))
-    # for-loop accumulators
+                        ("op", red, (a.vid,), attrs_of(axes=(j,), keepdims=keep)), a.cost + 1))
+    # the target's slices and concatenations, inside a tile that holds the whole dim
+    _slices_and_concats(cur, new_from, n, add, ctx, len(pool))
+    # for-loop accumulators: sums of anything; the max / min of a maximum / minimum over the
+    # loop's label (the running maximum of chunk maxima)
     if F > 1:
         for i in range(new_from, n):
             a = cur[i]
             if a.phase != "body":
                 continue
             add(Val(len(pool), a.dims, ae.summed(F, a.expr, loop), "epi", a.consumed | {loop},
-                    ("accum", a.vid), a.cost + 1))
+                    ("accum", a.vid, "sum"), a.cost + 1))
+            kind = _selection_over(a.expr, loop)
+            if kind is not None:
+                add(Val(len(pool), a.dims, ae.selected(kind, F, a.expr, loop), "epi",
+                        a.consumed | {loop}, ("accum", a.vid, kind), a.cost + 1))
     # elementwise templates from the target, as fused thread graphs
     for tp in ctx.templates:
         # leaves are filled by values with the same expression first, then by values that
@@ -275,6 +291,101 @@ def _round(pool: list[Val], new_from: int, add, ctx: Context, F: int, loop: str)
             add(Val(len(pool), dims, expr, ph, frozenset().union(*(v.consumed for v in combo)),
                     ("fused", tp, tuple(v.vid for v in combo)),
                     sum(v.cost for v in combo) + len(tp.thread.ops)))
+
+
+def _whole(d: Dim, ctx: Context) -> str | None:
+    """The label of a tile dim that holds its label's whole range, else None."""
+    if len(d) == 1 and ctx.label_sizes.get(d[0][0]) == d[0][1]:
+        return d[0][0]
+    return None
+
+
+def _slices_and_concats(cur: list[Val], new_from: int, n: int, add, ctx: Context,
+                        first_id: int) -> None:
+    """Slices of a whole tile dim the target slices (its ``(label, start, stop)``), and
+    concatenations of values whose dims are the parts the target concatenates, in its order."""
+    if not ctx.slices and not ctx.concats and not ctx.reshapes:
+        return
+    count = [first_id]
+
+    def new(dims, expr, phase, consumed, node, cost) -> None:
+        if add(Val(count[0], dims, expr, phase, consumed, node, cost)):
+            count[0] += 1
+
+    # reshapes: a dim made of the components the target splits it into becomes those dims, and
+    # consecutive dims the target merges become one (tiles are row-major: the data stays put)
+    for i in range(new_from, n):
+        a = cur[i]
+        for j, d in enumerate(a.dims):
+            if len(d) > 1 and tuple(lbl for lbl, _ in d) in ctx.reshapes:
+                dims = a.dims[:j] + tuple((c,) for c in d) + a.dims[j + 1:]
+                new(dims, a.expr, a.phase, a.consumed,
+                    ("op", "reshape", (a.vid,),
+                     attrs_of(shape=tuple(dim_size(x) for x in dims))), a.cost + 1)
+        for parts in ctx.reshapes:
+            k = len(parts)
+            for j in range(len(a.dims) - k + 1):
+                window = a.dims[j:j + k]
+                if all(len(d) == 1 for d in window) and \
+                        tuple(d[0][0] for d in window) == parts:
+                    dims = a.dims[:j] + (tuple(d[0] for d in window),) + a.dims[j + k:]
+                    new(dims, a.expr, a.phase, a.consumed,
+                        ("op", "reshape", (a.vid,),
+                         attrs_of(shape=tuple(dim_size(x) for x in dims))), a.cost + 1)
+
+    for i in range(new_from, n):
+        a = cur[i]
+        for j, d in enumerate(a.dims):
+            lbl = _whole(d, ctx)
+            for (sl, start, stop), out in ctx.slices.items():
+                if lbl is None or sl != lbl:
+                    continue
+                dims = a.dims[:j] + (((out, stop - start),),) + a.dims[j + 1:]
+                new(dims, ae.sliced(a.expr, lbl, start, stop), a.phase, a.consumed,
+                    ("op", "slice", (a.vid,), attrs_of(axis=j, start=start, stop=stop)),
+                    a.cost + 1)
+    fresh = {_whole(d, ctx) for v in cur[new_from:n] for d in v.dims} - {None}
+    for parts, out in ctx.concats.items():
+        if not fresh & set(parts):  # every combination needs a value new in this round
+            continue
+        # per part, the values with one dim that is that part whole: (value, axis)
+        cands = [[(v, j) for v in cur for j, d in enumerate(v.dims) if _whole(d, ctx) == p]
+                 for p in parts]
+        if any(not c for c in cands):
+            continue
+        for combo in itertools.product(*cands):
+            if all(v.vid < new_from for v, _ in combo):
+                continue
+            axes = {j for _, j in combo}
+            vals = [v for v, _ in combo]
+            ph = _phase(*(v.phase for v in vals))
+            if len(axes) != 1 or ph is None:
+                continue
+            j = axes.pop()
+            rest = {v.dims[:j] + v.dims[j + 1:] for v in vals}
+            if len(rest) != 1 or len({len(v.dims) for v in vals}) != 1:
+                continue
+            size = sum(dim_size(v.dims[j]) for v in vals)
+            expr = vals[0].expr
+            for v in vals[1:]:
+                expr = ae.add(expr, v.expr)
+            new(vals[0].dims[:j] + (((out, size),),) + vals[0].dims[j + 1:], expr, ph,
+                frozenset().union(*(v.consumed for v in vals)),
+                ("op", "concat", tuple(v.vid for v in vals), attrs_of(axis=j)),
+                sum(v.cost for v in vals) + 1)
+
+
+def _selection_over(e: ae.Poly, label: str | None) -> str | None:
+    """"max" / "min" when ``e`` is one selection of that kind over ``label``, else None."""
+    if label is None or len(e) != 1:
+        return None
+    (s, factors), = e
+    if s or len(factors) != 1 or factors[0][1] != 1:
+        return None
+    at = factors[0][0]
+    if at[0] == "sel" and at[2][0][0] == ae._base(label):
+        return at[1]
+    return None
 
 
 def _new_combos(cands: list[list[Val]], new_from: int):
@@ -336,7 +447,8 @@ def build_kernel(plan: Plan, avail: list[Avail], pool: list[Val], saves: list[tu
             continue
         need.add(k)
         stack.extend(by_id[k].operands)
-    used_inputs = sorted({by_id[k].node[1] for k in need if by_id[k].node[0] == "iter"})
+    used_inputs = sorted({by_id[k].node[1] for k in need if by_id[k].node[0] == "iter" and
+                          avail[by_id[k].node[1]].mask is None})
     remap = {old: new for new, old in enumerate(used_inputs)}
     F = plan.loop[1] if plan.loop[0] is not None else 1
     ops: list = []
@@ -346,14 +458,17 @@ def build_kernel(plan: Plan, avail: list[Avail], pool: list[Val], saves: list[tu
         nm = f"v{k}"
         name[k] = nm
         node = v.node
-        if node[0] == "iter":
+        if node[0] == "iter" and avail[node[1]].mask is not None:
+            a = avail[node[1]]
+            ops.append(MaskIter(nm, a.shape, a.mask[0], a.mask[1], node[2], node[3]))
+        elif node[0] == "iter":
             ops.append(InputIter(nm, remap[node[1]], node[2], node[3]))
         elif node[0] == "op":
             ops.append(BlockOp(nm, node[1], tuple(name[x] for x in node[2]), node[3]))
         elif node[0] == "fused":
             ops.append(Fused(nm, tuple(name[x] for x in node[2]), node[1].thread))
         else:
-            ops.append(Accum(nm, name[node[1]]))
+            ops.append(Accum(nm, name[node[1]], node[2]))
     outs: list[Avail] = []
     for j, (v, tname, dtype) in enumerate(saves):
         omap, dims = save_layout(v, plan)
@@ -414,12 +529,12 @@ def _inline(consumer: Fused, pos: int, producer: Fused) -> Fused:
     for t in producer.thread.ops:
         tops.append(ThreadOp("p_" + t.out, t.op, tuple(
             pmap[o] if isinstance(o, str) and o in pmap else ("p_" + o if isinstance(o, str) else o)
-            for o in t.operands)))
+            for o in t.operands), t.attrs))
     cmap[f"in{pos}"] = "p_" + producer.thread.ops[-1].out
     for t in consumer.thread.ops:
         tops.append(ThreadOp("c_" + t.out, t.op, tuple(
             cmap[o] if isinstance(o, str) and o in cmap else ("c_" + o if isinstance(o, str) else o)
-            for o in t.operands)))
+            for o in t.operands), t.attrs))
     return Fused(consumer.out, tuple(operands), ThreadGraph(len(operands), tuple(tops)))
 
 

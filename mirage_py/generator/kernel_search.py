@@ -180,7 +180,7 @@ class Searcher:
         self.target = target
         self.deadline = deadline
         self.labels = infer_labels(program)
-        exprs = ae.of_program(program, self.labels.node_dims)
+        exprs = ae.of_program(program, self.labels)
         outs = program.output_tensors
         self.outputs = set(outs)
         self.ctx = Context(
@@ -191,10 +191,19 @@ class Searcher:
             target_shapes={n: t.shape for n, t in outs.items()},
             target_dtypes={n: t.dtype for n, t in outs.items()},
             reduced=self.labels.reduced, deadline=deadline,
-            drops_leading=any(t.op == "sum" and 0 in t.attr("axes") and not t.attr("keepdims")
-                              and len(t.inputs[0].shape) > 1 for t in program.nodes()))
+            reductions=tuple(sorted({("sum", True)} | {
+                (t.op, bool(t.attr("keepdims"))) for t in program.nodes()
+                if t.op in ("sum", "max", "min") and (t.op != "sum" or not t.attr("keepdims"))})),
+            label_sizes=self.labels.sizes, slices=self.labels.slices,
+            concats=self.labels.concats, reshapes=self.labels.reshapes)
         self.avail0 = [Avail(t.name, t.shape, t.dtype, exprs[t.digest],
                              self.labels.inputs[t.name]) for t in program.inputs]
+        # masks: known data every kernel can compute from indices
+        masks = [t for t in program.nodes() if t.op == "mask"]
+        for k, t in enumerate(masks):
+            dims = self.labels.node_components[t.digest]
+            self.avail0.append(Avail(f"mask{k}", t.shape, t.dtype, exprs[t.digest], dims,
+                                     (t.attr("offset"), t.attr("window"))))
 
     def plans(self, avail: list[Avail]) -> list[Plan]:
         return plans_for(avail, self.labels.reduced | _split_labels(avail), self.labels.parallel,

@@ -2,8 +2,18 @@
 
 Walking the target program, every dim of every node gets a label; operators unify labels:
 matmul ties A's last dim to B's second-to-last (a *contracted* label) and batch dims to each other,
-elementwise operators tie broadcast-aligned dims of equal size, transpose permutes, sum drops the
-summed dims (their labels become *reduced*). Labels of the target outputs' dims are *parallel*.
+elementwise operators tie broadcast-aligned dims of equal size, transpose permutes, sum / max /
+min drop the reduced dims (their labels become *reduced*), a slice gives its dim a label of its
+own (recorded in ``slices``), and a concatenation gives its dim a fresh label and ties the
+others. Masks are leaves like inputs. Labels of the target outputs' dims are *parallel*.
+
+A reshape that splits one dim into several (group norm's (N, C) -> (N, G, C/G), a pooling's
+(N, C) -> (N, C/k, k)) or merges several into one makes the one dim's label a *compound* of the
+others, outer first; labels with the same components are the same label, and a label tied to a
+compound one takes its components (a congruence closure). A dim whose label is compound is
+written as its components: ``((lg, G), (lk, C/G))``, so grid and loop splits cut whole groups
+(the outer component) and the block search can reshape tiles the way the program does
+(``reshapes``). Reshapes that regroup several dims into several others get fresh labels.
 
 The search uses them to derive grid and loop choices from the algebra instead of from names: a
 grid axis or the for-loop is assigned a label and a part count, and each input iterator splits
@@ -50,6 +60,14 @@ class Labels:
     parallel: frozenset[str]
     reduced: frozenset[str]
     node_dims: dict  # node digest -> tuple of labels (None for size-1 dims)
+    # (label of the sliced dim, start, stop) -> label of the slice's dim
+    slices: dict = None  # type: ignore[assignment]
+    # (labels of the concatenated dims, in order) -> label of the result's dim
+    concats: dict = None  # type: ignore[assignment]
+    # node digest -> its dims as components ((label, size), ...), compound labels expanded
+    node_components: dict = None  # type: ignore[assignment]
+    # component label tuples the program splits a dim into or merges dims from
+    reshapes: frozenset = frozenset()
 
 
 def infer_labels(program) -> Labels:
@@ -69,8 +87,11 @@ def infer_labels(program) -> Labels:
         if a is not None and b is not None:
             uf.union(a, b)
 
+    slice_ids: list[tuple[int | None, int, int, int | None]] = []
+    concat_ids: list[tuple[tuple[int | None, ...], int | None]] = []
+    compound: dict[int, tuple[int, ...]] = {}  # label id -> component ids (outer first)
     for t in program.nodes():
-        if t.op in ("input", "const"):
+        if t.op in ("input", "const", "mask"):
             dims[t.digest] = [fresh(d) for d in t.shape]
             continue
         ins = [dims[i.digest] for i in t.inputs]
@@ -88,7 +109,7 @@ def infer_labels(program) -> Labels:
                 tie(la, lb)
                 batch.append(la if la is not None else lb)
             dims[t.digest] = batch + [a[-2], b[-1]]
-        elif t.op == "sum":
+        elif t.op in ("sum", "max", "min"):
             axes = t.attr("axes")
             for ax in axes:
                 if ins[0][ax] is not None:
@@ -100,7 +121,22 @@ def infer_labels(program) -> Labels:
         elif t.op == "transpose":
             dims[t.digest] = [ins[0][p] for p in t.attr("perm")]
         elif t.op == "reshape":
-            dims[t.digest] = [fresh(d) for d in t.shape]
+            dims[t.digest] = _reshape_labels(t.inputs[0].shape, ins[0], t.shape, fresh, tie,
+                                             compound)
+        elif t.op == "slice":
+            ax = t.attr("axis")
+            new = fresh(t.shape[ax])
+            slice_ids.append((ins[0][ax], t.attr("start"), t.attr("stop"), new))
+            dims[t.digest] = [new if j == ax else d for j, d in enumerate(ins[0])]
+        elif t.op == "concat":
+            ax = t.attr("axis")
+            for j in range(len(t.shape)):
+                if j != ax:
+                    for a in ins[1:]:
+                        tie(ins[0][j], a[j])
+            new = fresh(t.shape[ax])
+            concat_ids.append((tuple(a[ax] for a in ins), new))
+            dims[t.digest] = [new if j == ax else d for j, d in enumerate(ins[0])]
         else:  # elementwise, numpy broadcasting
             out: list[int | None] = []
             nd = len(t.shape)
@@ -116,6 +152,8 @@ def infer_labels(program) -> Labels:
                 out.append(cur)
             dims[t.digest] = out
 
+    comp = _close_compounds(uf, compound, sizes)
+
     names: dict[int, str] = {}
 
     def name(k: int | None) -> str | None:
@@ -126,13 +164,104 @@ def infer_labels(program) -> Labels:
             names[r] = f"l{len(names)}"
         return names[r]
 
+    def atoms(k: int) -> list[int]:
+        """The atomic labels a label is made of, outer first."""
+        parts = comp.get(uf.find(k))
+        return [uf.find(k)] if parts is None else [a for c in parts for a in atoms(c)]
+
+    def components(k: int | None, size: int) -> tuple:
+        if k is None:
+            return ()
+        return tuple((name(a), sizes[a]) for a in atoms(k))
+
     inputs = {}
     for t in program.inputs:
-        inputs[t.name] = tuple(((name(k), d),) if k is not None else ()
-                               for k, d in zip(dims[t.digest], t.shape))
-    outputs = {o.name: tuple(name(k) for k in dims[o.tensor.digest]) for o in program.outputs}
+        inputs[t.name] = tuple(components(k, d) for k, d in zip(dims[t.digest], t.shape))
+    # an output dim is named by its outer component (what a saved tile's dim shows first)
+    outputs = {o.name: tuple(name(atoms(k)[0]) if k is not None else None
+                             for k in dims[o.tensor.digest]) for o in program.outputs}
     label_sizes = {name(k): sizes[k] for k in sizes}
-    parallel = frozenset(x for o in outputs.values() for x in o if x is not None)
-    reduced = frozenset(name(k) for k in reduced_ids) - parallel
+    parallel = frozenset(name(a) for o in program.outputs for k in dims[o.tensor.digest]
+                         if k is not None for a in atoms(k))
+    reduced = frozenset(name(a) for k in reduced_ids for a in atoms(k)) - parallel
     node_dims = {d: tuple(name(k) for k in ks) for d, ks in dims.items()}
-    return Labels(inputs, outputs, label_sizes, parallel, reduced, node_dims)
+    node_components = {t.digest: tuple(components(k, n) for k, n in zip(dims[t.digest], t.shape))
+                       for t in program.nodes()}
+    slices = {(name(a), lo, hi): name(b) for a, lo, hi, b in slice_ids}
+    concats = {tuple(name(k) for k in parts): name(b) for parts, b in concat_ids}
+    reshapes = frozenset(tuple(name(a) for a in atoms(k)) for k in comp)
+    return Labels(inputs, outputs, label_sizes, parallel, reduced, node_dims, slices, concats,
+                  node_components, reshapes)
+
+
+def _groups(a: tuple[int, ...], b: tuple[int, ...]) -> list[tuple[list[int], list[int]]] | None:
+    """Consecutive runs of dims of ``a`` and ``b`` (size-1 dims left out) with equal products,
+    in order: how a row-major reshape regroups them; None if the sizes do not line up."""
+    ia = [i for i, d in enumerate(a) if d > 1]
+    ib = [i for i, d in enumerate(b) if d > 1]
+    out, i, j = [], 0, 0
+    while i < len(ia) and j < len(ib):
+        ga, gb = [ia[i]], [ib[j]]
+        pa, pb = a[ia[i]], b[ib[j]]
+        i, j = i + 1, j + 1
+        while pa != pb:
+            if pa < pb and i < len(ia):
+                ga.append(ia[i])
+                pa *= a[ia[i]]
+                i += 1
+            elif pb < pa and j < len(ib):
+                gb.append(ib[j])
+                pb *= b[ib[j]]
+                j += 1
+            else:
+                return None
+        out.append((ga, gb))
+    return out if i == len(ia) and j == len(ib) else None
+
+
+def _reshape_labels(shape_in, labels_in, shape_out, fresh, tie, compound) -> list:
+    """Labels of a reshape's output: dims kept tie to their input dim; a dim split into several
+    gets fresh labels of which the input's label is the compound; several merged into one get
+    a fresh compound label; any other regrouping fresh labels."""
+    out: list = [fresh(d) for d in shape_out]
+    groups = _groups(tuple(shape_in), tuple(shape_out))
+    if groups is None:
+        return out
+    for ga, gb in groups:
+        if len(ga) == 1 and len(gb) == 1:
+            out[gb[0]] = labels_in[ga[0]]
+        elif len(ga) == 1:
+            compound[labels_in[ga[0]]] = tuple(out[j] for j in gb)
+        elif len(gb) == 1:
+            compound[out[gb[0]]] = tuple(labels_in[i] for i in ga)
+    return out
+
+
+def _close_compounds(uf: _UnionFind, compound: dict[int, tuple[int, ...]],
+                     sizes: dict[int, int]) -> dict[int, tuple[int, ...]]:
+    """Compounds per union-find root, closed under congruence: labels in one class share one
+    factorisation (their components tied pairwise), and two classes with the same components
+    are one. A class with two factorisations that do not match keeps the first."""
+    while True:
+        by_root: dict[int, tuple[int, ...]] = {}
+        changed = False
+        for k, parts in compound.items():
+            r = uf.find(k)
+            mine = by_root.get(r)
+            if mine is None:
+                by_root[r] = parts
+            elif len(mine) == len(parts) and \
+                    all(sizes[a] == sizes[b] for a, b in zip(mine, parts)):
+                for a, b in zip(mine, parts):
+                    if uf.find(a) != uf.find(b):
+                        uf.union(a, b)
+                        changed = True
+        seen: dict[tuple[int, ...], int] = {}
+        for r, parts in by_root.items():
+            key = tuple(uf.find(a) for a in parts)
+            other = seen.setdefault(key, r)
+            if uf.find(other) != uf.find(r):
+                uf.union(other, r)
+                changed = True
+        if not changed:
+            return {uf.find(r): tuple(uf.find(a) for a in parts) for r, parts in by_root.items()}

@@ -52,7 +52,7 @@ class _Rewriter:
         hit = self.memo.get(t.digest)
         if hit is not None:
             return hit
-        if t.op in ("input", "const"):
+        if t.op in ("input", "const", "mask"):
             out = t
         elif t.op == "matmul":
             out = self._matmul(t)

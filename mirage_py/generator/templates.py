@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ..lax.ops import OPS
-from ..ugraph.graph import ThreadGraph, ThreadOp
+from ..ugraph.graph import ThreadGraph, ThreadOp, attrs_of
 from . import absexpr as ae
 
 
@@ -36,7 +36,7 @@ def _template_expr(thread: ThreadGraph, args: tuple) -> ae.Poly:
     env = {f"in{i}": a for i, a in enumerate(args)}
     for t in thread.ops:
         vals = [env[o] if isinstance(o, str) else ae.const(o) for o in t.operands]
-        env[t.out] = ae.apply(t.op, vals)
+        env[t.out] = ae.apply(t.op, vals, attrs=dict(t.attrs))
     return env[thread.ops[-1].out]
 
 
@@ -59,7 +59,7 @@ def _build(root, exprs, full: bool) -> Template:
             return names[t.digest]
         args = tuple(visit(i, False) for i in t.inputs)
         name = f"v{len(ops)}"
-        ops.append(ThreadOp(name, t.op, args))
+        ops.append(ThreadOp(name, t.op, args, attrs_of(t.attr_dict)))
         names[t.digest] = name
         return name
 

@@ -11,11 +11,15 @@ small *backend* object, so the same walk runs in floating point, in a finite fie
 ``store(x, dtype)``                round a value to what a device tensor of ``dtype`` holds
 ``tile(x)``                        round a block intermediate to the tile precision
 ``scalar(v)``                      a Python float constant
+``data(array)``                    known data given exactly (the 0/1 values of a mask)
 ``compute(op, args, attrs)``       any operator of the table (:mod:`mirage_py.lax.ops`) by name
-``elementwise(op, args)``          a unary / binary elementwise operator by name
+``elementwise(op, args, attrs)``   an elementwise operator by name (attributes: a clamp's bounds,
+                                   a pow's exponent, ...)
 ``matmul(a, b)``                   NumPy ``matmul`` semantics (batch dims broadcast)
 ``sum(x, axes, keepdims)``         sum over ``axes``
-``accumulate(acc, v)``             for-loop accumulator step (``acc`` is None on the first one)
+``reduce(op, x, axes, keepdims)``  any reduction of the table (sum, max, min)
+``accumulate(acc, v, kind)``       for-loop accumulator step (``acc`` is None on the first one;
+                                   ``kind`` "sum", "max" or "min")
 ``layout(x, fn)``                  apply a pure data-movement NumPy function (reshape, slice,
                                    transpose, broadcast) to a value
 ``combine(fn, xs)``                the same for a function of several values (stack, concat)
@@ -57,23 +61,32 @@ class Backend:
     def scalar(self, v: float) -> Any:
         raise NotImplementedError
 
+    def data(self, array: np.ndarray) -> Any:
+        raise NotImplementedError
+
     # -- arithmetic -----------------------------------------------------------------------------
     def compute(self, op: str, args: Sequence[Any], attrs: dict[str, Any]) -> Any:
         """Any operator of the table, dispatched on its category."""
         cat = _ops.OPS[op].category
         if cat == "matmul":
             return self.matmul(args[0], args[1])
-        if op == "sum":
-            return self.sum(args[0], tuple(attrs["axes"]), bool(attrs.get("keepdims", False)))
+        if cat == "reduce":
+            return self.reduce(op, args[0], tuple(attrs["axes"]), bool(attrs.get("keepdims",
+                                                                                  False)))
         if op == "reshape":
             shape = tuple(attrs["shape"])
             return self.layout(args[0], lambda a: a.reshape(shape))
         if op == "transpose":
             perm = tuple(attrs["perm"])
             return self.layout(args[0], lambda a: a.transpose(perm))
-        return self.elementwise(op, list(args))
+        if op == "slice":
+            key = (slice(None),) * int(attrs["axis"]) + (slice(attrs["start"], attrs["stop"]),)
+            return self.layout(args[0], lambda a: a[key])
+        if op == "concat":
+            return self.concat(list(args), int(attrs["axis"]))
+        return self.elementwise(op, list(args), attrs)
 
-    def elementwise(self, op: str, args: list[Any]) -> Any:
+    def elementwise(self, op: str, args: list[Any], attrs: dict[str, Any] | None = None) -> Any:
         raise NotImplementedError
 
     def matmul(self, a: Any, b: Any) -> Any:
@@ -82,8 +95,18 @@ class Backend:
     def sum(self, x: Any, axes: tuple[int, ...], keepdims: bool) -> Any:
         raise NotImplementedError
 
-    def accumulate(self, acc: Any, v: Any) -> Any:
-        return v if acc is None else self.elementwise("add", [acc, v])
+    def reduce(self, op: str, x: Any, axes: tuple[int, ...], keepdims: bool) -> Any:
+        if op == "sum":
+            return self.sum(x, axes, keepdims)
+        raise NotImplementedError(f"{type(self).__name__}: reduction {op!r}")
+
+    def accumulate(self, acc: Any, v: Any, kind: str = "sum") -> Any:
+        """One for-loop accumulator step: ``acc + v`` ("sum"), ``maximum(acc, v)`` ("max"),
+        ``minimum(acc, v)`` ("min")."""
+        if acc is None:
+            return v
+        return self.elementwise({"sum": "add", "max": "maximum", "min": "minimum"}[kind],
+                                [acc, v])
 
     # -- data movement --------------------------------------------------------------------------
     def layout(self, x: Any, fn: Callable[[np.ndarray], np.ndarray]) -> Any:
@@ -137,21 +160,40 @@ class NumpyBackend(Backend):
     def scalar(self, v: float) -> Any:
         return np.float32(v) if self.precision == "gpu" else float(v)
 
-    def compute(self, op: str, args: Sequence[Any], attrs: dict[str, Any]) -> Any:
+    def data(self, array: np.ndarray) -> np.ndarray:
+        return np.asarray(array, dtype=self.ft)
+
+    def _float(self, op: str, args: Sequence[Any], attrs: dict[str, Any]) -> Any:
+        if op == "cast" and self.precision == "gpu":
+            return _ops.storage_round(args[0], attrs["dtype"])
         return _ops.compute(op, list(args), attrs)
 
-    def elementwise(self, op: str, args: list[Any]) -> Any:
-        return _ops.compute(op, args, {})
+    def compute(self, op: str, args: Sequence[Any], attrs: dict[str, Any]) -> Any:
+        return self._float(op, args, attrs)
 
+    def elementwise(self, op: str, args: list[Any], attrs: dict[str, Any] | None = None) -> Any:
+        return self._float(op, args, attrs or {})
+
+    # inf and nan are values here (check_numerics reports where they first appear)
     def matmul(self, a: Any, b: Any) -> np.ndarray:
-        return np.matmul(a, b)
+        with np.errstate(over="ignore", invalid="ignore"):
+            return np.matmul(a, b)
 
     def sum(self, x: Any, axes: tuple[int, ...], keepdims: bool) -> np.ndarray:
-        return np.sum(x, axis=axes, keepdims=keepdims)
+        with np.errstate(over="ignore", invalid="ignore"):
+            return np.sum(x, axis=axes, keepdims=keepdims)
 
-    def accumulate(self, acc: Any, v: Any) -> np.ndarray:
+    def reduce(self, op: str, x: Any, axes: tuple[int, ...], keepdims: bool) -> np.ndarray:
+        return _ops.compute(op, [x], {"axes": axes, "keepdims": keepdims})
+
+    def accumulate(self, acc: Any, v: Any, kind: str = "sum") -> np.ndarray:
         v = np.asarray(v, dtype=self.ft)
-        return v.copy() if acc is None else acc + v
+        if acc is None:
+            return v.copy()
+        with np.errstate(over="ignore", invalid="ignore"):
+            if kind == "sum":
+                return acc + v
+            return (np.maximum if kind == "max" else np.minimum)(acc, v)
 
     def layout(self, x: Any, fn: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
         return fn(x)

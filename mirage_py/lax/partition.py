@@ -4,16 +4,17 @@ Grouping rule: every operator starts in a group of its own; two groups joined by
 merged while (a) both are Lax-compatible, (b) the graph of groups stays acyclic, so the parts can
 run one after another, and (c) no exp ends up nested under another exp inside one group.
 Merging repeats until nothing more can merge, so each Lax part is maximal in that sense.
-Constants are copied into every part that uses them. The parts come back in dependency order.
+Constants and masks are copied into every part that uses them. The parts come back in dependency order.
 
 ``split_nested_exp=False`` (what ``superopt`` uses) leaves out rule (c): a part is then only a
 scope for the region layer, which verifies every region on its own and never forms a region with
 a nested exp.
 
-``uninterpreted=True`` lets non-Lax elementwise operators (sqrt, silu, gelu, relu) join Lax groups:
-the verifier treats them as uninterpreted functions, which is what lets a search fuse, say,
-``rms_norm(X) @ W`` or ``silu(X@W1) * (X@W2)`` into one kernel. Such parts have ``is_lax`` False
-but ``verifiable`` True.
+``uninterpreted=True`` lets the non-Lax operators (sqrt, silu, gelu, relu, sigmoid, ..., and the
+max / min family) join Lax groups: the verifier treats them as uninterpreted functions (max and
+min as random functions of the multiset they select from), which is what lets a search fuse, say,
+``rms_norm(X) @ W``, ``silu(X@W1) * (X@W2)`` or a softmax with its max into one kernel. Such parts
+have ``is_lax`` False but ``verifiable`` True.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ class Partition(list):
 
 
 def _compatible(t: Tensor, uninterpreted: bool) -> bool:
-    return _ops.OPS[t.op].is_lax or (uninterpreted and _ops.OPS[t.op].elementwise)
+    return _ops.lax_class(t.op, t.attrs) not in ("uf", "select") or uninterpreted
 
 
 def partition(program: Program, *, uninterpreted: bool = False,
@@ -76,7 +77,7 @@ def partition(program: Program, *, uninterpreted: bool = False,
     """Split ``program`` into subprograms (see module docstring); evaluating them in order
     gives exactly ``program.evaluate``. ``split_nested_exp=False`` drops rule (c): the region
     layer verifies each region on its own, so a part may nest exps as long as no region does."""
-    nodes = [t for t in program.nodes() if t.op not in ("input", "const")]
+    nodes = [t for t in program.nodes() if _ops.OPS[t.op].category != "leaf"]
     pos = {t.digest: i for i, t in enumerate(nodes)}
     group = {t.digest: i for i, t in enumerate(nodes)}  # union-find-free: relabel on merge
     members: dict[int, list[Tensor]] = {i: [t] for i, t in enumerate(nodes)}
@@ -99,7 +100,7 @@ def partition(program: Program, *, uninterpreted: bool = False,
         below: dict[str, bool] = {}
         for t in sorted(ts, key=lambda t: pos[t.digest]):
             b = any((below[i.digest] or i.op == "exp") for i in t.inputs
-                    if i.digest in inside and _ops.OPS[i.op].lax != "uf")
+                    if i.digest in inside and not _ops.OPS[i.op].opaque)
             below[t.digest] = b
             if t.op == "exp" and b:
                 return True
@@ -167,7 +168,7 @@ def partition(program: Program, *, uninterpreted: bool = False,
             for i in t.inputs:
                 if i.digest in inside:
                     args.append(built[i.digest])
-                elif i.op == "const":
+                elif i.op in ("const", "mask"):  # known data: copied into every part
                     args.append(i)
                 else:
                     vn = value_name(i)

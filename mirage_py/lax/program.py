@@ -28,7 +28,8 @@ import numpy as np
 
 from ..errors import DTypeError, MirageError, ProgramError, SerializationError, ShapeError
 from . import ops as _ops
-from .tensor import Tensor, _fmt, _json_attr, apply, const, make_input, topo_order
+from .tensor import (Tensor, _fmt, _json_attr, apply, const, make_input, mask_from_attrs,
+                     topo_order)
 
 FORMAT = "mirage_py.program"
 FORMAT_VERSION = 1
@@ -76,8 +77,9 @@ class Program:
                     raise ProgramError(
                         f"Program {self.name!r}: output {name!r} uses input {node.name!r} "
                         f"{_fmt(node.shape)} {node.dtype}, which is not an input of this program")
-        if tensor.op == "const":
-            raise ProgramError(f"Program {self.name!r}: output {name!r} is a constant")
+        if tensor.op in ("const", "mask"):
+            raise ProgramError(f"Program {self.name!r}: output {name!r} is a constant "
+                               f"({tensor.op})")
         self._outputs[name] = tensor
 
     # -- views ----------------------------------------------------------------------------------
@@ -109,23 +111,26 @@ class Program:
 
     @property
     def verifiable(self) -> bool:
-        """True when the finite-field verifier can check this program: Lax operators plus
-        uninterpreted elementwise functions, and no exp nested in an exp."""
-        return not self.nested_exp() and all(
-            _ops.OPS[t.op].is_lax or _ops.OPS[t.op].elementwise for t in self.nodes())
+        """True when the finite-field verifier can check this program: every operator has field
+        semantics (Lax ones exactly, uninterpreted functions and max/min as random functions),
+        and no exp is nested in an exp."""
+        return not self.nested_exp()
 
     @property
     def uninterpreted_ops(self) -> set[str]:
-        """Non-Lax elementwise operators used (sqrt, silu, gelu, relu)."""
-        return {t.op for t in self.nodes() if _ops.OPS[t.op].lax == "uf"}
+        """Non-Lax operators used (sqrt, silu, ..., max, min: Lax classes ``uf`` and
+        ``select``)."""
+        return {t.op for t in self.nodes()
+                if _ops.lax_class(t.op, t.attrs) in ("uf", "select")}
 
     def nested_exp(self) -> list[Tensor]:
-        """exp nodes with another exp below them (not through an uninterpreted function)."""
+        """exp nodes with another exp below them (not through an opaque operator: an
+        uninterpreted function or a max/min, whose results the verifier draws fresh)."""
         under: dict[str, bool] = {}
         bad = []
         for t in self.nodes():
             below = any(under[i.digest] or i.op == "exp" for i in t.inputs
-                        if _ops.OPS[i.op].lax != "uf")
+                        if not _ops.OPS[i.op].opaque)
             under[t.digest] = below
             if t.op == "exp" and below:
                 bad.append(t)
@@ -172,6 +177,8 @@ class Program:
                 vals[t.digest] = arrays[t.name].astype(dtype, copy=False)
             elif t.op == "const":
                 vals[t.digest] = np.asarray(t.attr("value"), dtype=dtype)
+            elif t.op == "mask":
+                vals[t.digest] = _ops.mask_values(t.shape, **t.attr_dict).astype(dtype)
             else:
                 # np.asarray: a full reduction gives a NumPy scalar; keep every value an array
                 vals[t.digest] = np.asarray(_ops.compute(t.op, [vals[i.digest] for i in t.inputs],
@@ -199,6 +206,8 @@ class Program:
                 vals[t.digest] = backend.input(v, t.dtype)
             elif t.op == "const":
                 vals[t.digest] = backend.scalar(float(t.attr("value")))
+            elif t.op == "mask":
+                vals[t.digest] = backend.data(_ops.mask_values(t.shape, **t.attr_dict))
             else:
                 vals[t.digest] = backend.compute(t.op, [vals[i.digest] for i in t.inputs],
                                                  t.attr_dict)
@@ -255,6 +264,8 @@ class Program:
                     t = p.input(attrs["name"], tuple(nd["shape"]), nd["dtype"])
                 elif op == "const":
                     t = const(attrs["value"], nd["dtype"])
+                elif op == "mask":
+                    t = mask_from_attrs(nd["shape"], attrs)
                 elif op not in _ops.OPS:
                     raise SerializationError(f"unknown operator {op!r} in node {nd['id']!r}")
                 else:
@@ -312,9 +323,8 @@ class Program:
             if t.op == "input":
                 lines.append(f"  {t.name}: {_fmt(t.shape)} {t.dtype}")
             elif t.op != "const":
-                attrs = "".join(f", {k}={v}" for k, v in t.attrs)
-                lines.append(f"  {ref(t)} = {t.op}({', '.join(ref(i) for i in t.inputs)}{attrs})"
-                             f" : {_fmt(t.shape)} {t.dtype}")
+                args = [ref(i) for i in t.inputs] + [f"{k}={v}" for k, v in t.attrs]
+                lines.append(f"  {ref(t)} = {t.op}({', '.join(args)}) : {_fmt(t.shape)} {t.dtype}")
         for n, t in self._outputs.items():
             lines.append(f"  {n} = {ref(t)}")
         return "\n".join(lines)

@@ -13,15 +13,15 @@ message that names the operator and the shapes.
 
 from __future__ import annotations
 
-import math
-
+import builtins
 import hashlib
+import math
 import json
 import numbers
 from typing import Any, Iterable, Sequence
 
 from ..errors import DTypeError, ProgramError, ShapeError
-from .ops import DTYPES, OPS
+from .ops import DTYPES, EXACT_POW, OPS
 
 
 def _fmt(shape: Sequence[int]) -> str:
@@ -130,6 +130,19 @@ class Tensor:
     def __neg__(self) -> "Tensor":
         return _unary("neg", self)
 
+    def __pow__(self, exponent: Any) -> "Tensor":
+        return pow(self, exponent)
+
+    def __rpow__(self, base: Any) -> "Tensor":
+        raise ShapeError(f"pow: the exponent must be a constant number, got a tensor "
+                         f"{_fmt(self.shape)} (base {base!r})")
+
+    def __abs__(self) -> "Tensor":
+        return _unary("abs", self)
+
+    def __getitem__(self, key: Any) -> "Tensor":
+        return getitem(self, key)
+
     def __pos__(self) -> "Tensor":
         return self
 
@@ -196,10 +209,15 @@ def _check_tensor(x: Any, opname: str) -> Tensor:
     return x
 
 
+def _neutral(t: Tensor) -> bool:
+    # constants and masks hold values every dtype stores exactly: they take the other side's
+    return t.op in ("const", "mask")
+
+
 def _result_dtype(opname: str, a: Tensor, b: Tensor) -> str:
-    if a.op == "const":
+    if _neutral(a):
         return b.dtype
-    if b.op == "const" or a.dtype == b.dtype:
+    if _neutral(b) or a.dtype == b.dtype:
         return a.dtype
     if "float32" in (a.dtype, b.dtype):
         return "float32"
@@ -277,14 +295,192 @@ def silu(x: Tensor) -> Tensor:
     return _unary("silu", x)
 
 
-def gelu(x: Tensor) -> Tensor:
-    """Elementwise exact (erf) GELU (non-Lax)."""
-    return _unary("gelu", x)
+def gelu(x: Tensor, approximate: str = "none") -> Tensor:
+    """Elementwise GELU (non-Lax): exact (erf), or its tanh approximation with
+    ``approximate="tanh"`` (as ``torch.nn.functional.gelu``)."""
+    x = _check_tensor(x, "gelu")
+    if approximate not in ("none", "tanh"):
+        raise ShapeError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r} "
+                         f"(input {_fmt(x.shape)})")
+    return Tensor("gelu", (x,), {"approximate": "tanh"} if approximate == "tanh" else {}, x.shape,
+                  x.dtype)
 
 
 def relu(x: Tensor) -> Tensor:
     """Elementwise max(x, 0) (non-Lax)."""
     return _unary("relu", x)
+
+
+def sigmoid(x: Tensor) -> Tensor:
+    """Elementwise 1 / (1 + e^-x) (non-Lax)."""
+    return _unary("sigmoid", x)
+
+
+def tanh(x: Tensor) -> Tensor:
+    """Elementwise hyperbolic tangent (non-Lax)."""
+    return _unary("tanh", x)
+
+
+def log(x: Tensor) -> Tensor:
+    """Elementwise natural logarithm (non-Lax)."""
+    return _unary("log", x)
+
+
+def abs(x: Tensor) -> Tensor:  # noqa: A001
+    """Elementwise absolute value (non-Lax)."""
+    return _unary("abs", x)
+
+
+def softplus(x: Tensor) -> Tensor:
+    """Elementwise log(1 + e^x), computed without overflow (non-Lax)."""
+    return _unary("softplus", x)
+
+
+def mish(x: Tensor) -> Tensor:
+    """Elementwise x * tanh(softplus(x)) (non-Lax)."""
+    return _unary("mish", x)
+
+
+def _number(opname: str, name: str, v: Any, x: Tensor) -> float:
+    if not isinstance(v, numbers.Real) or isinstance(v, bool) or not math.isfinite(float(v)):
+        raise ShapeError(f"{opname}: {name} must be a finite number, got {v!r} "
+                         f"(input {_fmt(x.shape)})")
+    return float(v)
+
+
+def leaky_relu(x: Tensor, negative_slope: float = 0.01) -> Tensor:
+    """Elementwise x for x >= 0, ``negative_slope * x`` below (non-Lax)."""
+    x = _check_tensor(x, "leaky_relu")
+    slope = _number("leaky_relu", "negative_slope", negative_slope, x)
+    return Tensor("leaky_relu", (x,), {"negative_slope": slope}, x.shape, x.dtype)
+
+
+def clamp(x: Tensor, min: float | None = None, max: float | None = None) -> Tensor:  # noqa: A002
+    """Elementwise ``min(max(x, min), max)``; either bound may be None (non-Lax)."""
+    x = _check_tensor(x, "clamp")
+    attrs = {}
+    if min is not None:
+        attrs["lo"] = _number("clamp", "min", min, x)
+    if max is not None:
+        attrs["hi"] = _number("clamp", "max", max, x)
+    if not attrs:
+        raise ShapeError(f"clamp: give min, max or both (input {_fmt(x.shape)})")
+    if "lo" in attrs and "hi" in attrs and attrs["lo"] > attrs["hi"]:
+        raise ShapeError(f"clamp: min {min!r} is greater than max {max!r} (input "
+                         f"{_fmt(x.shape)})")
+    return Tensor("clamp", (x,), attrs, x.shape, x.dtype)
+
+
+def hardtanh(x: Tensor, min_val: float = -1.0, max_val: float = 1.0) -> Tensor:
+    """``clamp(x, min_val, max_val)`` (recorded as clamp)."""
+    return clamp(x, min_val, max_val)
+
+
+def pow(x: Tensor, exponent: float) -> Tensor:  # noqa: A001
+    """Elementwise ``x ** exponent`` for a constant exponent. Integer exponents up to
+    ``EXACT_POW`` in magnitude are Lax (products, or a division for negative ones); other
+    exponents are uninterpreted."""
+    x = _check_tensor(x, "pow")
+    if isinstance(exponent, Tensor):
+        raise ShapeError(f"pow: the exponent must be a constant number, got a tensor "
+                         f"{_fmt(exponent.shape)} (base {_fmt(x.shape)})")
+    e = _number("pow", "exponent", exponent, x)
+    if e == 1.0:
+        return x
+    return Tensor("pow", (x,), {"exponent": e}, x.shape, x.dtype)
+
+
+def cast(x: Tensor, dtype: str) -> Tensor:
+    """The same values stored as ``dtype`` (a rounding in GPU precision; the identity in the
+    float64 reference and for the verifier)."""
+    x = _check_tensor(x, "cast")
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise DTypeError(f"cast: dtype {dtype!r} is not supported (choose one of "
+                         f"{', '.join(DTYPES)}; input {_fmt(x.shape)} {x.dtype})")
+    if dtype == x.dtype:
+        return x
+    return Tensor("cast", (x,), {"dtype": dtype}, x.shape, dtype)
+
+
+def maximum(a: Any, b: Any) -> Tensor:
+    """Elementwise maximum with NumPy broadcasting (non-Lax: an order-based selection)."""
+    return _binary("maximum", a, b)
+
+
+def minimum(a: Any, b: Any) -> Tensor:
+    """Elementwise minimum with NumPy broadcasting (non-Lax: an order-based selection)."""
+    return _binary("minimum", a, b)
+
+
+# ---- masks ------------------------------------------------------------------------------------
+
+def _mask(opname: str, rows: Any, cols: Any, offset: Any, window: int) -> Tensor:
+    for name, v in (("rows", rows), ("cols", cols)):
+        if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v < 1:
+            raise ShapeError(f"{opname}: {name} must be a positive int, got {v!r}")
+    if offset is None:
+        offset = int(cols) - int(rows)
+    if not isinstance(offset, numbers.Integral) or isinstance(offset, bool):
+        raise ShapeError(f"{opname}: offset must be an int, got {offset!r} (mask "
+                         f"({rows}, {cols}))")
+    return Tensor("mask", (), {"offset": int(offset), "window": int(window)},
+                  (int(rows), int(cols)), "float16")
+
+
+def causal_mask(rows: int, cols: int, offset: int | None = None) -> Tensor:
+    """A (rows, cols) 0/1 mask: row i (a query) sees column j (a key) when
+    ``j <= i + offset``. ``offset`` defaults to ``cols - rows``: the queries are the last
+    ``rows`` positions of a sequence of ``cols`` (a prefill has rows == cols and offset 0).
+    Masks are known data: the verifier evaluates them exactly."""
+    return _mask("causal_mask", rows, cols, offset, 0)
+
+
+def sliding_window_mask(rows: int, cols: int, window: int, offset: int | None = None) -> Tensor:
+    """A causal mask that also hides keys more than ``window - 1`` positions back: row i sees
+    column j when ``i + offset - window < j <= i + offset``."""
+    if not isinstance(window, numbers.Integral) or isinstance(window, bool) or window < 1:
+        raise ShapeError(f"sliding_window_mask: window must be a positive int, got {window!r} "
+                         f"(mask ({rows}, {cols}))")
+    return _mask("sliding_window_mask", rows, cols, offset, int(window))
+
+
+def mask_from_attrs(shape: Sequence[int], attrs: dict[str, Any]) -> Tensor:
+    """Rebuild a mask leaf (deserialization)."""
+    shape = tuple(shape)
+    if len(shape) != 2:
+        raise ShapeError(f"mask: shape {shape!r} must be (rows, cols)")
+    window = attrs.get("window", 0)
+    if window:
+        return sliding_window_mask(shape[0], shape[1], window, attrs["offset"])
+    return causal_mask(shape[0], shape[1], attrs["offset"])
+
+
+def where(mask: Any, a: Any, b: Any) -> Tensor:
+    """``a`` where ``mask`` is 1, ``b`` where it is 0 (NumPy broadcasting of all three). The
+    mask must be a position mask (:func:`causal_mask`, :func:`sliding_window_mask`); ``a`` and
+    ``b`` may be Python numbers. Use a finite fill such as -1e9 to hide scores before a softmax
+    (the field verifier has no -inf), or multiply ``exp(s) * mask`` after the exp."""
+    if not isinstance(mask, Tensor) or mask.op != "mask":
+        what = f"a tensor made by {mask.op} {_fmt(mask.shape)}" if isinstance(mask, Tensor) \
+            else type(mask).__name__
+        raise ShapeError(f"where: the condition must be a mask (mp.causal_mask, "
+                         f"mp.sliding_window_mask), got {what}")
+    if not isinstance(a, Tensor) and not isinstance(b, Tensor):
+        raise ShapeError(f"where: at least one of the values must be a Tensor (mask "
+                         f"{_fmt(mask.shape)})")
+    like = a if isinstance(a, Tensor) else b
+    a = _as_tensor(a, like, "where")
+    b = _as_tensor(b, like, "where")
+    dtype = _result_dtype("where", a, b)
+    try:
+        shape = broadcast_shapes("where", mask.shape, a.shape, b.shape)
+    except ShapeError:
+        raise ShapeError(f"where: mask {_fmt(mask.shape)} and values {_fmt(a.shape)}, "
+                         f"{_fmt(b.shape)} do not broadcast") from None
+    if shape[-2:] != mask.shape:
+        raise ShapeError(f"where: mask {_fmt(mask.shape)} must cover the last two dims of the "
+                         f"values {_fmt(a.shape)}, {_fmt(b.shape)} (result {_fmt(shape)})")
+    return Tensor("where", (mask, a, b), {}, shape, dtype)
 
 
 def matmul(a: Any, b: Any) -> Tensor:
@@ -345,51 +541,41 @@ def normalize_axes(opname: str, shape: tuple[int, ...], axis: Any) -> tuple[int,
     return tuple(sorted(out))
 
 
+def _reduce_shape(shape: tuple[int, ...], axes: tuple[int, ...], keepdims: bool) -> tuple[int, ...]:
+    if keepdims:
+        return tuple(1 if i in axes else d for i, d in enumerate(shape))
+    return tuple(d for i, d in enumerate(shape) if i not in axes)
+
+
 def sum(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:  # noqa: A001
-    """Sum over ``axis`` (int, tuple or None for all), like ``numpy.sum``."""
+    """Sum over ``axis`` (int, tuple or None for all), like ``numpy.sum``. A sum over axes of
+    size 1 only is recorded as what it is, a reshape (or nothing)."""
     x = _check_tensor(x, "sum")
     axes = normalize_axes("sum", x.shape, axis)
-    if keepdims:
-        shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
-    else:
-        shape = tuple(d for i, d in enumerate(x.shape) if i not in axes)
-    if not shape:
-        shape = ()
+    shape = _reduce_shape(x.shape, axes, keepdims)
+    if axes and all(x.shape[a] == 1 for a in axes):
+        return reshape(x, shape)
     return Tensor("sum", (x,), {"axes": axes, "keepdims": bool(keepdims)}, shape, x.dtype)
 
 
-def mean(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:
-    """Mean over ``axis``: recorded as ``sum(x, axis) / n``."""
-    x = _check_tensor(x, "mean")
-    axes = normalize_axes("mean", x.shape, axis)
-    n = 1
-    for a in axes:
-        n *= x.shape[a]
-    return div(sum(x, axes, keepdims), float(n))
+def _select_reduce(op: str, x: Tensor, axis: Any, keepdims: bool) -> Tensor:
+    x = _check_tensor(x, op)
+    axes = normalize_axes(op, x.shape, axis)
+    shape = _reduce_shape(x.shape, axes, keepdims)
+    if x.size == 0 or all(x.shape[a] == 1 for a in axes):
+        return reshape(x, shape)  # the max of one element is that element
+    return Tensor(op, (x,), {"axes": axes, "keepdims": bool(keepdims)}, shape, x.dtype)
 
 
-def rms_norm(x: Tensor, weight: Tensor | None = None, eps: float = 1e-6) -> Tensor:
-    """RMS normalisation over the last axis: ``x / sqrt(mean(x**2, -1) + eps) * weight``.
+def amax(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:
+    """Maximum over ``axis``, like ``numpy.max`` (exported as ``mp.max``; non-Lax: the verifier
+    models it as a random function of the multiset of values, docs/verifier.md)."""
+    return _select_reduce("max", x, axis, keepdims)
 
-    Recorded decomposed into primitive operators (square, sum, div, add, sqrt, div, mul), so that
-    every later stage sees the algebra: the verifier treats only the ``sqrt`` as non-Lax and the
-    generator can fuse the sum of squares with a following matmul.
-    """
-    x = _check_tensor(x, "rms_norm")
-    if x.ndim == 0:
-        raise ShapeError(f"rms_norm: input must have at least one dim, got shape {_fmt(x.shape)}")
-    if weight is not None:
-        weight = _check_tensor(weight, "rms_norm")
-        if weight.shape != (x.shape[-1],):
-            raise ShapeError(f"rms_norm: weight shape {_fmt(weight.shape)} must be "
-                             f"({x.shape[-1]},) for input {_fmt(x.shape)}")
-    if not isinstance(eps, numbers.Real) or isinstance(eps, bool) or not float(eps) > 0 or \
-            float(eps) == float("inf"):
-        raise ShapeError(f"rms_norm: eps must be a positive finite number, got {eps!r} "
-                         f"(input {_fmt(x.shape)})")
-    r = sqrt(mean(square(x), axis=-1, keepdims=True) + float(eps))
-    y = x / r
-    return y * weight if weight is not None else y
+
+def amin(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:
+    """Minimum over ``axis``, like ``numpy.min`` (exported as ``mp.min``)."""
+    return _select_reduce("min", x, axis, keepdims)
 
 
 def reshape(x: Tensor, shape: Iterable[int]) -> Tensor:
@@ -438,33 +624,170 @@ def transpose(x: Tensor, axes: Sequence[int] | None = None) -> Tensor:
     return Tensor("transpose", (x,), {"perm": perm}, tuple(x.shape[p] for p in perm), x.dtype)
 
 
+def _axis(opname: str, shape: tuple[int, ...], axis: Any) -> int:
+    nd = len(shape)
+    if not isinstance(axis, numbers.Integral) or isinstance(axis, bool) or not -nd <= axis < nd:
+        raise ShapeError(f"{opname}: axis {axis!r} is out of range for shape {_fmt(shape)}")
+    return int(axis) % nd
+
+
+def slice_axis(x: Tensor, axis: int, start: int, stop: int) -> Tensor:
+    """Elements ``start:stop`` (step 1, no negative or out-of-range bounds) along ``axis``
+    (exported as ``mp.slice``; ``x[..., a:b]`` records the same)."""
+    x = _check_tensor(x, "slice")
+    ax = _axis("slice", x.shape, axis)
+    n = x.shape[ax]
+    for name, v in (("start", start), ("stop", stop)):
+        if not isinstance(v, numbers.Integral) or isinstance(v, bool):
+            raise ShapeError(f"slice: {name} must be an int, got {v!r} (shape {_fmt(x.shape)})")
+    if not 0 <= start < stop <= n:
+        raise ShapeError(f"slice: {start}:{stop} along axis {ax} is out of range for shape "
+                         f"{_fmt(x.shape)} (need 0 <= start < stop <= {n})")
+    if start == 0 and stop == n:
+        return x
+    shape = x.shape[:ax] + (int(stop) - int(start),) + x.shape[ax + 1:]
+    return Tensor("slice", (x,), {"axis": ax, "start": int(start), "stop": int(stop)}, shape,
+                  x.dtype)
+
+
+def split(x: Tensor, sections: Any, axis: int = -1) -> tuple[Tensor, ...]:
+    """``x`` cut along ``axis`` into ``sections`` equal parts (an int) or parts of the given
+    sizes (a sequence of ints), as slices."""
+    x = _check_tensor(x, "split")
+    ax = _axis("split", x.shape, axis)
+    n = x.shape[ax]
+    if isinstance(sections, numbers.Integral) and not isinstance(sections, bool):
+        if sections < 1 or n % sections:
+            raise ShapeError(f"split: {n} elements along axis {ax} of {_fmt(x.shape)} do not "
+                             f"split into {sections} equal parts")
+        sizes = [n // int(sections)] * int(sections)
+    else:
+        try:
+            sizes = [int(v) for v in sections]
+        except (TypeError, ValueError):
+            raise ShapeError(f"split: sections {sections!r} is neither an int nor a sequence of "
+                             f"ints (shape {_fmt(x.shape)})") from None
+        if any(v < 1 for v in sizes) or builtins.sum(sizes) != n:
+            raise ShapeError(f"split: sizes {sizes} do not add up to the {n} elements along "
+                             f"axis {ax} of {_fmt(x.shape)}")
+    out, lo = [], 0
+    for v in sizes:
+        out.append(slice_axis(x, ax, lo, lo + v))
+        lo += v
+    return tuple(out)
+
+
+def concat(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
+    """Join tensors of one rank and dtype along ``axis``; other dims must be equal."""
+    try:
+        ts = list(tensors)
+    except TypeError:
+        raise ShapeError(f"concat: expected a sequence of Tensors, got "
+                         f"{type(tensors).__name__}") from None
+    if not ts:
+        raise ShapeError("concat: needs at least one tensor")
+    ts = [_check_tensor(t, "concat") for t in ts]
+    shapes = ", ".join(_fmt(t.shape) for t in ts)
+    if len({t.ndim for t in ts}) != 1 or ts[0].ndim == 0:
+        raise ShapeError(f"concat: tensors {shapes} must have one rank of at least 1")
+    ax = _axis("concat", ts[0].shape, axis)
+    rest = {t.shape[:ax] + t.shape[ax + 1:] for t in ts}
+    if len(rest) != 1:
+        raise ShapeError(f"concat: tensors {shapes} differ outside axis {ax}")
+    dtypes = {t.dtype for t in ts}
+    if len(dtypes) != 1:
+        raise DTypeError(f"concat: tensors {shapes} have dtypes {sorted(dtypes)}; cast them to "
+                         "one")
+    if len(ts) == 1:
+        return ts[0]
+    n = builtins.sum(t.shape[ax] for t in ts)
+    shape = ts[0].shape[:ax] + (n,) + ts[0].shape[ax + 1:]
+    return Tensor("concat", tuple(ts), {"axis": ax}, shape, ts[0].dtype)
+
+
+def getitem(x: Tensor, key: Any) -> Tensor:
+    """``x[key]`` for basic indexing: ints, slices with step 1 and one Ellipsis, recorded as
+    slices (and a reshape that drops int-indexed dims)."""
+    keys = key if isinstance(key, tuple) else (key,)
+    if builtins.sum(k is Ellipsis for k in keys) > 1:
+        raise ShapeError(f"indexing: at most one Ellipsis (shape {_fmt(x.shape)})")
+    if Ellipsis in keys:
+        i = keys.index(Ellipsis)
+        keys = keys[:i] + (builtins.slice(None),) * (x.ndim - len(keys) + 1) + keys[i + 1:]
+    if len(keys) > x.ndim:
+        raise ShapeError(f"indexing: {len(keys)} indices for shape {_fmt(x.shape)}")
+    out, drop = x, []
+    for ax, k in enumerate(keys):
+        n = x.shape[ax]
+        if isinstance(k, numbers.Integral) and not isinstance(k, bool):
+            if not -n <= k < n:
+                raise ShapeError(f"indexing: index {k} is out of range for axis {ax} of "
+                                 f"{_fmt(x.shape)}")
+            k = int(k) % n
+            out = slice_axis(out, ax, k, k + 1)
+            drop.append(ax)
+        elif isinstance(k, builtins.slice):
+            if k.step not in (None, 1):
+                raise ShapeError(f"indexing: step {k.step} along axis {ax} of {_fmt(x.shape)}; "
+                                 "only step 1 is supported")
+            start, stop, _ = k.indices(n)
+            if start >= stop:
+                raise ShapeError(f"indexing: {k} selects nothing along axis {ax} of "
+                                 f"{_fmt(x.shape)}")
+            out = slice_axis(out, ax, start, stop)
+        else:
+            raise ShapeError(f"indexing: {k!r} is not an int or a slice (shape {_fmt(x.shape)})")
+    if drop:
+        out = reshape(out, tuple(d for i, d in enumerate(out.shape) if i not in drop))
+    return out
+
+
+# how apply() rebuilds each operator from operands and attributes: through the checking
+# operator functions, so a deserialized node passes the same checks as one built by hand
+_BUILD: dict[str, Any] = {
+    "matmul": lambda a, at: matmul(a[0], a[1]),
+    "sum": lambda a, at: sum(a[0], at["axes"], at["keepdims"]),
+    "max": lambda a, at: amax(a[0], at["axes"], at["keepdims"]),
+    "min": lambda a, at: amin(a[0], at["axes"], at["keepdims"]),
+    "reshape": lambda a, at: reshape(a[0], at["shape"]),
+    "transpose": lambda a, at: transpose(a[0], at["perm"]),
+    "slice": lambda a, at: slice_axis(a[0], at["axis"], at["start"], at["stop"]),
+    "concat": lambda a, at: concat(a, at["axis"]),
+    "gelu": lambda a, at: gelu(a[0], at.get("approximate", "none")),
+    "leaky_relu": lambda a, at: leaky_relu(a[0], at["negative_slope"]),
+    "clamp": lambda a, at: clamp(a[0], at.get("lo"), at.get("hi")),
+    "pow": lambda a, at: pow(a[0], at["exponent"]),
+    "cast": lambda a, at: cast(a[0], at["dtype"]),
+    "where": lambda a, at: where(a[0], a[1], a[2]),
+}
+
+
 def apply(op: str, args: Sequence[Tensor], attrs: dict[str, Any]) -> Tensor:
     """Apply core operator ``op`` (a name from the op table) to ``args`` with ``attrs``, checking
     shapes and dtypes like the operator functions do; used to rebuild deserialized programs."""
-    if op not in OPS or op in ("input", "const"):
+    spec = OPS.get(op)
+    if spec is None or spec.category == "leaf":
         raise ShapeError(f"{op}: not an operator that takes operands")
-    cat = OPS[op].category
-    arity = {"unary": 1, "binary": 2, "matmul": 2, "sum": 1, "reshape": 1, "transpose": 1}.get(
-        cat if cat in ("unary", "binary") else op)
-    if arity is None:
-        raise ShapeError(f"{op}: cannot be rebuilt from its attributes (category {cat})")
-    if len(args) != arity:
-        raise ShapeError(f"{op}: takes {arity} operand(s), got {len(args)}")
-    allowed = {"sum": {"axes", "keepdims"}, "reshape": {"shape"}, "transpose": {"perm"}}.get(op,
-                                                                                        set())
-    if set(attrs) - allowed:
-        raise ShapeError(f"{op}: unexpected attribute(s) {', '.join(sorted(set(attrs) - allowed))}")
-    if cat == "unary":
-        return _unary(op, args[0])
-    if cat == "binary":
-        return _binary(op, args[0], args[1])
-    if op == "matmul":
-        return matmul(args[0], args[1])
-    if op == "sum":
-        return sum(args[0], attrs["axes"], attrs["keepdims"])
-    if op == "reshape":
-        return reshape(args[0], attrs["shape"])
-    return transpose(args[0], attrs["perm"])
+    arity = spec.arity
+    if (arity is not None and len(args) != arity) or (arity is None and not args):
+        raise ShapeError(f"{op}: takes {arity if arity is not None else 'one or more'} "
+                         f"operand(s), got {len(args)}")
+    extra = set(attrs) - set(spec.attrs)
+    if extra:
+        raise ShapeError(f"{op}: unexpected attribute(s) {', '.join(sorted(extra))}")
+    missing = set(spec.attrs) - set(spec.optional) - set(attrs)
+    if missing:
+        raise ShapeError(f"{op}: missing attribute(s) {', '.join(sorted(missing))}")
+    build = _BUILD.get(op)
+    if build is not None:
+        t = build(list(args), dict(attrs))
+    elif spec.category == "unary":
+        t = _unary(op, args[0])
+    else:
+        t = _binary(op, args[0], args[1])
+    if t.op != op:  # the operator function simplified it (a one-element max, pow(x, 1), ...)
+        raise ShapeError(f"{op}: attributes {dict(attrs)} make it a no-op that is never recorded")
+    return t
 
 
 def topo_order(outputs: Iterable[Tensor]) -> list[Tensor]:

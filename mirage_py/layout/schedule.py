@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..lax.ops import DTYPES, OPS
-from ..ugraph.graph import (Accum, BlockGraph, BlockOp, Fused, InputIter, OutputSaver,
+from ..ugraph.graph import (Accum, BlockGraph, BlockOp, Fused, InputIter, MaskIter, OutputSaver,
                             tiles_read)
 from ..ugraph.validate import BlockInfo
 from .mma import register_accumulators, register_operand_pairs, register_tile
@@ -260,6 +260,9 @@ def schedule_block(bg: BlockGraph, info: BlockInfo, input_layouts: list[TensorLa
             acc = folded.get(node.out)
             vec = vector_width(input_layouts[node.input], info.shapes[node.out])
             raw.append((LOAD, seg, node, acc or node.out, (), vec, acc is not None))
+        elif isinstance(node, MaskIter):  # computed from indices, element i on thread i % T
+            seg = "body" if info.phases[node.out] == "body" else "pre"
+            raw.append((LOAD, seg, node, node.out, (), 1, False))
         elif isinstance(node, (BlockOp, Fused)):
             seg = {"inv": "pre", "body": "body", "epi": "post"}[info.phases[node.out]]
             acc = folded.get(node.out)

@@ -10,7 +10,7 @@ next matmul -- and that overlap is what joins them.
 
 *Search regions* are unions of up to ``max_anchors`` basic regions that are connected (they share
 an operator, an edge, or a value they both read, as the gate and up projections share X), made
-convex, and free of operators no graph-defined kernel computes (reshape, transpose). The whole
+convex, and free of operators no graph-defined kernel computes (transpose). The whole
 part is one more when it has at most ``whole_anchors`` anchors: that is the search the nine
 benchmarks always had.
 

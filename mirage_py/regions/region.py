@@ -32,8 +32,10 @@ def is_anchor(t: Tensor) -> bool:
 
 
 def is_barrier(t: Tensor) -> bool:
-    """Operators no graph-defined kernel computes (reshape, transpose): alone in a region."""
-    return _ops.OPS[t.op].category == "shape"
+    """Operators no graph-defined kernel computes (transpose): never inside a searched region,
+    left to a pre-defined kernel. Slices, concatenations and the reshapes the search can
+    express (splitting or merging dims) stay in."""
+    return t.op == "transpose"
 
 
 def is_elementwise(t: Tensor) -> bool:
@@ -45,7 +47,10 @@ class PartDag:
 
     def __init__(self, part: Program):
         self.part = part
-        self.nodes: list[Tensor] = [t for t in part.nodes() if t.op not in ("input", "const")]
+        # operators; masks are known data, computed wherever they are used (like constants)
+        self.nodes: list[Tensor] = [t for t in part.nodes()
+                                    if _ops.OPS[t.op].category != "leaf"]
+        self.masks: dict[str, Tensor] = {t.digest: t for t in part.nodes() if t.op == "mask"}
         self.by_digest: dict[str, Tensor] = {t.digest: t for t in self.nodes}
         self.pos: dict[str, int] = {t.digest: i for i, t in enumerate(self.nodes)}
         self.consumers: dict[str, list[str]] = {t.digest: [] for t in part.nodes()}
@@ -63,7 +68,7 @@ class PartDag:
                                   if x.digest in self.by_digest))
 
     def reads(self, d: str) -> list[Tensor]:
-        """The non-constant values ``d`` reads (part inputs and operator results)."""
+        """The non-constant values ``d`` reads (part inputs, masks and operator results)."""
         return list({x.digest: x for x in self.by_digest[d].inputs if x.op != "const"}.values())
 
     # -- closures ---------------------------------------------------------------------------
@@ -104,6 +109,8 @@ def _shape_digest(t: Tensor, inside: set[str], memo: dict[str, str]) -> str:
                 [_shape_digest(i, inside, memo) for i in t.inputs]]
     elif t.op == "const":
         body = ["const", float(t.attr("value")), t.dtype]
+    elif t.op == "mask":
+        body = ["mask", [list(a) if isinstance(a, tuple) else a for a in t.attrs], t.shape]
     else:
         body = ["in", t.shape, t.dtype]
     d = hashlib.sha256(json.dumps(body, separators=(",", ":"), default=str).encode()).hexdigest()
@@ -161,7 +168,7 @@ def extract(dag: PartDag, ops: frozenset, tags: frozenset = frozenset()) -> Regi
         stack = [dag.by_digest[d]]
         while stack:
             t = stack.pop()
-            if t.digest in seen or t.op == "const":
+            if t.digest in seen or t.op in ("const", "mask"):
                 continue
             seen.add(t.digest)
             if t.digest in inside:
@@ -173,7 +180,7 @@ def extract(dag: PartDag, ops: frozenset, tags: frozenset = frozenset()) -> Regi
     for i, t in enumerate(inputs):
         built[t.digest] = prog.input(f"r{i}", t.shape, t.dtype)
     for t in sorted((dag.by_digest[d] for d in ops), key=lambda t: dag.pos[t.digest]):
-        args = tuple(i if i.op == "const" else built[i.digest] for i in t.inputs)
+        args = tuple(i if i.op in ("const", "mask") else built[i.digest] for i in t.inputs)
         built[t.digest] = Tensor(t.op, args, t.attr_dict, t.shape, t.dtype)
     for j, d in enumerate(written):
         prog.output(built[d], f"y{j}")

@@ -122,7 +122,8 @@ def solve_part(part: Program, run: Run) -> PartResult:
     dag = PartDag(part)
     names = value_names(part)
     # 1. candidates: the naive operators
-    op_kernels = dict(zip((t.digest for t in dag.nodes), naive.ops))
+    lowered = [t for t in part.nodes() if t.op not in ("input", "const")]  # masks too
+    op_kernels = dict(zip((t.digest for t in lowered), naive.ops))
     tensors = naive.tensors()
     op_cost = {}
     for d, k in op_kernels.items():
@@ -130,13 +131,20 @@ def solve_part(part: Program, run: Run) -> PartResult:
                         (k.output.name,))
         op_cost[d] = model.predict(g, tgt)
     inner = set(dag.by_digest)
+    values = inner | set(dag.masks)  # what a pre-defined kernel may read from another
+
+    by_digest = {t.digest: t for t in lowered}
+
+    def op_inputs(d: str) -> list:
+        return [x for x in by_digest[d].inputs if x.op != "const"]
 
     def reads_of(ops: frozenset, inputs) -> frozenset:
         return frozenset(v for v in inputs if v in inner)
 
-    op_cands = [CoverCandidate(f"op:{dag.pos[d]}", frozenset(
-        x.digest for x in dag.reads(d) if x.digest in inner), frozenset([d]), op_cost[d],
-        frozenset([d])) for d in op_kernels]
+    op_cands = [CoverCandidate(f"op:{k}", frozenset(
+        x.digest for x in op_inputs(d) if x.digest in values), frozenset([d]), op_cost[d],
+        frozenset([d]) if d in inner else frozenset()) for k, d in enumerate(op_kernels)]
+    op_of = {f"op:{k}": d for k, d in enumerate(op_kernels)}
     # the regions: floor groups and search regions
     floor_sets = [g for g in floor_groups(dag) if len(g) > 1]
     search_sets = search_regions(dag)
@@ -237,7 +245,7 @@ def solve_part(part: Program, run: Run) -> PartResult:
     chosen_results: list[RegionResult] = []
     for k in cover.chosen:
         if k.startswith("op:"):
-            d = dag.nodes[int(k.split(":")[1])].digest
+            d = op_of[k]
             op = op_kernels[d]
             pieces.append(Piece("op", op_cost[d], 1, 1, None, f"{op.op} -> {op.output.name}"))
             parts_for_graph.append(("op", d, op))

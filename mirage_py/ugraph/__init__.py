@@ -1,12 +1,13 @@
 """μGraphs: the shared language of every stage (kernel, block and thread graphs)."""
 
 from .graph import (AXES, Accum, BlockGraph, BlockOp, DTensor, Fused, GraphKernel, InputIter,
-                    KernelGraph, KernelOp, OutputSaver, ThreadGraph, ThreadOp, attrs_of)
+                    KernelGraph, KernelOp, MaskIter, OutputSaver, ThreadGraph, ThreadOp, attrs_of)
 from .interp import run
 from .lower import naive_lowering
 from .serialize import canonicalize, loads
 from .validate import BlockInfo, validate
 
 __all__ = ["AXES", "Accum", "BlockGraph", "BlockOp", "DTensor", "Fused", "GraphKernel",
-           "InputIter", "KernelGraph", "KernelOp", "OutputSaver", "ThreadGraph", "ThreadOp",
-           "attrs_of", "run", "naive_lowering", "canonicalize", "loads", "BlockInfo", "validate"]
+           "InputIter", "KernelGraph", "KernelOp", "MaskIter", "OutputSaver", "ThreadGraph",
+           "ThreadOp", "attrs_of", "run", "naive_lowering", "canonicalize", "loads", "BlockInfo",
+           "validate"]

@@ -27,7 +27,8 @@ from typing import Any
 
 from ..errors import MirageError, ToolError, ToolNotFoundError
 from ..targets import get_target
-from .graph import (AXES, Accum, BlockGraph, BlockOp, Fused, GraphKernel, InputIter, KernelGraph,
+from .graph import (AXES, Accum, BlockGraph, BlockOp, Fused, GraphKernel, InputIter, MaskIter,
+                    KernelGraph,
                     KernelOp, OutputSaver)
 
 # what ``dot -T`` is asked to write, by file suffix; .dot/.gv are written without Graphviz
@@ -160,6 +161,10 @@ def _draw_block(d: _Dot, k: int, gk: GraphKernel, tid: Any, tensors: dict[str, A
             imap += " (replicated)" if imap == "{}" else ""
             label, style = f"{n.out} = iter {src}\nimap {imap}{f}{tile(n.out)}", "iter"
             edges.append((tid(src), nid))
+        elif isinstance(n, MaskIter):
+            f = f" fmap {n.fmap}" if isinstance(n.fmap, int) and n.fmap >= 0 else ""
+            label, style = (f"{n.out} = mask {n.shape} offset {n.offset} window {n.window}\n"
+                            f"imap {_map(n.imap)}{f}{tile(n.out)}"), "iter"
         elif isinstance(n, BlockOp):
             label, style = (f"{n.out} = {n.op}({', '.join(map(_operand, n.operands))})"
                             f"{_attrs(n.attrs)}{tile(n.out)}"), "op"

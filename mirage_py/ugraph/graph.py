@@ -14,9 +14,12 @@ Block level (what one thread block does; tiles live in shared memory)::
 
     BlockGraph(grid=(gx, gy, gz), threads, forloop, ops=(...))
     InputIter(out, input=i, imap=(dx, dy, dz), fmap=d)   # tile of the kernel's i-th input
-    BlockOp(out, op, operands, attrs)                     # matmul / elementwise / sum / concat
+    MaskIter(out, shape, offset, window, imap, fmap)      # tile of a 0/1 position mask, made
+                                                          # from indices (no memory read)
+    BlockOp(out, op, operands, attrs)                     # matmul / elementwise / sum / max /
+                                                          # min / concat / slice
     Fused(out, operands, thread: ThreadGraph)             # elementwise chain in registers
-    Accum(out, input, kind="sum")                         # for-loop accumulator
+    Accum(out, input, kind="sum")                         # for-loop accumulator: sum/max/min
     OutputSaver(input, output=j, omap=(ox, oy, oz))       # write a tile into the j-th output
 
 ``imap[a]`` is the tensor dim split evenly over grid axis ``a`` (``-1``: every block sees the
@@ -30,8 +33,9 @@ the loop *body*; ``Accum`` outputs and ops over them are the *epilogue*, run onc
 
 Thread level::
 
-    ThreadGraph(ninputs, ops=(ThreadOp(out, op, operands)...))  # result = last op's value
-    # operands: "in0", "in1", ... (the Fused op's operands), earlier outs, or float constants
+    ThreadGraph(ninputs, ops=(ThreadOp(out, op, operands, attrs)...))  # result: the last op's
+    # operands: "in0", "in1", ... (the Fused op's operands), earlier outs, or float constants;
+    # attrs: the operator's attributes (a clamp's bounds, a pow's exponent), as in the program
 """
 
 from __future__ import annotations
@@ -75,8 +79,12 @@ class DTensor:
 @dataclass(frozen=True)
 class ThreadOp:
     out: str
-    op: str  # a unary or binary elementwise op name
+    op: str  # an elementwise op name
     operands: tuple[Operand, ...]
+    attrs: Attrs = ()
+
+    def attr_dict(self) -> dict[str, Any]:
+        return dict(self.attrs)
 
 
 @dataclass(frozen=True)
@@ -91,8 +99,9 @@ class ThreadGraph:
         for o in self.ops:
             args = [env.get(a, repr(a)) if isinstance(a, str) else repr(a) for a in o.operands]
             sym = OPS[o.op].symbol if o.op in OPS else ""  # unknown op: still describable
+            attrs = "".join(f", {k}={v!r}" for k, v in o.attrs)
             env[o.out] = f"({args[0]} {sym} {args[1]})" if sym and len(args) == 2 else \
-                f"{o.op}({', '.join(args)})"
+                f"{o.op}({', '.join(args)}{attrs})"
         return env[self.ops[-1].out] if self.ops else "in0"
 
 
@@ -107,9 +116,23 @@ class InputIter:
 
 
 @dataclass(frozen=True)
+class MaskIter:
+    """A tile of a 0/1 position mask of ``shape`` (rows, cols) -- the mask of
+    :func:`mirage_py.lax.ops.mask_values` with ``offset`` and ``window`` -- split like an input
+    iterator's tensor (``imap``, ``fmap``). Its values are known data, computed from indices."""
+
+    out: str
+    shape: tuple[int, int]
+    offset: int
+    window: int
+    imap: tuple[int, int, int]
+    fmap: int = -1
+
+
+@dataclass(frozen=True)
 class BlockOp:
     out: str
-    op: str  # "matmul", unary/binary elementwise names, "sum", "concat"
+    op: str  # "matmul", elementwise names, "sum", "max", "min", "concat", "slice"
     operands: tuple[Operand, ...]
     attrs: Attrs = ()
 
@@ -126,9 +149,13 @@ class Fused:
 
 @dataclass(frozen=True)
 class Accum:
+    """``out`` combines ``input`` over the for-loop iterations: their sum, maximum or minimum
+    (``kind``). Online softmax (a running max that rescales sum accumulators) will add a kind
+    whose update reads a second tile; see docs/verifier.md."""
+
     out: str
     input: str
-    kind: str = "sum"  # "sum"; the field leaves room for max/rescale (online softmax)
+    kind: str = "sum"
 
 
 @dataclass(frozen=True)
@@ -138,8 +165,8 @@ class OutputSaver:
     omap: tuple[int, int, int]
 
 
-BlockNode = Union[InputIter, BlockOp, Fused, Accum, OutputSaver]
-ACCUM_KINDS = ("sum",)
+BlockNode = Union[InputIter, MaskIter, BlockOp, Fused, Accum, OutputSaver]
+ACCUM_KINDS = ("sum", "max", "min")
 
 
 def tiles_read(node: BlockNode) -> tuple[str, ...]:
@@ -165,6 +192,9 @@ class BlockGraph:
     def iterators(self) -> list[InputIter]:
         return [o for o in self.ops if isinstance(o, InputIter)]
 
+    def masks(self) -> list[MaskIter]:
+        return [o for o in self.ops if isinstance(o, MaskIter)]
+
     def savers(self) -> list[OutputSaver]:
         return [o for o in self.ops if isinstance(o, OutputSaver)]
 
@@ -173,8 +203,9 @@ class BlockGraph:
 
 @dataclass(frozen=True)
 class KernelOp:
-    """A pre-defined kernel operator, one launch: matmul, elementwise, sum, rms_norm, reshape,
-    transpose (attrs as in the program IR; rms_norm has ``eps``, over the last axis)."""
+    """A pre-defined kernel operator, one launch: matmul, elementwise, sum / max / min, rms_norm,
+    reshape, transpose, slice, concat, mask (attrs as in the program IR; rms_norm has ``eps``,
+    over the last axis; a mask has no operands and writes its 0/1 values)."""
 
     op: str
     operands: tuple[Operand, ...]

@@ -6,7 +6,10 @@ Two precisions:
   program's float64 reference.
 * ``"gpu"`` -- what the GPU computes: device tensors (inputs, kernel outputs, saved tiles) are
   rounded to their storage dtype (float16 / bfloat16 / float32), loaded tiles keep those values,
-  and block intermediates and accumulators are float32.
+  and block intermediates and accumulators are float32. The operands of a matmul (tile or
+  pre-defined kernel) are rounded to the tensor cores' input type, as the generated code does:
+  bfloat16 where either operand is bfloat16, else float16 -- so the exp of an attention score
+  beyond ~11 that meets ``@ V`` overflows here as it would on the GPU.
 
 All arithmetic goes through a backend object (:mod:`mirage_py.lax.backend`): the two precisions
 are :class:`~mirage_py.lax.backend.NumpyBackend`; ``run(..., backend=...)`` runs the same walk on
@@ -29,8 +32,9 @@ import numpy as np
 
 from ..errors import DTypeError, ProgramError, ShapeError, ValidationError
 from ..lax.backend import Backend, NumpyBackend
+from ..lax.ops import mask_values
 from .graph import (Accum, BlockGraph, BlockOp, DTensor, Fused, GraphKernel, InputIter,
-                    KernelGraph, KernelOp, ThreadGraph)
+                    KernelGraph, KernelOp, MaskIter, ThreadGraph)
 from .validate import check_block
 from ..targets import get_target
 
@@ -100,15 +104,37 @@ def _operand(o: Any, env: Mapping[str, Any], be: Backend) -> Any:
 def _eval_thread(tg: ThreadGraph, args: list[Any], be: Backend) -> Any:
     env: dict[str, Any] = {f"in{i}": a for i, a in enumerate(_align(args, be))}
     for t in tg.ops:
-        env[t.out] = be.elementwise(t.op, [_operand(o, env, be) for o in t.operands])
+        env[t.out] = be.elementwise(t.op, [_operand(o, env, be) for o in t.operands],
+                                    dict(t.attrs))
     return env[tg.ops[-1].out]
 
 
-def _block_op(node: BlockOp, env: dict[str, Any], be: Backend) -> Any:
+def mma_dtype(*dtypes: str) -> str:
+    """The tensor cores' input type for operands of ``dtypes`` (layout.mma.mma_etype's rule)."""
+    return "bfloat16" if "bfloat16" in dtypes else "float16"
+
+
+def _mma_operands(a: Any, b: Any, dtype: str, be: Backend, where: str) -> tuple[Any, Any]:
+    """Matmul operands rounded to the tensor cores' input type (a no-op outside "gpu")."""
+    be.annotate(f"{where}: operands rounded to {dtype} for the tensor cores")
+    a, b = be.store(a, dtype), be.store(b, dtype)
+    be.annotate(where)
+    return a, b
+
+
+def _block_op(node: BlockOp, env: dict[str, Any], be: Backend,
+              dtypes: dict[str, str] | None = None) -> Any:
     args = [_operand(o, env, be) for o in node.operands]
-    if node.op == "sum":
+    if node.op in ("sum", "max", "min"):
         axes = tuple(3 + a for a in node.attr("axes"))
-        return be.sum(args[0], axes, bool(node.attr("keepdims", True)))
+        return be.reduce(node.op, args[0], axes, bool(node.attr("keepdims", True)))
+    if node.op == "slice":
+        key = (slice(None),) * (3 + node.attr("axis")) + \
+            (slice(node.attr("start"), node.attr("stop")),)
+        return be.layout(args[0], lambda x: x[key])
+    if node.op == "reshape":
+        shape = tuple(node.attr("shape"))
+        return be.layout(args[0], lambda x: x.reshape(x.shape[:3] + shape))
     if node.op == "concat":
         arrs = _align(args, be)
         lead = tuple(np.broadcast_shapes(*[a.shape[:3] for a in arrs]))
@@ -117,8 +143,11 @@ def _block_op(node: BlockOp, env: dict[str, Any], be: Backend) -> Any:
         return be.concat(arrs, 3 + ax)
     if node.op == "matmul":
         a, b = _align(args, be)
+        if dtypes is not None:
+            a, b = _mma_operands(a, b, mma_dtype(*(dtypes[o] for o in node.operands)), be,
+                                 be.where)
         return be.matmul(a, b)
-    return be.elementwise(node.op, _align(args, be))
+    return be.elementwise(node.op, _align(args, be), dict(node.attrs))
 
 
 def _slice_iteration(v: Any, fmap: int, forloop: int, it: int, be: Backend) -> Any:
@@ -143,27 +172,28 @@ def _labels(bg: BlockGraph, label: str) -> dict[str, str]:
 
 
 def _run_block(bg: BlockGraph, views: dict[str, Any], phases: dict[str, str],
-               be: Backend, label: str = "") -> dict[str, Any]:
+               be: Backend, label: str = "", dtypes: dict[str, str] | None = None
+               ) -> dict[str, Any]:
     """Run the loop and epilogue on batched tiles; returns every tile by name (last iteration's
     value for body tiles)."""
     env: dict[str, Any] = {}
     where = _labels(bg, label)
 
     def step(node: Any, local: dict[str, Any], it: int) -> None:
-        if isinstance(node, InputIter):
+        if isinstance(node, (InputIter, MaskIter)):
             v = views[node.out]
             if node.fmap >= 0:
                 v = _slice_iteration(v, node.fmap, bg.forloop, it, be)
             local[node.out] = v
         elif isinstance(node, BlockOp):
             be.annotate(where[node.out])
-            local[node.out] = be.tile(_block_op(node, local, be))
+            local[node.out] = be.tile(_block_op(node, local, be, dtypes))
         elif isinstance(node, Fused):
             be.annotate(where[node.out])
             local[node.out] = be.tile(_eval_thread(node.thread, [local[o] for o in node.operands],
                                                    be))
 
-    compute_nodes = [n for n in bg.ops if isinstance(n, (InputIter, BlockOp, Fused))]
+    compute_nodes = [n for n in bg.ops if isinstance(n, (InputIter, MaskIter, BlockOp, Fused))]
     for n in compute_nodes:
         if phases[n.out] == "inv":
             step(n, env, 0)
@@ -177,7 +207,7 @@ def _run_block(bg: BlockGraph, views: dict[str, Any], phases: dict[str, str],
                 step(n, local, it)
         for a in accums:
             be.annotate(where[a.out])
-            acc[a.out] = be.accumulate(acc.get(a.out), local[a.input])
+            acc[a.out] = be.accumulate(acc.get(a.out), local[a.input], a.kind)
     local.update(acc)
     for n in compute_nodes:
         if phases[n.out] == "epi":
@@ -196,9 +226,12 @@ def run_graph_kernel(gk: GraphKernel, args: list[Any], in_tensors: list[DTensor]
     prefix = f"{label}: "
     views = {n.out: be.layout(args[n.input], lambda a, n=n: blocked_view(a, n.imap, bg.grid))
              for n in bg.iterators()}
+    for n in bg.masks():  # known data: the mask's values, tiled like an input
+        values = mask_values(tuple(n.shape), offset=n.offset, window=n.window)
+        views[n.out] = be.layout(be.data(values), lambda a, n=n: blocked_view(a, n.imap, bg.grid))
     savers = bg.savers()
     if not literal:
-        tiles = _run_block(bg, views, info.phases, be, prefix)
+        tiles = _run_block(bg, views, info.phases, be, prefix, info.dtypes)
         results = {s.output: tiles[s.input] for s in savers}
     else:
         per_block: dict[int, list[Any]] = {s.output: [] for s in savers}
@@ -212,7 +245,7 @@ def run_graph_kernel(gk: GraphKernel, args: list[Any], in_tensors: list[DTensor]
                         key = tuple(slice(i, i + 1) if v.shape[a] > 1 else slice(0, 1)
                                     for a, i in enumerate(idx))
                         one[k] = be.layout(v, lambda x, key=key: x[key])
-                    tiles = _run_block(bg, one, info.phases, be, prefix)
+                    tiles = _run_block(bg, one, info.phases, be, prefix, info.dtypes)
                     for s in savers:
                         t = tiles[s.input]
                         per_block[s.output].append(be.layout(
@@ -230,17 +263,24 @@ def run_graph_kernel(gk: GraphKernel, args: list[Any], in_tensors: list[DTensor]
 
 
 def run_kernel_op(op: KernelOp, env: Mapping[str, Any], precision: str = "float64",
-                  backend: Backend | None = None) -> Any:
-    """Execute one pre-defined kernel operator on stored operands."""
+                  backend: Backend | None = None, dtypes: Mapping[str, str] | None = None) -> Any:
+    """Execute one pre-defined kernel operator on stored operands (``dtypes``: the device dtype
+    of each operand tensor, for the tensor cores' operand rounding of a matmul)."""
     be = backend if backend is not None else NumpyBackend(precision)
     be.annotate(f"kernel {op.op} -> {op.output.name!r}")
     args = [_operand(o, env, be) for o in op.operands]
     if op.op == "rms_norm":
         y = be.rms_norm(args[0], float(op.attr("eps", 1e-6)))
+    elif op.op == "mask":
+        y = be.data(mask_values(op.output.shape, offset=op.attr("offset"),
+                                window=op.attr("window", 0)))
     else:
         attrs = {k: v for k, v in op.attrs}
-        if op.op == "sum":  # validate() reads a missing keepdims as False; so does the run
+        if op.op in ("sum", "max", "min"):  # validate() reads a missing keepdims as False
             attrs.setdefault("keepdims", False)
+        if op.op == "matmul":
+            dts = [dtypes[o] for o in op.operands] if dtypes is not None else ["float16"]
+            args = list(_mma_operands(args[0], args[1], mma_dtype(*dts), be, be.where))
         y = be.compute(op.op, args, attrs)
     if tuple(y.shape) != op.output.shape:
         raise ValidationError(f"kernel {op.op} -> {op.output.name!r}: computed shape "
@@ -306,7 +346,8 @@ def run(graph: KernelGraph, inputs: Mapping[str, Any], precision: str = "float64
                     env[t.name] = v
                 continue
         if isinstance(op, KernelOp):
-            outs = [run_kernel_op(op, env, backend=be)]
+            outs = [run_kernel_op(op, env, backend=be,
+                                  dtypes={n: tensors[n].dtype for n in op.inputs})]
         else:
             outs = run_graph_kernel(op, [env[n] for n in op.inputs],
                                     [tensors[n] for n in op.inputs], literal=literal,

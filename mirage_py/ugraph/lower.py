@@ -1,6 +1,7 @@
 """Naive lowering: a program -> a kernel graph with one pre-defined kernel per operator.
 
-Constants become scalar operands of the elementwise kernel that uses them. Intermediate tensors
+Constants become scalar operands of the elementwise kernel that uses them; a mask becomes a kernel
+that writes its 0/1 values (float16, exact). Intermediate tensors
 are named ``t<k>`` after the program node they hold (``t<k>_`` ... where that is an input or
 output name); outputs keep the program's output names.
 This is the baseline every fusion is measured against.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .graph import (AXES, Accum, BlockGraph, BlockOp, Fused, InputIter, KernelGraph, KernelOp,
-                    OutputSaver)
+                    MaskIter, OutputSaver)
 
 
 def _operand(o: Any) -> str:
@@ -29,6 +29,10 @@ def format_block(bg: BlockGraph, inputs: tuple[str, ...], outputs: tuple[str, ..
         if isinstance(n, InputIter):
             f = f" fmap={n.fmap}" if n.fmap >= 0 else ""
             lines.append(f"{indent}{n.out} = iter {_name(inputs, n.input)} imap={_map(n.imap)}{f}")
+        elif isinstance(n, MaskIter):
+            f = f" fmap={n.fmap}" if n.fmap >= 0 else ""
+            lines.append(f"{indent}{n.out} = mask {n.shape} offset={n.offset} window={n.window} "
+                         f"imap={_map(n.imap)}{f}")
         elif isinstance(n, BlockOp):
             attrs = "".join(f" {k}={v}" for k, v in n.attrs)
             lines.append(f"{indent}{n.out} = {n.op}({', '.join(map(_operand, n.operands))}){attrs}")

@@ -2,8 +2,9 @@
 
 Each node is written as an object with a ``"node"`` tag naming its type and its fields; tuples
 become lists and are turned back into tuples on load; floats are written with ``repr`` (exact in
-JSON). Loading checks the format tag and version and reports malformed input as
-:class:`~mirage_py.errors.SerializationError`.
+JSON). Fields at their default that older documents lack (a thread op's ``attrs``) are left
+out, so graphs without them keep their JSON and structural hash. Loading checks the format tag
+and version and reports malformed input as :class:`~mirage_py.errors.SerializationError`.
 """
 
 from __future__ import annotations
@@ -15,13 +16,16 @@ from typing import Any
 
 from ..errors import SerializationError
 from .graph import (Accum, BlockGraph, BlockOp, DTensor, Fused, GraphKernel, InputIter,
-                    KernelGraph, KernelOp, OutputSaver, ThreadGraph, ThreadOp)
+                    KernelGraph, KernelOp, MaskIter, OutputSaver, ThreadGraph, ThreadOp)
 
 FORMAT = "mirage_py.ugraph"
 FORMAT_VERSION = 1
 
 _TYPES = {c.__name__: c for c in (Accum, BlockGraph, BlockOp, DTensor, Fused, GraphKernel,
-                                  InputIter, KernelOp, OutputSaver, ThreadGraph, ThreadOp)}
+                                  InputIter, KernelOp, MaskIter, OutputSaver, ThreadGraph,
+                                  ThreadOp)}
+# fields written only when they differ from these defaults
+_OPTIONAL: dict[type, dict[str, Any]] = {ThreadOp: {"attrs": ()}}
 
 
 # field types checked on load, so that foreign JSON with the right keys is still rejected here
@@ -51,12 +55,14 @@ def _attrs(v: Any) -> bool:
                                         for kv in v)
 
 
-_BLOCK_NODE = _is(InputIter, BlockOp, Fused, Accum, OutputSaver)
+_BLOCK_NODE = _is(InputIter, MaskIter, BlockOp, Fused, Accum, OutputSaver)
 _FIELDS: dict[type, dict[str, Any]] = {
     DTensor: {"name": _str, "shape": _tuple_of(_int), "dtype": _str},
-    ThreadOp: {"out": _str, "op": _str, "operands": _tuple_of(_operand)},
+    ThreadOp: {"out": _str, "op": _str, "operands": _tuple_of(_operand), "attrs": _attrs},
     ThreadGraph: {"ninputs": _int, "ops": _tuple_of(_is(ThreadOp))},
     InputIter: {"out": _str, "input": _int, "imap": _tuple_of(_int, 3), "fmap": _int},
+    MaskIter: {"out": _str, "shape": _tuple_of(_int, 2), "offset": _int, "window": _int,
+               "imap": _tuple_of(_int, 3), "fmap": _int},
     BlockOp: {"out": _str, "op": _str, "operands": _tuple_of(_operand), "attrs": _attrs},
     Fused: {"out": _str, "operands": _tuple_of(_operand), "thread": _is(ThreadGraph)},
     Accum: {"out": _str, "input": _str, "kind": _str},
@@ -73,8 +79,12 @@ _FIELDS: dict[type, dict[str, Any]] = {
 def _enc(v: Any) -> Any:
     if type(v).__name__ in _TYPES:
         d = {"node": type(v).__name__}
+        optional = _OPTIONAL.get(type(v), {})
         for f in fields(v):
-            d[f.name] = _enc(getattr(v, f.name))
+            x = getattr(v, f.name)
+            if f.name in optional and x == optional[f.name]:
+                continue
+            d[f.name] = _enc(x)
         return d
     if isinstance(v, tuple):
         return [_enc(x) for x in v]
@@ -91,6 +101,8 @@ def _dec(v: Any) -> Any:
         if cls is None:
             raise SerializationError(f"unknown μGraph node type {v.get('node')!r}")
         kw = {k: _dec(x) for k, x in v.items() if k != "node"}
+        for k, default in _OPTIONAL.get(cls, {}).items():
+            kw.setdefault(k, default)
         names = {f.name for f in fields(cls)}
         if set(kw) != names:
             raise SerializationError(f"{cls.__name__}: fields {sorted(kw)} != {sorted(names)}")
@@ -146,7 +158,7 @@ def _canon_thread(tg: ThreadGraph) -> ThreadGraph:
     ops = []
     for t in tg.ops:
         new = f"v{len(ops)}"
-        ops.append(ThreadOp(new, t.op, _ren_operands(t.operands, m)))
+        ops.append(ThreadOp(new, t.op, _ren_operands(t.operands, m), t.attrs))
         m[t.out] = new
     return ThreadGraph(tg.ninputs, tuple(ops))
 
@@ -159,7 +171,7 @@ def _canon_block(bg: BlockGraph) -> BlockGraph:
             nodes.append(replace(n, input=m.get(n.input, n.input)))
             continue
         new = f"s{len(m)}"
-        if isinstance(n, InputIter):
+        if isinstance(n, (InputIter, MaskIter)):
             nodes.append(replace(n, out=new))
         elif isinstance(n, BlockOp):
             nodes.append(replace(n, out=new, operands=_ren_operands(n.operands, m)))

@@ -3,7 +3,8 @@
 Rules (the ``rule`` attribute of :class:`~mirage_py.errors.ValidationError`):
 
 ``ssa``             every tensor / tile name is defined exactly once and before it is used
-``operator``        the operator is known at that level, with the right number of operands
+``operator``        the operator is known at that level, with the right number of operands and
+                    the attributes it needs
 ``shape``           operand shapes fit the operator; declared output shapes match inferred ones
 ``dtype``           device tensors are float16 / bfloat16 / float32; operands' dtypes may combine
 ``grid``            grid dims >= 1 and within the target's limits
@@ -21,6 +22,7 @@ Rules (the ``rule`` attribute of :class:`~mirage_py.errors.ValidationError`):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,11 +31,13 @@ from ..lax.ops import DTYPES, OPS
 from ..lax.tensor import broadcast_shapes
 from ..targets import Target, get_target
 from .graph import (ACCUM_KINDS, AXES, Accum, BlockGraph, BlockOp, DTensor, Fused, GraphKernel,
-                    InputIter, KernelGraph, KernelOp, OutputSaver, ThreadGraph, iter_tile_shape,
-                    matmul_shape, sum_shape, tiles_read)
+                    InputIter, KernelGraph, KernelOp, MaskIter, OutputSaver, ThreadGraph,
+                    iter_tile_shape, matmul_shape, sum_shape, tiles_read)
 
-BLOCK_OPS = ("matmul", "sum", "concat")
-KERNEL_OPS = ("matmul", "sum", "rms_norm", "reshape", "transpose")
+REDUCTIONS = ("sum", "max", "min")
+BLOCK_OPS = ("matmul", *REDUCTIONS, "concat", "slice", "reshape")
+KERNEL_OPS = ("matmul", *REDUCTIONS, "rms_norm", "reshape", "transpose", "slice", "concat",
+              "mask")
 
 
 def _err(msg: str, rule: str, op: str | None) -> ValidationError:
@@ -59,6 +63,39 @@ def _elementwise_shape(who: str, label: str, shapes: list[tuple[int, ...]]) -> t
         raise _err(str(e), "shape", label) from None
 
 
+def _check_attrs(op: str, attrs: Any, who: str, label: str) -> None:
+    """The attributes an elementwise operator needs (a clamp's bounds, a pow's exponent)."""
+    spec = OPS[op]
+    have = {k for k, _ in attrs}
+    missing = set(spec.attrs) - set(spec.optional) - have
+    extra = have - set(spec.attrs)
+    if missing or extra:
+        raise _err(f"{who}: {op} needs attributes {sorted(set(spec.attrs) - set(spec.optional))}"
+                   f"{' (optional ' + str(sorted(spec.optional)) + ')' if spec.optional else ''}"
+                   f", got {sorted(have)}", "operator", label)
+
+
+def _slice_shape(shape: tuple[int, ...], attrs: dict[str, Any], who: str,
+                 label: str) -> tuple[int, ...]:
+    ax, lo, hi = attrs.get("axis"), attrs.get("start"), attrs.get("stop")
+    if not all(isinstance(v, int) for v in (ax, lo, hi)) or not 0 <= ax < len(shape) or \
+            not 0 <= lo < hi <= shape[ax]:
+        raise _err(f"{who}: axis={ax} {lo}:{hi} does not fit {shape}", "shape", label)
+    return shape[:ax] + (hi - lo,) + shape[ax + 1:]
+
+
+def _concat_shape(shapes: list[tuple[int, ...]], axis: Any, who: str,
+                  label: str) -> tuple[int, ...]:
+    if len({len(s) for s in shapes}) != 1 or not isinstance(axis, int) or \
+            not -len(shapes[0]) <= axis < len(shapes[0]):
+        raise _err(f"{who}: concat needs tiles of one rank and an axis within it", "shape", label)
+    ax = axis % len(shapes[0])
+    rest = {tuple(d for i, d in enumerate(s) if i != ax) for s in shapes}
+    if len(rest) != 1:
+        raise _err(f"{who}: tiles {shapes} differ outside axis {ax}", "shape", label)
+    return tuple(sum(s[ax] for s in shapes) if i == ax else d for i, d in enumerate(shapes[0]))
+
+
 def _thread_shape(tg: ThreadGraph, who: str, label: str,
                   in_shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
     if tg.ninputs != len(in_shapes):
@@ -72,10 +109,10 @@ def _thread_shape(tg: ThreadGraph, who: str, label: str,
         if spec is None or not spec.elementwise:
             raise _err(f"{who}: thread op {t.out!r}: {t.op!r} is not an elementwise operator",
                        "operator", label)
-        arity = 1 if spec.category == "unary" else 2
-        if len(t.operands) != arity:
-            raise _err(f"{who}: thread op {t.out!r}: {t.op} takes {arity} operand(s)",
+        if len(t.operands) != spec.arity:
+            raise _err(f"{who}: thread op {t.out!r}: {t.op} takes {spec.arity} operand(s)",
                        "operator", label)
+        _check_attrs(t.op, t.attrs, f"{who}: thread op {t.out!r}", label)
         shapes = []
         for o in t.operands:
             if isinstance(o, str):
@@ -154,11 +191,39 @@ def check_block(bg: BlockGraph, ins: list[DTensor], outs: list[DTensor], target:
                            "tile-divides", label)
             define(node.out, iter_tile_shape(t.shape, bg.grid, node.imap, node.fmap, bg.forloop),
                    t.dtype, "body" if node.fmap >= 0 else "inv", who)
+        elif isinstance(node, MaskIter):
+            who = f"mask iterator {node.out!r}"
+            shape = tuple(node.shape)
+            if len(shape) != 2 or any(not isinstance(d, int) or d < 1 for d in shape) or \
+                    not isinstance(node.offset, int) or not isinstance(node.window, int) or \
+                    node.window < 0:
+                raise _err(f"{who}: shape {node.shape} offset {node.offset} window "
+                           f"{node.window} is not a (rows, cols) mask", "shape", label)
+            if len(node.imap) != 3 or any(not -1 <= d < 2 for d in node.imap) or \
+                    not -1 <= node.fmap < 2:
+                raise _err(f"{who}: imap {node.imap} / fmap {node.fmap} name dims outside the "
+                           f"mask {shape}", "imap", label)
+            dims = [d for d in node.imap if d >= 0]
+            if len(set(dims)) != len(dims):
+                raise _err(f"{who}: imap {node.imap} splits one dim of the mask over two grid "
+                           "axes", "imap", label)
+            for a in range(3):
+                if node.imap[a] >= 0 and shape[node.imap[a]] % bg.grid[a]:
+                    raise _err(f"{who}: dim {node.imap[a]} of the mask {shape} does not split "
+                               f"evenly over grid.{AXES[a]} = {bg.grid[a]}", "tile-divides",
+                               label)
+            tile = iter_tile_shape(shape, bg.grid, node.imap, -1, 1)
+            if node.fmap >= 0 and tile[node.fmap] % bg.forloop:
+                raise _err(f"{who}: dim {node.fmap} of the mask (tile size {tile[node.fmap]}) "
+                           f"does not split evenly over forloop = {bg.forloop}", "tile-divides",
+                           label)
+            define(node.out, iter_tile_shape(shape, bg.grid, node.imap, node.fmap, bg.forloop),
+                   "float16", "body" if node.fmap >= 0 else "inv", who)
         elif isinstance(node, BlockOp):
             who = f"block op {node.op} -> {node.out!r}"
             for o in node.operands:
                 use(o, who)
-            spec = OPS.get(node.op)  # concat is block-level only: no entry in the op table
+            spec = OPS.get(node.op)
             if node.op not in BLOCK_OPS and (spec is None or not spec.elementwise):
                 raise _err(f"{who}: {node.op!r} is not a block operator", "operator", label)
             tiles = [shapes[o] for o in node.operands if isinstance(o, str)]
@@ -171,28 +236,34 @@ def check_block(bg: BlockGraph, ins: list[DTensor], outs: list[DTensor], target:
                     shape = matmul_shape(who, tiles[0], tiles[1])
                 except ShapeError as e:
                     raise _err(str(e), "shape", label) from None
-            elif node.op == "sum":
+            elif node.op in REDUCTIONS:
                 axes = tuple(node.attr("axes", ()))
                 if len(node.operands) != 1 or not axes or \
                         any(not 0 <= a < len(tiles[0]) for a in axes):
-                    raise _err(f"{who}: sum needs one tile and axes within {tiles[0]}",
+                    raise _err(f"{who}: {node.op} needs one tile and axes within {tiles[0]}",
                                "shape", label)
                 shape = sum_shape(tiles[0], axes, bool(node.attr("keepdims", True)))
             elif node.op == "concat":
-                ax = node.attr("axis", -1)
-                if len({len(s) for s in tiles}) != 1 or len(tiles) != len(node.operands) or \
-                        not -len(tiles[0]) <= ax < len(tiles[0]):
-                    raise _err(f"{who}: concat needs tiles of one rank", "shape", label)
-                ax %= len(tiles[0])
-                rest = {tuple(d for i, d in enumerate(s) if i != ax) for s in tiles}
-                if len(rest) != 1:
-                    raise _err(f"{who}: tiles {tiles} differ outside axis {ax}", "shape", label)
-                shape = tuple(sum(s[ax] for s in tiles) if i == ax else d
-                              for i, d in enumerate(tiles[0]))
+                if len(tiles) != len(node.operands):
+                    raise _err(f"{who}: concat takes tiles only", "shape", label)
+                shape = _concat_shape(tiles, node.attr("axis", -1), who, label)
+            elif node.op == "slice":
+                if len(node.operands) != 1 or len(tiles) != 1:
+                    raise _err(f"{who}: slice takes one tile", "operator", label)
+                shape = _slice_shape(tiles[0], dict(node.attrs), who, label)
+            elif node.op == "reshape":
+                shape = tuple(node.attr("shape", ()))
+                n = 1
+                for d in shape:
+                    n *= d if isinstance(d, int) and d > 0 else 0
+                if len(node.operands) != 1 or len(tiles) != 1 or \
+                        n != math.prod(tiles[0]) or not shape:
+                    raise _err(f"{who}: cannot reshape tile {tiles[0]} into {shape}", "shape",
+                               label)
             else:
-                arity = 1 if spec.category == "unary" else 2
-                if len(node.operands) != arity:
-                    raise _err(f"{who}: takes {arity} operand(s)", "operator", label)
+                if len(node.operands) != spec.arity:
+                    raise _err(f"{who}: takes {spec.arity} operand(s)", "operator", label)
+                _check_attrs(node.op, node.attrs, who, label)
                 shape = _elementwise_shape(who, label, tiles)
             define(node.out, shape, "float32", phase_of(node.operands, who), who)
         elif isinstance(node, Fused):
@@ -277,7 +348,7 @@ def shared_memory_bytes(bg: BlockGraph, shapes: dict[str, tuple[int, ...]],
     kernel; body and epilogue tiles live from definition to last use (a fused thread graph keeps
     its intermediates in registers)."""
     fixed = sum(_tile_bytes(shapes[o.out], dtypes[o.out]) for o in bg.ops
-                if isinstance(o, (InputIter, BlockOp, Fused, Accum)) and
+                if isinstance(o, (InputIter, MaskIter, BlockOp, Fused, Accum)) and
                 (phases[o.out] == "inv" or isinstance(o, Accum)))
     last: dict[str, int] = {}
     for i, o in enumerate(bg.ops):
@@ -287,7 +358,7 @@ def shared_memory_bytes(bg: BlockGraph, shapes: dict[str, tuple[int, ...]],
     for phase in ("body", "epi"):
         live: dict[str, int] = {}
         for i, o in enumerate(bg.ops):
-            if isinstance(o, (InputIter, BlockOp, Fused)) and phases[o.out] == phase:
+            if isinstance(o, (InputIter, MaskIter, BlockOp, Fused)) and phases[o.out] == phase:
                 live[o.out] = _tile_bytes(shapes[o.out], dtypes[o.out])
                 peak = max(peak, sum(live.values()))
             for name in [n for n in live if last.get(n, -1) <= i]:
@@ -302,6 +373,14 @@ def kernel_op_shape(op: KernelOp, args: list[DTensor | float]) -> tuple[int, ...
     spec = OPS.get(op.op)
     if op.op not in KERNEL_OPS and (spec is None or not spec.elementwise):
         raise _err(f"{op.op!r} is not a kernel operator", "operator", who)
+    if op.op == "mask":
+        offset, window = op.attr("offset"), op.attr("window", 0)
+        if args or len(op.output.shape) != 2 or not isinstance(offset, int) or \
+                not isinstance(window, int) or window < 0:
+            raise _err(f"a mask takes no operands, an int offset and window >= 0, and writes a "
+                       f"(rows, cols) tensor; got {len(args)} operand(s), offset {offset!r}, "
+                       f"window {window!r}, output {op.output.shape}", "shape", who)
+        return op.output.shape
     if not tensors:
         raise _err("needs at least one tensor operand", "operator", who)
     try:
@@ -309,7 +388,7 @@ def kernel_op_shape(op: KernelOp, args: list[DTensor | float]) -> tuple[int, ...
             if len(args) != 2 or len(tensors) != 2:
                 raise _err("matmul takes two tensors", "operator", who)
             return matmul_shape(who, tensors[0].shape, tensors[1].shape)
-        if op.op == "sum":
+        if op.op in REDUCTIONS:
             axes = tuple(op.attr("axes", ()))
             if len(args) != 1 or any(not 0 <= a < len(tensors[0].shape) for a in axes):
                 raise _err(f"bad axes {axes} for {tensors[0].shape}", "shape", who)
@@ -331,9 +410,23 @@ def kernel_op_shape(op: KernelOp, args: list[DTensor | float]) -> tuple[int, ...
             if sorted(perm) != list(range(len(tensors[0].shape))):
                 raise _err(f"perm {perm} for {tensors[0].shape}", "shape", who)
             return tuple(tensors[0].shape[p] for p in perm)
-        arity = 1 if spec.category == "unary" else 2
-        if len(args) != arity:
-            raise _err(f"takes {arity} operand(s)", "operator", who)
+        if op.op == "slice":
+            if len(args) != 1:
+                raise _err("slice takes one tensor", "operator", who)
+            return _slice_shape(tensors[0].shape, dict(op.attrs), "slice", who)
+        if op.op == "concat":
+            if len(tensors) != len(args):
+                raise _err("concat takes tensors only", "operator", who)
+            dts = {t.dtype for t in tensors}
+            if len(dts) != 1:
+                raise _err(f"concat of dtypes {sorted(dts)}", "dtype", who)
+            return _concat_shape([t.shape for t in tensors], op.attr("axis", 0), "concat", who)
+        if len(args) != spec.arity:
+            raise _err(f"takes {spec.arity} operand(s)", "operator", who)
+        _check_attrs(op.op, op.attrs, op.op, who)
+        if op.op == "cast" and op.attr("dtype") != op.output.dtype:
+            raise _err(f"casts to {op.attr('dtype')!r} but the output is {op.output.dtype}",
+                       "dtype", who)
         return broadcast_shapes(who, *[t.shape for t in tensors])
     except ShapeError as e:
         raise _err(str(e), "shape", who) from None

@@ -165,12 +165,16 @@ class DegreeBackend(Backend):
         nonzero = f != 0 and all(f.numerator % m for m in self.primes)
         return Deg((), 0, nonzero=nonzero)
 
+    def data(self, array: np.ndarray) -> Deg:
+        return Deg(np.shape(array), 0)
+
     # arithmetic -----------------------------------------------------------------------------
-    def elementwise(self, op: str, args: list[Any]) -> Deg:
+    def elementwise(self, op: str, args: list[Any], attrs: dict[str, Any] | None = None) -> Deg:
         spec = _ops.OPS.get(op)
         if spec is None or not spec.elementwise:
             raise UnsupportedOperatorError(f"{self.where or op}: {op!r} is not an elementwise "
                                            "operator")
+        attrs = attrs or {}
         if op in ("add", "sub"):
             return self._add(args[0], args[1])
         if op == "mul":
@@ -179,20 +183,39 @@ class DegreeBackend(Backend):
             return self._mul(args[0], args[0])
         if op == "div":
             return self._div(args[0], args[1])
-        if op == "neg":
+        if op in ("neg", "cast"):
             a = args[0]
             return Deg(a.shape, a.dn, a.den, a.risk, a.nonzero)
+        if op == "where":  # b + m (a - b), m known 0/1 data
+            m, a, b = args
+            return self._add(b, self._mul(m, self._add(a, b)))
         if op == "exp":
             a = args[0]
             self.exp_count += 1
             self.max_exp_arg = max(self.max_exp_arg, a.dn + a.dd)
             return self._fresh(a)
-        if spec.lax == "uf":
-            a = args[0]
+        if _ops.lax_class(op, attrs) in ("uf", "select"):
+            a = args[0] if len(args) == 1 else self._add(args[0], args[1])
             self.uf_count += 1
             self.max_uf_arg = max(self.max_uf_arg, a.dn + a.dd)
             return self._fresh(a)
+        if op == "pow":  # an integer exponent: a product (and a division when negative)
+            k = abs(int(attrs["exponent"]))
+            a = args[0]
+            r = Deg(a.shape, 0) if k == 0 else a
+            for _ in range(k - 1):
+                r = self._mul(r, a)
+            return self._div(self.scalar(1.0), r) if attrs["exponent"] < 0 else r
         raise UnsupportedOperatorError(f"{self.where or op}: no degree rule for {op!r}")
+
+    def reduce(self, op: str, x: Deg, axes: tuple[int, ...], keepdims: bool) -> Deg:
+        s = self.sum(x, axes, keepdims)
+        if op == "sum":
+            return s
+        # a max / min is a fresh variable (a random function of the multiset it selects from)
+        self.uf_count += 1
+        self.max_uf_arg = max(self.max_uf_arg, x.dn + x.dd)
+        return self._fresh(s)
 
     def _fresh(self, a: Deg) -> Deg:
         # a new variable: an exp value (a power of g) or a function value (drawn from the

@@ -32,6 +32,21 @@ function wherever the operator appears in either graph within one test, so two g
 for every such function agree for the real one (the converse need not hold: a candidate that
 rewrites ``sqrt(a) * sqrt(b)`` as ``sqrt(a * b)`` is rejected).
 
+Operators with attributes (a clamp's bounds, a leaky ReLU's slope, a non-integer power) are
+uninterpreted functions keyed by name *and* attributes: ``clamp(-1, 1)`` and ``clamp(-2, 2)`` are
+different functions. ``pow`` with an integer exponent up to ``EXACT_POW`` is exact (products, a
+division for negative exponents); ``cast`` is the identity; ``where(mask, a, b)`` is
+``b + mask * (a - b)`` with the mask's exact 0/1 values; slices and concatenations move residues.
+
+**max and min** (reductions, ``maximum``/``minimum``, loop accumulators of kind max/min) are
+random functions of the *multiset* of values they select from: every value carries, per kind, a
+multiset hash of what it was selected from (``FieldValue.sel``: the sum mod 2^64 of a 64-bit hash
+of each element's canonical p residue; a value that is itself a max contributes its own multiset,
+so ``max(max(A), max(B)) = max(A + B)`` holds exactly), and the result is a fresh nonzero pair
+drawn from that hash. Chunked maxima, running maxima over loop iterations and the full maximum
+therefore agree, and ``exp(x - m)`` with ``m`` a fresh value is exactly the shift the softmax
+identity cancels (docs/verifier.md, "max, min and shift invariance").
+
 The q part is computed lazily: only values that reach an exp argument ever need it, so the
 q parts of, say, the weight matrices of a gated MLP are never drawn or multiplied.
 """
@@ -271,15 +286,20 @@ class QCell:
 class FieldValue:
     """A tensor's value in the field: ``p`` (residues mod p, float64 integers, ``|p| <= pb``),
     ``q`` (a :class:`QCell` holding the residues mod q, or None when undefined -- an exp
-    result) and ``zero`` (whether a zero divisor was met computing the p part)."""
+    result), ``zero`` (whether a zero divisor was met computing the p part) and ``sel`` (for
+    values that are maxima or minima, or hold some: kind -> uint64 array of the per-element
+    multiset hash a further max / min of that kind builds on; elements that are no such value
+    hold the hash of their own residue)."""
 
-    __slots__ = ("p", "pb", "q", "zero")
+    __slots__ = ("p", "pb", "q", "zero", "sel")
 
-    def __init__(self, p: Any, pb: float, q: QCell | None, zero: bool = False):
+    def __init__(self, p: Any, pb: float, q: QCell | None, zero: bool = False,
+                 sel: dict[str, np.ndarray] | None = None):
         self.p = p
         self.pb = pb
         self.q = q
         self.zero = zero
+        self.sel = sel
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -305,12 +325,14 @@ _M2 = np.uint64(0x94D049BB133111EB)
 
 
 def _mix(z: np.ndarray) -> np.ndarray:
-    """splitmix64 finaliser on uint64 arrays (wrapping arithmetic)."""
-    z = z ^ (z >> np.uint64(30))
-    z = z * _M1
-    z = z ^ (z >> np.uint64(27))
-    z = z * _M2
-    return z ^ (z >> np.uint64(31))
+    """splitmix64 finaliser on uint64 arrays (wrapping arithmetic; NumPy warns about the wrap on
+    0-d values only, so that warning is off)."""
+    with np.errstate(over="ignore"):
+        z = z ^ (z >> np.uint64(30))
+        z = z * _M1
+        z = z ^ (z >> np.uint64(27))
+        z = z * _M2
+        return z ^ (z >> np.uint64(31))
 
 
 class FieldParams:
@@ -392,6 +414,23 @@ class FieldParams:
             return np.float64(vp), np.float64(vq)
         return vp, vq
 
+    def element_hash(self, kind: str, xp: Any) -> np.ndarray:
+        """64-bit hash of each element's canonical p residue, keyed by test and ``kind`` (an
+        element's contribution to the multiset hash of a max or min)."""
+        k1, _ = self.uf_keys(f"select:{kind}")
+        x = np.asarray(self.P.canon(xp)).astype(np.uint64)
+        return _mix(x ^ k1)
+
+    def select(self, kind: str, h: np.ndarray) -> tuple[Any, Any]:
+        """The max / min (``kind``) of the multisets whose hashes are ``h``: fresh nonzero
+        (p, q) residues, a random function of the hash."""
+        _, k2 = self.uf_keys(f"select:{kind}")
+        h1 = _mix(np.asarray(h, dtype=np.uint64) ^ k2)
+        h2 = _mix(h1 ^ k2)
+        vp = self.P.balanced((h1 % np.uint64(self.p_int - 1)).astype(np.float64) + 1.0)
+        vq = self.Q.balanced((h2 % np.uint64(self.q_int - 1)).astype(np.float64) + 1.0)
+        return vp, vq
+
     def __repr__(self) -> str:
         return f"FieldParams(p={self.p_int}, q={self.q_int}, g={self.g})"
 
@@ -471,6 +510,11 @@ class FieldBackend(Backend):
                                   f"got {type(value).__name__}")
         return value
 
+    def data(self, array: np.ndarray) -> FieldValue:
+        """Known integer data (a mask's 0/1 values), exact in both fields."""
+        a = np.asarray(array, dtype=np.float64)
+        return FieldValue(self.P.red(a), self.P.bound, QCell.ready(self.Q.red(a), self.Q.bound))
+
     def scalar(self, v: float) -> FieldValue:
         c = self._consts.get(v)
         if c is None:
@@ -498,12 +542,19 @@ class FieldBackend(Backend):
         return FieldValue(p, pb, q, any(a.zero for a in args))
 
     # arithmetic -----------------------------------------------------------------------------
-    def elementwise(self, op: str, args: list[Any]) -> FieldValue:
+    def elementwise(self, op: str, args: list[Any],
+                    attrs: dict[str, Any] | None = None) -> FieldValue:
         impl = _ops.OPS[op].field.get("compute") if op in _ops.OPS else None
         if impl is None:
             raise UnsupportedOperatorError(f"{self.where or op}: operator {op!r} has no "
                                            "finite-field semantics")
-        return impl(self, *args)
+        return impl(self, *args, **(attrs or {}))
+
+    def reduce(self, op: str, x: FieldValue, axes: tuple[int, ...], keepdims: bool) -> FieldValue:
+        if op == "sum":
+            return self.sum(x, axes, keepdims)
+        h = np.sum(self.select_hash(op, x), axis=axes, keepdims=keepdims, dtype=np.uint64)
+        return self.selected(op, h, x.zero)
 
     def matmul(self, a: FieldValue, b: FieldValue) -> FieldValue:
         return self.lift("matmul", a, b)
@@ -536,17 +587,41 @@ class FieldBackend(Backend):
         vp, vq = self.params.uf(name, a.p)
         return FieldValue(vp, self.P.bound, QCell.ready(vq, self.Q.bound, a.zero), a.zero)
 
+    # max and min: random functions of the multiset selected from ------------------------------
+    def select_hash(self, kind: str, x: FieldValue) -> np.ndarray:
+        """Per element, the multiset hash a max / min of ``kind`` builds on: the element's own
+        multiset where it is such a selection already (flattening), else its residue's hash."""
+        if x.sel is not None and kind in x.sel:
+            return x.sel[kind]
+        return np.asarray(self.params.element_hash(kind, x.p))
+
+    def selected(self, kind: str, h: np.ndarray, zero: bool) -> FieldValue:
+        h = np.asarray(h, dtype=np.uint64)
+        vp, vq = self.params.select(kind, h)
+        return FieldValue(vp, self.P.bound, QCell.ready(vq, self.Q.bound, zero), zero,
+                          {kind: h})
+
+    def select2(self, kind: str, a: FieldValue, b: FieldValue) -> FieldValue:
+        """Elementwise maximum / minimum: the multiset of the two operands (broadcast)."""
+        with np.errstate(over="ignore"):
+            h = np.add(self.select_hash(kind, a), self.select_hash(kind, b), dtype=np.uint64)
+        return self.selected(kind, h, a.zero or b.zero)
+
     # data movement --------------------------------------------------------------------------
     def layout(self, x: FieldValue, fn: Callable[[np.ndarray], np.ndarray]) -> FieldValue:
         q = None if x.q is None else QCell(lambda v: (fn(v[0]), v[1]), (x.q,))
-        return FieldValue(fn(x.p), x.pb, q, x.zero)
+        sel = None if x.sel is None else {k: fn(h) for k, h in x.sel.items()}
+        return FieldValue(fn(x.p), x.pb, q, x.zero, sel)
 
     def combine(self, fn: Callable[[list[np.ndarray]], np.ndarray], xs: list[Any]) -> FieldValue:
         p = fn([x.p for x in xs])
         cells = tuple(x.q for x in xs)
         q = None if any(c is None for c in cells) else \
             QCell(lambda *vs: (fn([v[0] for v in vs]), max(v[1] for v in vs)), cells)
-        return FieldValue(p, max(x.pb for x in xs), q, any(x.zero for x in xs))
+        kinds = sorted({k for x in xs if x.sel is not None for k in x.sel})
+        sel = {k: fn([np.broadcast_to(self.select_hash(k, x), np.shape(x.p)) for x in xs])
+               for k in kinds} or None
+        return FieldValue(p, max(x.pb for x in xs), q, any(x.zero for x in xs), sel)
 
     # comparisons ----------------------------------------------------------------------------
     def canonical(self, x: FieldValue) -> np.ndarray:
@@ -564,10 +639,35 @@ def _lifted(name: str, arity: int) -> Callable[..., FieldValue]:
 
 
 def _uf(name: str) -> Callable[..., FieldValue]:
-    def impl(be: FieldBackend, a: FieldValue) -> FieldValue:
-        return be.uninterpreted(name, a)
+    def impl(be: FieldBackend, a: FieldValue, **attrs: Any) -> FieldValue:
+        key = name if not attrs else \
+            name + "(" + ",".join(f"{k}={attrs[k]!r}" for k in sorted(attrs)) + ")"
+        return be.uninterpreted(key, a)
     impl.__name__ = f"field_uf_{name}"
     return impl
+
+
+def _pow(be: FieldBackend, a: FieldValue, *, exponent: float) -> FieldValue:
+    """Integer exponents exactly: square-and-multiply on lifted products (q parts lazily), then
+    one division for a negative exponent; any other exponent is an uninterpreted function."""
+    if _ops.lax_class("pow", {"exponent": exponent}) == "uf":
+        return _uf("pow")(be, a, exponent=exponent)
+    k = abs(int(exponent))
+    result, base = None, a
+    while k:
+        if k & 1:
+            result = base if result is None else be.lift("mul", result, base)
+        k >>= 1
+        if k:
+            base = be.lift("mul", base, base)
+    if result is None:  # x ** 0: ones of x's shape
+        result = be.lift("add", be.lift("mul", a, be.scalar(0.0)), be.scalar(1.0))
+    return be.divide(be.scalar(1.0), result) if exponent < 0 else result
+
+
+def _where(be: FieldBackend, m: FieldValue, a: FieldValue, b: FieldValue) -> FieldValue:
+    # exact for a 0/1 mask: b + m (a - b)
+    return be.lift("add", b, be.lift("mul", m, be.lift("sub", a, b)))
 
 
 FIELD_COMPUTE: dict[str, Callable[..., FieldValue]] = {
@@ -575,22 +675,35 @@ FIELD_COMPUTE: dict[str, Callable[..., FieldValue]] = {
     "div": lambda be, a, b: be.divide(a, b),
     "neg": _lifted("neg", 1), "square": _lifted("square", 1),
     "exp": lambda be, a: be.exp(a),
+    "pow": _pow,
+    "cast": lambda be, a, *, dtype: a,
+    "where": _where,
+    "maximum": lambda be, a, b: be.select2("max", a, b),
+    "minimum": lambda be, a, b: be.select2("min", a, b),
     "matmul": lambda be, a, b: be.matmul(a, b),
     "sum": lambda be, a, *, axes, keepdims=False: be.sum(a, tuple(axes), keepdims),
+    "max": lambda be, a, *, axes, keepdims=False: be.reduce("max", a, tuple(axes), keepdims),
+    "min": lambda be, a, *, axes, keepdims=False: be.reduce("min", a, tuple(axes), keepdims),
     "reshape": lambda be, a, *, shape: be.layout(a, lambda x: x.reshape(shape)),
     "transpose": lambda be, a, *, perm: be.layout(a, lambda x: x.transpose(perm)),
+    "slice": lambda be, a, **at: be.compute("slice", [a], at),
+    "concat": lambda be, *xs, axis: be.concat(list(xs), axis),
 }
 
 
 def register() -> None:
     """Fill the ``field`` slot of the shared op table: ``field["compute"](backend, *args,
-    **attrs)``; uninterpreted operators (Lax class ``uf``) get ``field["uninterpreted"] = True``."""
+    **attrs)``; uninterpreted operators (Lax class ``uf``) get ``field["uninterpreted"] = True``.
+    Every operator but the leaves gets field semantics (leaves are inputs, constants and masks,
+    which the walks give values directly)."""
     for name, spec in _ops.OPS.items():
         if name in FIELD_COMPUTE:
             spec.field["compute"] = FIELD_COMPUTE[name]
         elif spec.lax == "uf" and spec.elementwise:
             spec.field["compute"] = _uf(name)
             spec.field["uninterpreted"] = True
+        elif spec.category != "leaf":
+            raise UnsupportedOperatorError(f"operator {name!r} has no finite-field semantics")
 
 
 register()

@@ -15,15 +15,18 @@ kind                   what changes
 ``split``              a grid dim or the for-loop range times / over 2 or 4 (wrong split count)
 ``swap``               the operands of a binary operator swapped (block, thread or kernel level)
 ``axis``               a sum over another axis, or keepdims flipped
-``op``                 an operator replaced by a related one (add/sub, mul/div, exp/square, ...)
+``op``                 an operator replaced by a related one (add/sub, mul/div, exp/square,
+                       max/min, sigmoid/tanh, ...), or given other attributes (a clamp's
+                       bounds, a slope, an exponent)
 ``drop``               an elementwise operator dropped (its first operand passed on): a missing
                        division, a missing scale, a missing exp
 ``scale``              an extra scale (by 1.5, by -1, by 1 + 2^-20) after a loaded tile, a
                        matmul, a fused chain or an accumulator
 ``operand``            a block operator reads another tile in place of one of its operands
 ``const``              a constant changed (doubled, or by a relative 1e-3)
-``accum``              an accumulation doubled, fed another tile, or (single-iteration loops)
-                       dropped
+``accum``              an accumulation doubled, fed another tile, of another kind (sum, max,
+                       min), or (single-iteration loops) dropped
+``mask``               a mask iterator with another offset or window, or split differently
 ``input``              an iterator or kernel reads another input of the same shape
 ``saver``              an output saver saves another tile
 =====================  ==========================================================================
@@ -36,13 +39,38 @@ from dataclasses import dataclass, replace
 from typing import Any, Iterator
 
 from ..errors import MirageError
-from ..ugraph.graph import (Accum, BlockGraph, BlockOp, DTensor, Fused, GraphKernel, InputIter,
-                            KernelGraph, KernelOp, OutputSaver, ThreadGraph, ThreadOp, attrs_of)
+from ..lax.ops import OPS
+from ..ugraph.graph import (ACCUM_KINDS, Accum, BlockGraph, BlockOp, DTensor, Fused, GraphKernel,
+                            InputIter, KernelGraph, KernelOp, MaskIter, OutputSaver, ThreadGraph,
+                            ThreadOp, attrs_of)
 from ..ugraph.validate import validate
 
 SWAP_OP = {"add": "sub", "sub": "add", "mul": "div", "div": "mul", "exp": "square",
            "square": "neg", "neg": "square", "sqrt": "square", "silu": "relu", "relu": "silu",
-           "gelu": "silu"}
+           "gelu": "silu", "maximum": "minimum", "minimum": "maximum", "max": "min", "min": "max",
+           "sigmoid": "tanh", "tanh": "sigmoid", "log": "exp", "abs": "neg", "softplus": "relu",
+           "mish": "silu", "leaky_relu": "relu", "clamp": "relu", "pow": "square",
+           "where": "add", "cast": "neg"}
+
+
+def related(op: str, operands: tuple, attrs: tuple = ()) -> list[tuple[str, tuple, tuple]]:
+    """Related forms of an operator node: another operator (``SWAP_OP``; operands and attributes
+    adapted to its arity), or the same one with other attributes."""
+    out = []
+    if op in SWAP_OP:
+        new = SWAP_OP[op]
+        arity = OPS[new].arity or 1
+        ops = tuple(operands[1:]) if op == "where" else tuple(operands)
+        ops = ops[:arity] if len(ops) >= arity else ops + (2.0,) * (arity - len(ops))
+        keep = attrs if new in ("max", "min", "sum") else ()
+        out.append((new, ops, keep))
+    a = dict(attrs)
+    for k in ("lo", "hi", "negative_slope", "exponent"):
+        if k in a:
+            out.append((op, operands, attrs_of(a, **{k: a[k] + 1.0})))
+    if op == "gelu":
+        out.append((op, operands, attrs_of(approximate="tanh") if not a else ()))
+    return out
 
 
 @dataclass(frozen=True)
@@ -156,7 +184,7 @@ def _block_mutations(g: KernelGraph, k: int) -> Iterator[tuple[str, str, KernelG
             if len(n.operands) == 2 and n.operands[0] != n.operands[1]:
                 yield "swap", f"{here} {n.op} operands swapped", _with_nodes(
                     g, k, nodes[:i] + [replace(n, operands=n.operands[::-1])] + nodes[i + 1:])
-            if n.op == "sum":
+            if n.op in ("sum", "max", "min"):
                 axes = tuple(n.attr("axes", ()))
                 rank = _tile_rank(nodes, i, ins)
                 for ax in range(rank):
@@ -168,12 +196,11 @@ def _block_mutations(g: KernelGraph, k: int) -> Iterator[tuple[str, str, KernelG
                 yield "axis", f"{here} keepdims {kd}->{not kd}", _with_nodes(
                     g, k, nodes[:i] + [replace(n, attrs=attrs_of(dict(n.attrs), keepdims=not kd))]
                     + nodes[i + 1:])
+            for op, operands, attrs in related(n.op, n.operands, n.attrs):
+                yield "op", f"{here} {n.op}{dict(n.attrs)}->{op}{dict(attrs)}", _with_nodes(
+                    g, k, nodes[:i] + [replace(n, op=op, operands=operands, attrs=attrs)] +
+                    nodes[i + 1:])
             if n.op in SWAP_OP:
-                yield "op", f"{here} {n.op}->{SWAP_OP[n.op]}", _with_nodes(
-                    g, k, nodes[:i] + [replace(n, op=SWAP_OP[n.op],
-                                               operands=n.operands[:1] if SWAP_OP[n.op] in
-                                               ("square", "neg", "relu", "silu", "exp") else
-                                               n.operands)] + nodes[i + 1:])
                 if isinstance(n.operands[0], str):
                     yield "drop", f"{here} {n.op} dropped", _with_nodes(
                         g, k, nodes[:i] + [BlockOp(n.out, "mul", (n.operands[0], 1.0))] +
@@ -203,7 +230,27 @@ def _block_mutations(g: KernelGraph, k: int) -> Iterator[tuple[str, str, KernelG
                             ThreadOp(_fresh("y", {t.out for t in n.thread.ops}), "mul",
                                      (n.thread.ops[-1].out, c)),)))] + nodes[i + 1:])
             yield from _operand_mutations(g, k, nodes, i, n, here)
+        elif isinstance(n, MaskIter):
+            for kw in (dict(offset=n.offset + 1), dict(offset=n.offset - 1),
+                       dict(window=n.window + 1 if n.window else 2)):
+                yield "mask", f"{here} {kw}", _with_nodes(
+                    g, k, nodes[:i] + [replace(n, **kw)] + nodes[i + 1:])
+            for a in range(3):
+                if bg.grid[a] > 1:
+                    for d in (-1, 0, 1):
+                        if d != n.imap[a]:
+                            imap = tuple(d if j == a else n.imap[j] for j in range(3))
+                            yield "mask", f"{here} imap {n.imap}->{imap}", _with_nodes(
+                                g, k, nodes[:i] + [replace(n, imap=imap)] + nodes[i + 1:])
+            for d in (-1, 0, 1):
+                if d != n.fmap:
+                    yield "mask", f"{here} fmap {n.fmap}->{d}", _with_nodes(
+                        g, k, nodes[:i] + [replace(n, fmap=d)] + nodes[i + 1:])
         elif isinstance(n, Accum):
+            for kind in ACCUM_KINDS:
+                if kind != n.kind:
+                    yield "accum", f"{here} kind {n.kind}->{kind}", _with_nodes(
+                        g, k, nodes[:i] + [replace(n, kind=kind)] + nodes[i + 1:])
             inner = _fresh(n.input, tile_names)
             doubled = [Fused(inner, (n.input,), _scale_thread(2.0)), replace(n, input=inner)]
             yield "accum", f"{here} accumulation doubled", _with_nodes(
@@ -281,13 +328,10 @@ def _thread_mutations(g: KernelGraph, k: int, nodes: list[Any], i: int, n: Fused
         if len(t.operands) == 2 and t.operands[0] != t.operands[1]:
             yield "swap", f"{at} operands swapped", with_thread(
                 tops[:j] + [replace(t, operands=t.operands[::-1])] + tops[j + 1:])
+        for op, operands, attrs in related(t.op, t.operands, t.attrs):
+            yield "op", f"{at}{dict(t.attrs)} -> {op}{dict(attrs)}", with_thread(
+                tops[:j] + [ThreadOp(t.out, op, operands, attrs)] + tops[j + 1:])
         if t.op in SWAP_OP:
-            new = SWAP_OP[t.op]
-            unary = new in ("square", "neg", "relu", "silu", "exp", "sqrt")
-            operands = t.operands[:1] if unary else \
-                (t.operands if len(t.operands) == 2 else (t.operands[0], 2.0))
-            yield "op", f"{at} -> {new}", with_thread(
-                tops[:j] + [ThreadOp(t.out, new, operands)] + tops[j + 1:])
             yield "drop", f"{at} dropped", with_thread(
                 tops[:j] + [ThreadOp(t.out, "mul", (t.operands[0], 1.0))] + tops[j + 1:])
         for m, o in enumerate(t.operands):
@@ -307,15 +351,17 @@ def _kernel_mutations(g: KernelGraph, k: int) -> Iterator[tuple[str, str, Kernel
     if len(op.operands) == 2 and op.operands[0] != op.operands[1]:
         yield "swap", f"{here} operands swapped", _with_op(
             g, k, replace(op, operands=op.operands[::-1]))
-    if op.op in SWAP_OP:
-        new = SWAP_OP[op.op]
-        unary = new in ("square", "neg", "relu", "silu", "exp", "sqrt")
-        operands = op.operands[:1] if unary else \
-            (op.operands if len(op.operands) == 2 else (op.operands[0], 2.0))
-        yield "op", f"{here} -> {new}", _with_op(g, k, replace(op, op=new, operands=operands))
+    for new, operands, attrs in related(op.op, op.operands, op.attrs):
+        yield "op", f"{here}{dict(op.attrs)} -> {new}{dict(attrs)}", _with_op(
+            g, k, replace(op, op=new, operands=operands, attrs=attrs))
+    if op.op in SWAP_OP and op.operands:
         yield "drop", f"{here} dropped", _with_op(
             g, k, KernelOp("mul", (op.operands[0], 1.0), op.output))
-    if op.op == "sum":
+    if op.op == "mask":
+        for kw in (dict(offset=op.attr("offset") + 1), dict(window=op.attr("window", 0) + 2)):
+            yield "mask", f"{here} {kw}", _with_op(
+                g, k, replace(op, attrs=attrs_of(dict(op.attrs), **kw)))
+    if op.op in ("sum", "max", "min"):
         axes = tuple(op.attr("axes", ()))
         src = tensors.get(op.operands[0])
         for ax in range(len(src.shape) if src is not None else 0):
@@ -397,4 +443,4 @@ def mutants(graph: KernelGraph, limit: int | None = None, target: Any = "h100") 
     return out
 
 
-__all__ = ["Mutant", "mutants", "candidates", "SWAP_OP"]
+__all__ = ["Mutant", "mutants", "candidates", "related", "SWAP_OP"]

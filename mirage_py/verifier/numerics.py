@@ -122,8 +122,8 @@ class CheckingBackend(NumpyBackend):
         return self._watch(super().compute(op, args, attrs), list(args), op,
                            args[1] if op == "div" else None)
 
-    def elementwise(self, op: str, args: list[Any]) -> Any:
-        return self._watch(super().elementwise(op, args), args, op,
+    def elementwise(self, op: str, args: list[Any], attrs: dict[str, Any] | None = None) -> Any:
+        return self._watch(super().elementwise(op, args, attrs), args, op,
                            args[1] if op == "div" else None)
 
     def matmul(self, a: Any, b: Any) -> np.ndarray:
@@ -132,9 +132,12 @@ class CheckingBackend(NumpyBackend):
     def sum(self, x: Any, axes: tuple[int, ...], keepdims: bool) -> np.ndarray:
         return self._watch(super().sum(x, axes, keepdims), [x], "sum")
 
-    def accumulate(self, acc: Any, v: Any) -> np.ndarray:
-        return self._watch(super().accumulate(acc, v), [v] if acc is None else [acc, v],
-                           "accumulate")
+    def reduce(self, op: str, x: Any, axes: tuple[int, ...], keepdims: bool) -> np.ndarray:
+        return self._watch(super().reduce(op, x, axes, keepdims), [x], op)
+
+    def accumulate(self, acc: Any, v: Any, kind: str = "sum") -> np.ndarray:
+        return self._watch(super().accumulate(acc, v, kind), [v] if acc is None else [acc, v],
+                           f"accumulate {kind}")
 
     def rms_norm(self, x: Any, eps: float) -> np.ndarray:
         return self._watch(super().rms_norm(x, eps), [x], "rms_norm")

@@ -280,6 +280,32 @@ inline float fdiv(float a, float b) { return a / b; }
 __device__ __forceinline__ float silu(float x) { return fdiv(x, 1.0f + expf(-x)); }
 __device__ __forceinline__ float gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678f)); }
 __device__ __forceinline__ float relu(float x) { return x > 0.0f || x != x ? x : 0.0f; }
+// the operators of the op table as NumPy computes them (NaN propagates through maxf / minf,
+// as through np.maximum / np.minimum; fmaxf would drop it)
+__device__ __forceinline__ float maxf(float a, float b) { return a > b || a != a ? a : b; }
+__device__ __forceinline__ float minf(float a, float b) { return a < b || a != a ? a : b; }
+__device__ __forceinline__ float sigmoid(float x) { return fdiv(1.0f, 1.0f + expf(-x)); }
+__device__ __forceinline__ float softplus(float x) {  // log(1 + e^x) without overflow
+  return fmaxf(x, 0.0f) + log1pf(expf(-fabsf(x)));
+}
+__device__ __forceinline__ float mish(float x) { return x * tanhf(softplus(x)); }
+__device__ __forceinline__ float gelu_tanh(float x) {
+  return 0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x)));
+}
+__device__ __forceinline__ float leaky_relu(float x, float slope) {
+  return x >= 0.0f ? x : slope * x;
+}
+__device__ __forceinline__ float powi(float x, int n) {  // x^n, n >= 0, square and multiply
+  float r = 1.0f;
+  for (; n; n >>= 1, x *= x)
+    if (n & 1) r *= x;
+  return r;
+}
+template <class T> __device__ __forceinline__ float round_to(float x) {  // storage rounding
+  T t;
+  store(&t, x);
+  return to_float(t);
+}
 
 // C = A @ B for BATCH pairs of tiles in shared memory, row-major: A (M, K), B (K, N), C (BATCH,
 // M, N) fp32; a_off(b) / b_off(b) give the element offset of the operands' b-th matrix (0 for an
