@@ -5,7 +5,10 @@ Subcommands::
     mirage-py demo [NAME] [--bs N]          superoptimise a built-in benchmark program
     mirage-py superopt FILE.py [options]    superoptimise the Program(s) a Python file defines
     mirage-py show RESULT.json [--out DIR]  summary (and picture) of a saved result
-    mirage-py bench [options]               the benchmark suite (benchmarks/run.py)
+    mirage-py bench [options]               the benchmark suite (mirage_py/examples/bench.py)
+
+The demo's programs and the benchmark suite ship in the package (``mirage_py.examples``), so
+every subcommand works from any directory after a plain ``pip install``.
 
 Exit codes: 0 success; 1 the work failed (a search or check went wrong); 2 bad input (missing
 file, no Program in it, unknown target, unwritable output directory, bad arguments). Errors are
@@ -31,19 +34,8 @@ class UsageProblem(Exception):
         self.hint = hint
 
 
-def _repo_root() -> str:
-    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
 def _benchmarks():
-    root = _repo_root()
-    if root not in sys.path:
-        sys.path.insert(0, root)
-    try:
-        from benchmarks import programs
-    except ImportError:
-        raise UsageProblem("the benchmarks/ folder is not available",
-                           "run from a checkout of the mirage_py repository") from None
+    from .examples import programs
     return programs
 
 
@@ -174,9 +166,12 @@ def cmd_show(args) -> int:
 
 
 def cmd_bench(args, rest: list[str]) -> int:
-    _benchmarks()
-    from benchmarks import run
-    return run.main(rest)
+    from .examples import bench
+    try:
+        return bench.main(rest)
+    except OSError as e:  # the output directory
+        raise UsageProblem(f"cannot write the results: {e}",
+                           "choose a directory you can write to with --out DIR") from None
 
 
 def build_parser() -> argparse.ArgumentParser:

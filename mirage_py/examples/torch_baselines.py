@@ -1,0 +1,119 @@
+"""PyTorch baselines for the benchmark programs, and CUDA-event timing.
+
+``torch_fn(program)`` evaluates any mirage_py Program with PyTorch operators, node by node, in the
+inputs' dtype: PyTorch eager. ``torch.compile`` of the same function is the compiler baseline.
+``sdpa_fn(name)`` expresses the attention benchmarks with
+``torch.nn.functional.scaled_dot_product_attention`` (our K is stored (.., head_dim, seq), so it
+is transposed; the programs apply no 1/sqrt(d) scale, so ``scale=1``; qknorm_gqa normalises Q
+and K first exactly as the program does). ``time_cuda`` times a callable with CUDA events after
+warm-up and returns the median in microseconds.
+
+Only the benchmark runner (``mirage_py.examples.bench``) imports this, on a GPU; torch is
+optional and imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+
+def torch_fn(program) -> Callable[[dict], dict]:
+    """A function of {input name: torch tensor} computing the program's outputs with torch ops."""
+    import torch
+
+    nodes = program.nodes()
+    outs = program.output_tensors
+
+    def unary(op: str, x):
+        return {"neg": torch.neg, "exp": torch.exp, "sqrt": torch.sqrt, "square": torch.square,
+                "silu": torch.nn.functional.silu, "gelu": torch.nn.functional.gelu,
+                "relu": torch.relu}[op](x)
+
+    def binary(op: str, a, b):
+        return {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div}[op](a, b)
+
+    def run(inputs: dict) -> dict:
+        vals: dict[str, Any] = {}
+        for t in nodes:
+            if t.op == "input":
+                vals[t.digest] = inputs[t.name]
+                continue
+            if t.op == "const":
+                vals[t.digest] = t.attr("value")
+                continue
+            args = [vals[i.digest] for i in t.inputs]
+            if t.op == "matmul":
+                v = torch.matmul(*args)
+            elif t.op == "sum":
+                v = torch.sum(args[0], dim=tuple(t.attr("axes")), keepdim=bool(t.attr("keepdims")))
+            elif t.op == "reshape":
+                v = torch.reshape(args[0], tuple(t.attr("shape")))
+            elif t.op == "transpose":
+                v = torch.permute(args[0], tuple(t.attr("perm")))
+            elif len(args) == 1:
+                v = unary(t.op, args[0])
+            else:
+                v = binary(t.op, *args)
+            vals[t.digest] = v
+        return {n: vals[t.digest] for n, t in outs.items()}
+
+    return run
+
+
+ATTENTION = ("gqa", "qknorm_gqa", "mha", "mqa")
+
+
+def sdpa_fn(name: str) -> Callable[[dict], dict] | None:
+    """The attention benchmarks through scaled_dot_product_attention (None for the others)."""
+    if name not in ATTENTION:
+        return None
+    import torch
+    import torch.nn.functional as F
+
+    def rms(x):
+        return x / torch.sqrt(torch.mean(x * x, dim=-1, keepdim=True) + 1e-6)
+
+    def run(inputs: dict) -> dict:
+        q, k, v = inputs["Q"], inputs["K"].transpose(-1, -2), inputs["V"]
+        if name == "qknorm_gqa":
+            q, k = rms(q) * 0.125, rms(k)
+        return {"O": F.scaled_dot_product_attention(q, k, v, scale=1.0)}
+
+    return run
+
+
+def time_cuda(fn: Callable[[], Any], warmup: int = 10, repeat: int = 50) -> float:
+    """Median time of ``fn()`` in microseconds, with CUDA events, after ``warmup`` calls."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeat):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def copy_bandwidth(nbytes: int = 1 << 30) -> float:
+    """Measured device-to-device copy bandwidth in bytes/s (read + write)."""
+    import torch
+
+    a = torch.empty(nbytes // 2, dtype=torch.float16, device="cuda")
+    b = torch.empty_like(a)
+    us = time_cuda(lambda: b.copy_(a), warmup=3, repeat=20)
+    return 2 * a.numel() * 2 / (us * 1e-6)
+
+
+def rel_err(a, b) -> float:
+    import torch
+    a, b = a.float(), b.float()
+    return float(torch.linalg.vector_norm(a - b) / max(float(torch.linalg.vector_norm(b)),
+                                                         math.ulp(1.0)))
