@@ -1,5 +1,6 @@
-"""KernelBench level 2 without convolutions (benchmarks/kernelbench.py): all 37 problems are
-expressible and evaluate to their NumPy references; where PyTorch is installed, a few against
+"""KernelBench level 2 without convolutions written in the Program API
+(benchmarks/kernelbench_program_api.py): all 37 problems are expressible and evaluate to their
+NumPy references; where PyTorch is installed, a few against
 PyTorch's own modules; a sample goes through superopt (fused, verified, matching NumPy); the
 committed table is complete."""
 
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 
 import mirage_py as mp
-from benchmarks import kernelbench as kb
+from benchmarks import kernelbench_program_api as kb
 
 RESULTS = Path(kb.__file__).parent / "results" / "kernelbench_level2.json"
 

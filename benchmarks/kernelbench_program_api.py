@@ -1,4 +1,7 @@
-"""KernelBench level 2 without convolutions: the 37 problems written in the Program API.
+"""KernelBench level 2 without convolutions: the 37 problems written by hand in the Program API.
+
+(``benchmarks/kernelbench.py`` runs KernelBench's own files through the PyTorch frontend
+instead.)
 
 Each problem is a ``Problem``: its KernelBench number and name, a builder of the Program (sizes
 reduced for the CPU: batch 64, features 256; group counts scaled with the features) and a NumPy
@@ -14,7 +17,7 @@ independent of mirage_py. Conventions:
 * ``InstanceNorm2d`` of ``x.unsqueeze(1).unsqueeze(1)`` normalises each row: a layer norm
   without weights.
 
-``python -m benchmarks.kernelbench`` runs ``mp.superopt`` on every problem and writes
+``python -m benchmarks.kernelbench_program_api`` runs ``mp.superopt`` on every problem and writes
 ``benchmarks/results/kernelbench_level2.{md,json}``: expressible, kernels (naive -> optimized),
 verified, and the optimized program's GPU-precision error against the NumPy reference.
 """
