@@ -17,6 +17,21 @@ from .verifier import check_numerics, verify
 from .superopt import OptimizedProgram, load, superopt
 from . import regions
 
+
+def from_torch(fn_or_module, example_inputs, example_kwargs=None, **options):
+    """One ``Program`` from a PyTorch module or function (``mirage_py.frontend_torch``; imports
+    torch on first use; docs/torch.md)."""
+    from .frontend_torch import from_torch as _from_torch
+    return _from_torch(fn_or_module, example_inputs, example_kwargs, **options)
+
+
+def compile(module, example_inputs=None, example_kwargs=None, **superopt_options):  # noqa: A001
+    """A ``torch.nn.Module`` running ``module`` with its supported regions superoptimised
+    (``mirage_py.frontend_torch``; imports torch on first use; docs/torch.md)."""
+    from .frontend_torch import compile as _compile
+    return _compile(module, example_inputs, example_kwargs, **superopt_options)
+
+
 __version__ = "0.4.0"
 
 __all__ = ["DatabaseError", "DTypeError", "MirageError", "OptionError", "ProgramError",
@@ -27,4 +42,4 @@ __all__ = ["DatabaseError", "DTypeError", "MirageError", "OptionError", "Program
            "partition", "pow", "relu", "reshape", "rms_norm", "sigmoid", "silu", "slice",
            "sliding_window_mask", "softmax", "softplus", "split", "sqrt", "square", "sum", "tanh",
            "transpose", "where", "verify", "check_numerics", "superopt", "OptimizedProgram",
-           "load", "__version__"]
+           "load", "from_torch", "compile", "__version__"]

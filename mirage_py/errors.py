@@ -55,3 +55,25 @@ class DatabaseError(MirageError, RuntimeError):
 
 class OptionError(MirageError, ValueError):
     """A bad option to an entry point (``superopt(time_budget_s=0)``, ``workers=0``, ...)."""
+
+
+class TorchCaptureError(MirageError, RuntimeError):
+    """A PyTorch model that the torch frontend (``mp.from_torch``, ``mp.compile``, the
+    ``"mirage_py"`` torch.compile backend) cannot capture or run: tracing failed, inputs that do
+    not match the compiled signature, a torch that is not installed. The message names the
+    module or node and what to do."""
+
+
+class UnsupportedOperatorError(TorchCaptureError, ValueError):
+    """``mp.from_torch`` met an operator (or a dtype) it cannot express as one ``Program``.
+    ``op`` is the aten operator (``aten.sort.default``), ``node`` the FX node's name,
+    ``module`` the module path (``attn.q_proj``) and ``location`` the source line, where known.
+    ``mp.compile`` runs such operators in eager PyTorch instead of raising."""
+
+    def __init__(self, message: str, *, op: str = "", node: str = "", module: str = "",
+                 location: str = ""):
+        super().__init__(message)
+        self.op = op
+        self.node = node
+        self.module = module
+        self.location = location

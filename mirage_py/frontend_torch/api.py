@@ -1,0 +1,211 @@
+"""``mp.from_torch`` and ``mp.compile``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..errors import OptionError, TorchCaptureError
+from ..lax.program import Program
+from .capture import capture
+from .graph import whole_program
+from .runtime import CompiledGraph, describe_signature, signature_of
+
+
+def _torch() -> Any:
+    return torch
+
+
+def _split_examples(example_inputs: Any, example_kwargs: Any) -> tuple[tuple, dict]:
+    torch = _torch()
+    if isinstance(example_inputs, torch.Tensor):
+        args = (example_inputs,)
+    elif isinstance(example_inputs, dict) and example_kwargs is None:
+        return (), dict(example_inputs)
+    elif isinstance(example_inputs, (tuple, list)):
+        args = tuple(example_inputs)
+    elif example_inputs is None:
+        args = ()
+    else:
+        raise OptionError(f"example_inputs must be a tensor, a tuple of positional arguments or "
+                          f"a dict of keyword arguments, got {type(example_inputs).__name__}")
+    if example_kwargs is not None and not isinstance(example_kwargs, dict):
+        raise OptionError(f"example_kwargs must be a dict, got {type(example_kwargs).__name__}")
+    return args, dict(example_kwargs or {})
+
+
+def _name_of(fn_or_module: Any) -> str:
+    return type(fn_or_module).__name__ if isinstance(fn_or_module, _torch().nn.Module) else \
+        getattr(fn_or_module, "__name__", "function")
+
+
+class TorchProgram(Program):
+    """A :class:`~mirage_py.Program` captured from PyTorch. ``torch_names`` maps each program
+    input to the name it has in PyTorch: the qualified name of a parameter or buffer
+    (``gate_proj.weight``, which a program spells ``gate_proj_weight``), or the forward's
+    argument name."""
+
+    torch_names: dict[str, str]
+    capture_method: str
+
+    def bind(self, module: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """The program's inputs as NumPy arrays (float32 for bfloat16) from ``module``'s current
+        parameters and buffers and the call's arguments: ``p.evaluate(p.bind(m, x))``."""
+        torch = _torch()
+        from torch.utils._pytree import tree_flatten
+        from .capture import user_input_names
+        fn = module.forward if isinstance(module, torch.nn.Module) else module
+        leaves, _ = tree_flatten((tuple(args), dict(kwargs)))
+        by_arg = dict(zip(user_input_names(fn, args, kwargs), leaves))
+        state = {}
+        if isinstance(module, torch.nn.Module):
+            state.update(dict(module.named_parameters()))
+            state.update(dict(module.named_buffers()))
+        out = {}
+        for t in self.inputs:
+            src = self.torch_names.get(t.name, t.name)
+            v = state.get(src, by_arg.get(src))
+            if v is None:
+                raise TorchCaptureError(f"bind: no parameter, buffer or argument named {src!r} "
+                                        f"for program input {t.name!r}")
+            v = v.detach().to("cpu")
+            out[t.name] = (v.float() if v.dtype == torch.bfloat16 else v).numpy()
+        return out
+
+
+def from_torch(fn_or_module: Any, example_inputs: Any, example_kwargs: dict | None = None, *,
+               name: str | None = None) -> TorchProgram:
+    """Capture ``fn_or_module(*example_inputs, **example_kwargs)`` as one :class:`Program`.
+
+    Capture is ``torch.export`` (``make_fx`` where export fails) decomposed to aten with the
+    table of :func:`mirage_py.frontend_torch.decomposition_table`; every aten node is mapped onto
+    the operator table (docs/torch.md lists the mapping). Parameters and buffers become inputs
+    named by their qualified names (``gemm.weight`` -> ``gemm_weight``; ``torch_names`` keeps the
+    original), user inputs by the forward's argument names; shapes and dtypes come from the
+    examples. Outputs are ``out0, out1, ...`` in the order of the flattened result.
+
+    A graph that uses an operator the table cannot express raises
+    :class:`~mirage_py.errors.UnsupportedOperatorError` naming the aten operator, the node, the
+    module path and the source line (``mp.compile`` runs such operators eagerly instead). float64
+    tensors are such a case: programs hold float16, bfloat16 and float32.
+    """
+    args, kwargs = _split_examples(example_inputs, example_kwargs)
+    cap = capture(fn_or_module, args, kwargs)
+    p, names = whole_program(cap, name or _name_of(fn_or_module))
+    tp = TorchProgram.__new__(TorchProgram)
+    tp.__dict__.update(p.__dict__)
+    tp.torch_names = names
+    tp.capture_method = cap.method
+    return tp
+
+
+class CompiledModule(torch.nn.Module):
+    """``module`` with its supported regions superoptimised (see :func:`compile`).
+
+    ``module`` is a submodule: its parameters and buffers are this module's, and they are read at
+    every call. A call with new shapes, dtypes or argument structure captures and superoptimises
+    again (one :class:`~.runtime.CompiledGraph` per signature in ``graphs``)."""
+
+    def __init__(self, module: Any, options: dict[str, Any], name: str):
+        super().__init__()
+        self.module = module
+        self._options = dict(options)
+        self._name = name
+        self.graphs: dict[tuple, CompiledGraph] = {}
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        from torch.utils._pytree import tree_flatten, tree_unflatten
+        leaves, spec = tree_flatten((tuple(args), dict(kwargs)))
+        sig = signature_of(leaves, spec)
+        g = self.graphs.get(sig)
+        if g is None:
+            g = self._compile(args, kwargs, sig)
+        cap = g.cap
+        state = {}
+        for role in cap.roles:
+            if role.kind == "parameter":
+                state[role.node] = self.module.get_parameter(role.name)
+            elif role.kind == "buffer":
+                state[role.node] = self.module.get_buffer(role.name)
+            elif role.kind == "constant":
+                state[role.node] = cap.constants[role.node]
+            else:
+                state[role.node] = leaves[role.index]
+        outs = g.run(state)
+        with torch.no_grad():
+            for pos, kind, target in cap.mutations:
+                if kind == "BUFFER_MUTATION":
+                    self.module.get_buffer(target).copy_(outs[pos])
+                else:
+                    role = next(r for r in cap.roles if r.node == target)
+                    leaves[role.index].copy_(outs[pos])
+        return tree_unflatten([outs[i] for i in cap.outputs], cap.out_spec)
+
+    def _compile(self, args: tuple, kwargs: dict, sig: tuple) -> CompiledGraph:
+        cap = capture(self.module, args, kwargs)
+        names = [r.name for r in sorted((r for r in cap.roles if r.kind == "user"),
+                                        key=lambda r: r.index)]
+        g = CompiledGraph(cap, self._name, self._options, describe_signature(sig, names))
+        self.graphs[sig] = g
+        return g
+
+    def report(self) -> str:
+        """Per compiled signature: the regions (aten nodes, inputs, outputs), kernels naive ->
+        found, predicted time and verification bound of each; the operators run eagerly and
+        why."""
+        lines = [f"mirage_py compile: {self._name}, {len(self.graphs)} signature(s)"]
+        for g in self.graphs.values():
+            lines.append(g.report())
+        return "\n".join(lines)
+
+    def regions(self) -> list[dict[str, Any]]:
+        """One dict per region of every compiled signature: ``kernels_naive``, ``kernels``,
+        ``naive_us``, ``us``, ``verified``, ``bound``, ``nodes``, ``inputs``, ``outputs``."""
+        return [row for g in self.graphs.values() for row in g.region_rows()]
+
+    def eager_ops(self) -> list[dict[str, str]]:
+        """The operators run by PyTorch: ``op``, ``node``, ``module``, ``location``, ``reason``."""
+        return [row for g in self.graphs.values() for row in g.eager_rows()]
+
+
+def compile(module: Any, example_inputs: Any = None, example_kwargs: dict | None = None,  # noqa: A001
+            **superopt_options: Any) -> Any:
+    """``module`` with its supported regions superoptimised, as a ``torch.nn.Module``.
+
+    The captured graph (see :func:`from_torch`) is cut into maximal regions of supported
+    operators; each region becomes a program and goes through ``mp.superopt`` with
+    ``superopt_options`` (``time_budget_s``, ``workers``, ``database``, ``target``, ``seed``, ...).
+    The returned module's forward runs each region's kernels on CUDA tensors (CuPy, DLPack, no
+    copies), the μGraph interpreter on CPU tensors, and eager PyTorch for the operators in
+    between. Parameters are read at every call. The module is specialised to the example
+    signature; a call with other shapes or dtypes captures and superoptimises again (cached per
+    signature; regions seen before come from the in-memory cache or the results database).
+    ``.report()`` describes what was found. With ``example_inputs=None`` compilation waits for
+    the first call."""
+    torch = _torch()
+    if not isinstance(module, torch.nn.Module):
+        from .capture import as_module
+        module = as_module(module)
+    name = type(module).__name__
+    _check_options(superopt_options)
+    cm = CompiledModule(module, superopt_options, name)
+    if example_inputs is not None or example_kwargs is not None:
+        args, kwargs = _split_examples(example_inputs, example_kwargs)
+        from torch.utils._pytree import tree_flatten
+        leaves, spec = tree_flatten((args, kwargs))
+        cm._compile(args, kwargs, signature_of(leaves, spec))
+    return cm
+
+
+def _check_options(options: dict[str, Any]) -> None:
+    import inspect
+    from ..superopt import superopt
+    known = set(inspect.signature(superopt).parameters) - {"program"}
+    bad = sorted(set(options) - known)
+    if bad:
+        raise OptionError(f"compile: unknown option(s) {', '.join(bad)}; superopt takes "
+                          f"{', '.join(sorted(known))}")
+
+
+__all__ = ["from_torch", "compile", "TorchProgram", "CompiledModule"]

@@ -1,0 +1,265 @@
+"""Capture a PyTorch module or function as an aten-level FX graph.
+
+``torch.export.export`` (non-strict) first, then ``run_decompositions`` with
+:func:`decomposition_table`: PyTorch's core-aten table minus every operator the frontend maps as a
+whole (``linear``, ``scaled_dot_product_attention``, ``layer_norm``, ``softmax``, ``silu``, ...,
+see :data:`mirage_py.frontend_torch.aten.TABLE`), so those arrive as one node each and keep their
+structure (a softmax with its max, an attention with its mask) instead of the decomposed forms.
+Where export fails (data-dependent Python control flow, unsupported Python), ``make_fx`` traces the
+module once with the real example inputs through ``torch.func.functional_call`` (parameters and
+buffers as inputs) and ``torch.func.functionalize``, with the same table.
+
+Every placeholder of the captured graph gets a role: ``parameter`` / ``buffer`` (named by its
+qualified name, ``gemm.weight``, read from the module at every call), ``constant`` (a tensor
+attribute that is neither: its value at capture time), or ``user`` (named by the forward's argument
+name; nested inputs as ``name_0``, ``name_key``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import TorchCaptureError
+from .aten import ASSERTS, TABLE, packet_name
+
+
+def _torch() -> Any:
+    try:
+        import torch
+    except ImportError as e:  # pragma: no cover - the test extra installs torch
+        raise TorchCaptureError("the torch frontend needs PyTorch (pip install torch)") from e
+    return torch
+
+
+@dataclass
+class InputRole:
+    """One placeholder of the captured graph."""
+
+    node: str  # the placeholder's name in the graph
+    kind: str  # "parameter", "buffer", "constant", "user"
+    name: str  # qualified name, argument name, or constant target
+    index: int | None = None  # position among the flattened user inputs (kind "user")
+
+    @property
+    def static(self) -> bool:
+        """Module state rather than a call argument (kept from call to call)."""
+        return self.kind in ("parameter", "buffer", "constant")
+
+
+@dataclass
+class Captured:
+    """An aten graph with its placeholders' roles, how to flatten inputs and rebuild outputs."""
+
+    gm: Any  # torch.fx.GraphModule
+    roles: list[InputRole]
+    in_spec: Any  # pytree spec of (args, kwargs)
+    out_spec: Any  # pytree spec of the user outputs
+    outputs: list[int]  # positions of the user outputs in the graph's output tuple
+    mutations: list[tuple[int, str, str]] = field(default_factory=list)  # (position, kind, target)
+    constants: dict[str, Any] = field(default_factory=dict)  # constant placeholder -> tensor
+    method: str = "export"
+    export_error: str = ""  # why export failed, when make_fx captured instead
+
+
+def decomposition_table() -> dict:
+    """PyTorch's core-aten decompositions minus the operators the frontend maps as a whole."""
+    torch = _torch()
+    table = dict(torch.export.default_decompositions().items()) \
+        if hasattr(torch.export, "default_decompositions") else \
+        dict(torch._decomp.core_aten_decompositions())
+    return {op: fn for op, fn in table.items() if packet_name(op) not in TABLE}
+
+
+def user_input_names(fn: Any, args: tuple, kwargs: dict) -> list[str]:
+    """Names of the flattened leaves of ``(args, kwargs)``: the forward's parameter names, with
+    ``_<index>`` / ``_<key>`` for nested structures."""
+    from torch.utils._pytree import tree_flatten_with_path
+    try:
+        params = [p.name for p in inspect.signature(fn).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        star = [p.name for p in inspect.signature(fn).parameters.values()
+                if p.kind is p.VAR_POSITIONAL]
+    except (TypeError, ValueError):
+        params, star = [], []
+    names = []
+    for path, _ in tree_flatten_with_path((tuple(args), dict(kwargs)))[0]:
+        keys = [_key(k) for k in path]
+        top, rest = keys[0], keys[1:]
+        if top == "0":  # positional argument
+            i = int(rest[0])
+            base = params[i] if i < len(params) else \
+                f"{star[0]}_{i - len(params)}" if star else f"arg{i}"
+            rest = rest[1:]
+        else:
+            base, rest = rest[0], rest[1:]
+        names.append("_".join([base] + rest))
+    return names
+
+
+def _key(k: Any) -> str:
+    for attr in ("idx", "key", "name"):
+        if hasattr(k, attr):
+            return str(getattr(k, attr))
+    return str(k)
+
+
+def as_module(fn_or_module: Any) -> Any:
+    """A module for ``torch.export``: the module itself, or one whose forward calls ``fn``."""
+    torch = _torch()
+    if isinstance(fn_or_module, torch.nn.Module):
+        return fn_or_module
+    if not callable(fn_or_module):
+        raise TorchCaptureError(f"from_torch: expected an nn.Module or a function, got "
+                                f"{type(fn_or_module).__name__}")
+
+    class FunctionModule(torch.nn.Module):
+        def __init__(self, fn: Any):
+            super().__init__()
+            self.fn = fn
+
+        def forward(self, *args: Any, **kwargs: Any) -> Any:
+            return self.fn(*args, **kwargs)
+
+    return FunctionModule(fn_or_module)
+
+
+def capture(fn_or_module: Any, args: tuple, kwargs: dict | None = None) -> Captured:
+    """Capture ``fn_or_module(*args, **kwargs)`` as an aten graph (see the module docstring)."""
+    torch = _torch()
+    kwargs = dict(kwargs or {})
+    module = as_module(fn_or_module)
+    fn = fn_or_module.forward if isinstance(fn_or_module, torch.nn.Module) else fn_or_module
+    names = user_input_names(fn, args, kwargs)
+    try:
+        with warnings.catch_warnings():
+            # torch's own pytree deprecation notice, raised inside export's deepcopy
+            warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
+            cap = _capture_export(module, args, kwargs, names)
+    except Exception as e:  # noqa: BLE001 -- export failed: trace instead
+        first = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        try:
+            cap = _capture_make_fx(module, args, kwargs, names)
+        except Exception as e2:  # noqa: BLE001
+            raise TorchCaptureError(
+                f"cannot capture {type(module).__name__}: torch.export failed ({first}) and "
+                f"make_fx failed ({type(e2).__name__}: {e2})") from e2
+        cap.export_error = first
+    _drop_asserts(cap.gm)
+    return cap
+
+
+def _drop_asserts(gm: Any) -> None:
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and packet_name(node.target) in ASSERTS and not node.users:
+            gm.graph.erase_node(node)
+    gm.graph.lint()
+    gm.recompile()
+
+
+def _capture_export(module: Any, args: tuple, kwargs: dict, names: list[str]) -> Captured:
+    torch = _torch()
+    from torch.export.graph_signature import InputKind, OutputKind
+    ep = torch.export.export(module, tuple(args), kwargs, strict=False)
+    ep = ep.run_decompositions(decomposition_table())
+    sig = ep.graph_signature
+    roles, user = [], 0
+    constants = {}
+    for spec in sig.input_specs:
+        node = spec.arg.name
+        if spec.kind == InputKind.PARAMETER:
+            roles.append(InputRole(node, "parameter", spec.target))
+        elif spec.kind == InputKind.BUFFER:
+            roles.append(InputRole(node, "buffer", spec.target))
+        elif spec.kind == InputKind.CONSTANT_TENSOR:
+            roles.append(InputRole(node, "constant", spec.target))
+            constants[node] = ep.constants[spec.target]
+        elif spec.kind == InputKind.USER_INPUT:
+            roles.append(InputRole(node, "user", names[user] if user < len(names) else node,
+                                   user))
+            user += 1
+        else:
+            raise TorchCaptureError(f"export: input {node!r} of kind {spec.kind.name} is not "
+                                    "supported")
+    outputs, mutations = [], []
+    for i, spec in enumerate(sig.output_specs):
+        if spec.kind == OutputKind.USER_OUTPUT:
+            outputs.append(i)
+        elif spec.kind in (OutputKind.BUFFER_MUTATION, OutputKind.USER_INPUT_MUTATION):
+            mutations.append((i, spec.kind.name, spec.target))
+        else:
+            raise TorchCaptureError(f"export: output {spec.arg} of kind {spec.kind.name} is not "
+                                    "supported")
+    gm = ep.graph_module
+    return Captured(gm, roles, ep.call_spec.in_spec, ep.call_spec.out_spec, outputs, mutations,
+                    constants, "export")
+
+
+def _capture_make_fx(module: Any, args: tuple, kwargs: dict, names: list[str]) -> Captured:
+    torch = _torch()
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.utils._pytree import tree_flatten, tree_unflatten
+    params = dict(module.named_parameters())
+    buffers = dict(module.named_buffers())
+    state = list(params) + list(buffers)
+    flat, in_spec = tree_flatten((tuple(args), dict(kwargs)))
+    out_spec: list[Any] = [None]
+    n = len(state)
+
+    def f(*values: Any) -> Any:
+        a, k = tree_unflatten(list(values[n:]), in_spec)
+        out = torch.func.functional_call(module, dict(zip(state, values[:n])), a, k)
+        leaves, out_spec[0] = tree_flatten(out)
+        return leaves
+
+    values = [params[s] if s in params else buffers[s] for s in state] + list(flat)
+    with torch.no_grad():
+        gm = make_fx(torch.func.functionalize(f, remove="mutations"),
+                     decomposition_table=decomposition_table(), tracing_mode="real")(*values)
+    phs = [nd for nd in gm.graph.nodes if nd.op == "placeholder"]
+    roles = []
+    for i, ph in enumerate(phs):
+        if i < n:
+            roles.append(InputRole(ph.name, "parameter" if state[i] in params else "buffer",
+                                   state[i]))
+        else:
+            j = i - n
+            roles.append(InputRole(ph.name, "user", names[j] if j < len(names) else ph.name, j))
+    out_node = next(nd for nd in gm.graph.nodes if nd.op == "output")
+    count = len(out_node.args[0]) if isinstance(out_node.args[0], (list, tuple)) else 1
+    return Captured(gm, roles, in_spec, out_spec[0], list(range(count)), [], {}, "make_fx")
+
+
+def capture_graph_module(gm: Any, example_inputs: list, names: list[str] | None = None
+                         ) -> Captured:
+    """Capture a graph that already takes every tensor as an input (Dynamo's): through make_fx
+    with the decomposition table, functionalized; placeholders are all ``user`` inputs, named
+    after the graph's own placeholders."""
+    torch = _torch()
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.utils._pytree import tree_flatten
+    out_spec: list[Any] = [None]
+
+    def f(*values: Any) -> Any:
+        leaves, out_spec[0] = tree_flatten(gm(*values))
+        return leaves
+
+    with torch.no_grad():
+        traced = make_fx(torch.func.functionalize(f, remove="mutations"),
+                         decomposition_table=decomposition_table(),
+                         tracing_mode="real")(*example_inputs)
+    phs = [nd for nd in traced.graph.nodes if nd.op == "placeholder"]
+    names = names or [ph.name for ph in phs]
+    roles = [InputRole(ph.name, "user", names[i] if i < len(names) else ph.name, i)
+             for i, ph in enumerate(phs)]
+    out_node = next(nd for nd in traced.graph.nodes if nd.op == "output")
+    count = len(out_node.args[0]) if isinstance(out_node.args[0], (list, tuple)) else 1
+    cap = Captured(traced, roles, None, out_spec[0], list(range(count)), [], {}, "make_fx")
+    _drop_asserts(cap.gm)
+    return cap
+
+
+__all__ = ["Captured", "InputRole", "capture", "capture_graph_module", "decomposition_table",
+           "user_input_names", "as_module"]
