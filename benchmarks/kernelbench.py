@@ -350,11 +350,7 @@ def run_problem(path: str | Path, *, scale: str | int = "auto", max_elements: in
     import torch
 
     path = Path(path)
-    m = re.match(r"(\d+)_(.*)", path.stem)
-    level = path.parent.name.replace("level", "") if path.parent.name.startswith("level") \
-        else ""
-    row: dict[str, Any] = {"level": level, "number": int(m.group(1)) if m else None,
-                           "name": m.group(2) if m else path.stem, "file": path.name}
+    row: dict[str, Any] = _identity(path)
     t_start = time.perf_counter()
     # 1. load, scale, build, eager
     try:
@@ -382,12 +378,13 @@ def run_problem(path: str | Path, *, scale: str | int = "auto", max_elements: in
     db = database or str(Path(tempfile.mkdtemp(prefix="kb_db_")) / "results.sqlite")
 
     # 2. capture
-    if not hasattr(mp, "from_torch"):
+    from_torch, compile_ = frontend()
+    if from_torch is None:
         row.update(stage="capture", captured=False,
                    why="the PyTorch frontend is missing (mirage_py has no from_torch)")
         return row
     try:
-        program = mp.from_torch(model, tuple(inputs))
+        program = from_torch(model, tuple(inputs))
         row["captured"] = True
         row["program_inputs"] = len(program.inputs)
         row["program_nodes"] = len(program.nodes())
@@ -418,7 +415,8 @@ def run_problem(path: str | Path, *, scale: str | int = "auto", max_elements: in
             row["predicted_us_naive"] = round(opt.naive_estimated_time_us, 2)
             row["predicted_us_found"] = round(opt.estimated_time_us, 2)
             try:
-                x = _program_inputs(model, inputs, program)
+                x = program.bind(model, *inputs) if hasattr(program, "bind") else \
+                    _program_inputs(model, inputs, program)
                 got = opt.run_numpy(x)
                 outs = [torch.from_numpy(np.asarray(got[o.name])) for o in program.outputs]
                 row["superopt_rel_err"] = _compare(outs, want)
@@ -428,28 +426,72 @@ def run_problem(path: str | Path, *, scale: str | int = "auto", max_elements: in
             row["superopt_error"] = _why(e)
 
     # 4. compile and compare with eager
-    if not hasattr(mp, "compile"):
+    if compile_ is None:
         row["compile_error"] = "mirage_py has no compile"
     else:
         try:
             t0 = time.perf_counter()
-            compiled = mp.compile(model, tuple(inputs), target=target,
-                                  time_budget_s=time_budget_s, workers=workers, database=db)
+            compiled = compile_(model, tuple(inputs), target=target,
+                                time_budget_s=time_budget_s, workers=workers, database=db)
             row["compile_seconds"] = round(time.perf_counter() - t0, 1)
             with torch.no_grad():
                 got = compiled(*inputs)
             row["rel_err"] = _compare(got, want)
             row["equal"] = row["rel_err"] <= tolerance
-            try:
-                rep = compiled.report()
-                row["report"] = str(rep)[:3000]
-            except Exception as e:
-                row["report_error"] = _why(e)
+            _compile_details(compiled, row)
         except Exception as e:
             row["compile_error"] = _why(e)
     row["seconds"] = round(time.perf_counter() - t_start, 1)
     row["why"] = why_not(row)
     return row
+
+
+def _level(path: Path) -> str:
+    name = path.parent.name
+    return name[len("level"):] if name.startswith("level") else ""
+
+
+def _identity(path: Path) -> dict[str, Any]:
+    """A row's first fields: level (from a ``levelN`` folder), number, name, file."""
+    m = re.match(r"(\d+)_(.*)", path.stem)
+    return {"level": _level(path), "number": int(m.group(1)) if m else None,
+            "name": m.group(2) if m else path.stem, "file": path.name}
+
+
+def frontend() -> tuple[Any, Any]:
+    """(from_torch, compile): ``mp``'s, else those of ``mirage_py.frontend_torch`` when the
+    package exists but is not exported yet; (None, None) without a frontend."""
+    if hasattr(mp, "from_torch") and hasattr(mp, "compile"):
+        return mp.from_torch, mp.compile
+    try:
+        from mirage_py import frontend_torch as ft
+    except ImportError:
+        return getattr(mp, "from_torch", None), getattr(mp, "compile", None)
+    return getattr(ft, "from_torch", None), getattr(ft, "compile", None)
+
+
+def _compile_details(compiled, row: dict) -> None:
+    """What ``mp.compile`` made: its regions (kernels naive -> found, verified) and the
+    operators it left to eager PyTorch, as far as the module tells."""
+    try:
+        regions = list(compiled.regions())
+        row["compile_regions"] = len(regions)
+        row["compile_kernels_naive"] = sum(int(r.get("kernels_naive", 0)) for r in regions)
+        row["compile_kernels"] = sum(int(r.get("kernels", 0)) for r in regions)
+        row["compile_verified"] = all(bool(r.get("verified")) for r in regions)
+    except Exception as e:
+        row["regions_error"] = _why(e)
+    try:
+        ops = list(compiled.eager_ops())
+        row["eager_ops"] = sorted({str(o.get("op", "?")) for o in ops})
+        row["eager_reasons"] = sorted({f"{o.get('op', '?')}: {o.get('reason', '')}"[:200]
+                                       for o in ops})[:5]
+    except Exception as e:
+        row["eager_ops_error"] = _why(e)
+    try:
+        row["report"] = str(compiled.report())[:3000]
+    except Exception as e:
+        row["report_error"] = _why(e)
 
 
 def why_not(row: dict) -> str:
@@ -475,6 +517,10 @@ def why_not(row: dict) -> str:
                 reasons.append("not verified")
     if "compile_error" in row:
         reasons.append("compile failed: " + row["compile_error"])
+    elif row.get("eager_ops") and row.get("captured") is False:
+        reasons.append(f"compile: {row.get('compile_regions', 0)} region(s) "
+                       f"{row.get('compile_kernels_naive')} -> {row.get('compile_kernels')} "
+                       f"kernels, eager: {', '.join(row['eager_ops'])}")
     elif not row.get("equal"):
         reasons.append(f"differs from eager (rel err {row.get('rel_err', math.inf):.1e})")
     return "; ".join(reasons)
@@ -548,19 +594,13 @@ def run_isolated(path: Path, args, limit_s: float) -> dict:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)  # the child and its search workers
         proc.communicate()
-        m = re.match(r"(\d+)_(.*)", path.stem)
-        return {"level": path.parent.name.replace("level", ""),
-                "number": int(m.group(1)) if m else None,
-                "name": m.group(2) if m else path.stem, "file": path.name, "stage": "timeout",
+        return {**_identity(path), "stage": "timeout",
                 "why": f"did not finish within {limit_s:.0f} s (killed)"}
     for line in reversed(out.splitlines()):
         if line.startswith("ROW "):
             return json.loads(line[4:])
-    m = re.match(r"(\d+)_(.*)", path.stem)
     tail = err.strip().splitlines()[-1] if err.strip() else f"exit code {proc.returncode}"
-    return {"level": path.parent.name.replace("level", ""),
-            "number": int(m.group(1)) if m else None, "name": m.group(2) if m else path.stem,
-            "file": path.name, "stage": "crash",
+    return {**_identity(path), "stage": "crash",
             "why": f"the child process died (exit code {proc.returncode}): {tail[:300]}"}
 
 
@@ -632,14 +672,18 @@ def markdown(rows: list[dict], meta: dict) -> str:
 
 
 def _kernelbench_version(files: list[Path]) -> str:
+    """The commit of the KernelBench checkout the files come from ('?' when not one)."""
     if not files:
         return "?"
     try:
-        r = subprocess.run(["git", "-C", str(files[0].parent), "rev-parse", "--short", "HEAD"],
-                           capture_output=True, text=True, timeout=10)
-        return r.stdout.strip() or "?"
+        r = subprocess.run(["git", "-C", str(files[0].parent), "rev-parse", "--show-toplevel",
+                            "--short", "HEAD"], capture_output=True, text=True, timeout=10)
+        lines = r.stdout.split()
+        if r.returncode == 0 and len(lines) == 2 and "kernelbench" in lines[0].lower():
+            return lines[1]
     except (OSError, subprocess.SubprocessError):
-        return "?"
+        pass
+    return "?"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -700,7 +744,7 @@ def main(argv: list[str] | None = None) -> int:
         jsonl.write_text("")
     rows = []
     for f in files:
-        key = f"{f.parent.name.replace('level', '')}/{f.name}"
+        key = f"{_level(f)}/{f.name}"
         if key in done:
             rows.append(done[key])
             continue

@@ -94,7 +94,7 @@ def test_issue_set_takes_levels_1_2_without_convolutions_and_the_level3_blocks(t
 
 @pytest.mark.slow
 def test_end_to_end_on_three_files(tmp_path):
-    if not hasattr(mp, "from_torch") or not hasattr(mp, "compile"):
+    if None in kb.frontend():
         pytest.skip("the PyTorch frontend (mp.from_torch, mp.compile) is not there yet")
     out = tmp_path / "kb"
     code = kb.main([str(DATA), "--time-budget", "20", "--workers", "1", "--scale", "auto",
@@ -106,9 +106,13 @@ def test_end_to_end_on_three_files(tmp_path):
     for name in ("1_Linear_GELU_Scale.py", "2_RowSoftmax_Residual.py"):
         r = rows[name]
         assert r["captured"] and r["fused"] and r["verified"] and r["equal"], r
-        assert r["kernels_found"] == 1 and r["rel_err"] <= 1e-2 and r["why"] == "", r
+        assert r["kernels_found"] < r["kernels_naive"] and r["rel_err"] <= 1e-2, r
+        assert r["why"] == "" and r["scale"] > 1, r
+    assert rows["2_RowSoftmax_Residual.py"]["kernels_found"] == 1
     r = rows["3_Cumsum_Then_Relu.py"]
     assert not r["captured"] and "cumsum" in r["why"], r
+    assert r["unsupported_op"].startswith("aten.cumsum"), r
+    assert r["equal"] and "aten.cumsum" in " ".join(r["eager_ops"]), r  # eager in between
     text = out.with_suffix(".md").read_text()
     assert "**Goal: every problem below captured, fused, verified and equal to eager.**" in text
     assert "| **all** | **3** | **2** |" in text
