@@ -288,27 +288,29 @@ def match_mask(cond: Any, shape: tuple[int, ...]) -> tuple[Tensor | None, bool] 
     if not bool((m == m[0]).all()):
         return None
     pat = m[0].numpy()
-    for p, inverted in ((pat, False), (~pat, True)):
-        found = _find_mask(p)
-        if found is not None:
-            offset, window = found
-            mask = lax.sliding_window_mask(rows, cols, window, offset) if window else \
-                lax.causal_mask(rows, cols, offset)
-            return mask, inverted
+    # the simplest description first: a causal mask (or its complement), then a window
+    for windows in (False, True):
+        for p, inverted in ((pat, False), (~pat, True)):
+            found = _find_mask(p, windows)
+            if found is not None:
+                offset, window = found
+                mask = lax.sliding_window_mask(rows, cols, window, offset) if window else \
+                    lax.causal_mask(rows, cols, offset)
+                return mask, inverted
     return None
 
 
-def _find_mask(pat: np.ndarray) -> tuple[int, int] | None:
+def _find_mask(pat: np.ndarray, windows: bool) -> tuple[int, int] | None:
     rows, cols = pat.shape
-    offsets, windows = set(), {0}
+    offsets, sizes = set(), set()
     for i in range(rows):
         kept = np.flatnonzero(pat[i])
         if kept.size:
             offsets.add(int(kept[-1]) - i)
             if kept[0] > 0:
-                windows.add(int(kept[-1] - kept[0] + 1))
+                sizes.add(int(kept[-1] - kept[0] + 1))
     for offset in sorted(offsets):
-        for window in sorted(windows):
+        for window in sorted(sizes) if windows else [0]:
             if np.array_equal(mask_values((rows, cols), offset=offset, window=window) != 0, pat):
                 return offset, window
     return None

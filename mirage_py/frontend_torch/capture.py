@@ -217,7 +217,8 @@ def _capture_make_fx(module: Any, args: tuple, kwargs: dict, names: list[str]) -
     values = [params[s] if s in params else buffers[s] for s in state] + list(flat)
     with torch.no_grad():
         gm = make_fx(torch.func.functionalize(f, remove="mutations"),
-                     decomposition_table=decomposition_table(), tracing_mode="real")(*values)
+                     decomposition_table=decomposition_table(), tracing_mode="real",
+                     record_module_stack=True, record_stack_traces=True)(*values)
     phs = [nd for nd in gm.graph.nodes if nd.op == "placeholder"]
     roles = []
     for i, ph in enumerate(phs):
@@ -248,8 +249,8 @@ def capture_graph_module(gm: Any, example_inputs: list, names: list[str] | None 
 
     with torch.no_grad():
         traced = make_fx(torch.func.functionalize(f, remove="mutations"),
-                         decomposition_table=decomposition_table(),
-                         tracing_mode="real")(*example_inputs)
+                         decomposition_table=decomposition_table(), tracing_mode="real",
+                         record_module_stack=True, record_stack_traces=True)(*example_inputs)
     phs = [nd for nd in traced.graph.nodes if nd.op == "placeholder"]
     names = names or [ph.name for ph in phs]
     roles = [InputRole(ph.name, "user", names[i] if i < len(names) else ph.name, i)

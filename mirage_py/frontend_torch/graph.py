@@ -82,7 +82,7 @@ def describe(node: Any) -> tuple[str, str, str]:
     location = ""
     for i in range(len(trace) - 1, -1, -1):
         line = trace[i].strip()
-        if line.startswith("File "):
+        if line.startswith("File ") and "frontend_torch" not in line:  # not our wrapper's
             code = trace[i + 1].strip() if i + 1 < len(trace) else ""
             location = line + (f": {code}" if code else "")
             break
