@@ -298,8 +298,11 @@ def _graph_kernel_cost(op: GraphKernel, info, tensors: dict, t: Target, stages: 
         elif isinstance(n, Fused):
             per = sum(OPS[t.op].cost for t in n.thread.ops)
             simt += _steps(_size(shapes[n.out]), T) * per * reps * B
-        elif isinstance(n, Accum) and n.input not in mm_outs:  # MMAs accumulate in place
-            simt += _steps(_size(shapes[n.out]), T) * F * B
+        elif isinstance(n, Accum):
+            if n.input not in mm_outs:  # MMAs accumulate in place
+                simt += _steps(_size(shapes[n.out]), T) * (3 if n.running else 1) * F * B
+            if n.rescale is not None:  # online softmax: acc *= exp(m_old - m_new) per iteration
+                simt += _steps(_size(shapes[n.out]), T) * F * B
     if planned is not None:  # the layout planner's footprint, pipeline depth, register tiles
         smem, stages, floats = planned
         regs = estimated_registers(floats)

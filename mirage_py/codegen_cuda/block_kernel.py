@@ -16,11 +16,12 @@ Index arithmetic (iterator of input shape S, grid split part P = S[d] / grid[a],
 from __future__ import annotations
 
 from ..layout.plan import KernelPlan
-from ..layout.schedule import ACCUMULATE, COMPUTE, INIT, LOAD, SAVE, Step
+from ..layout.schedule import ACCUMULATE, COMPUTE, INIT, LOAD, RESCALE, SAVE, Step
 from ..layout.tensors import DevicePlan
 from ..targets import Target
 from ..lax.ops import OPS
-from ..ugraph.graph import AXES, BlockOp, Fused, GraphKernel, InputIter, MaskIter, OutputSaver
+from ..ugraph.graph import (AXES, Accum, BlockOp, Fused, GraphKernel, InputIter, MaskIter,
+                            OutputSaver)
 from ..ugraph.printing import format_block
 from .cexpr import (CTYPES, REDUCE_INIT, Names, broadcast_coords, declare_coords, elementwise,
                     flit, linear, mask_value, prod, prune_unused, reduce_step, row_major)
@@ -124,6 +125,10 @@ class BlockKernelEmitter:
             return [f"// {n.out} = accum.{n.kind}({n.input}): start at {start}",
                     *self.loop(prod(self.shape(n.out)),
                                [f"{self.tile(n.out)}[i] = {REDUCE_INIT[n.kind]};"])]
+        if st.kind == ACCUMULATE and n.running and self.rescaled(n.out):
+            return self.emit_running(st)
+        if st.kind == RESCALE:
+            return self.emit_rescale(st)
         if st.kind == ACCUMULATE:
             step = reduce_step(n.kind, f"{self.tile(n.out)}[i]", self.read(n.input, "i"))
             return [f"// {n.out} = {n.kind}({n.out}, {n.input})" if n.kind != "sum" else
@@ -140,6 +145,46 @@ class BlockKernelEmitter:
         if n.op in ("concat", "slice", "reshape"):
             return self.emit_concat(st)
         raise NotImplementedError(f"block operator {n.op!r}")
+
+    # -- online softmax -------------------------------------------------------------------------
+    def rescaled(self, running: str) -> list[Accum]:
+        """The sums a running accumulator rescales."""
+        return [o for o in self.bg.ops if isinstance(o, Accum) and o.rescale == running]
+
+    def emit_running(self, st: Step) -> list[str]:
+        """A running max / min that sums are rescaled by: the new value, and after it (second
+        half of the tile) this iteration's factor ``exp(m_old - m_new)`` -- 0 on the first
+        iteration, where the sums are still zero."""
+        n: Accum = st.node
+        size = prod(self.shape(n.out))
+        m = self.tile(n.out)
+        op = "maxf" if n.kind == "max" else "minf"
+        body = [f"const float m_old = {m}[i];",
+                f"const float m_new = {op}(m_old, {self.read(n.input, 'i')});",
+                f"{m}[i] = m_new;",
+                f"{m}[{size} + i] = m_old == {REDUCE_INIT[n.kind]} ? 0.0f : "
+                "expf(m_old - m_new);"]
+        names = ", ".join(a.out for a in self.rescaled(n.out))
+        return [f"// {n.out} = {n.kind}({n.out}, {n.input}), running; rescale factor of "
+                f"{names} after it", *self.loop(size, body)]
+
+    def emit_rescale(self, st: Step) -> list[str]:
+        """``acc *= exp(m_old - m_new)`` before this iteration adds into the sum: in shared
+        memory, or on the fragments where the sum stays in registers."""
+        n: Accum = st.node
+        shape = self.shape(n.out)
+        decls, cs = _declare("i", shape)
+        off = self.operand_offset(n.rescale, shape, cs)
+        factor = f"{self.tile(n.rescale)}[{prod(self.shape(n.rescale))} + {off}]"
+        uses = _const_ints(decls) if off != "i" else []
+        head = f"// {n.out} *= exp({n.rescale}_old - {n.rescale}_new): the running " \
+               f"{n.rescale} moved"
+        if st.frag is not None:
+            return [head + " (on the fragments in registers)",
+                    *self.fragment_loop(self.reg_acc[n.out],
+                                        [*uses, f"{self.regs(n.out)}[fr][fj][fi] *= {factor};"])]
+        dst = f"{self.tile(n.out)}[{self.sw(n.out, 'i')}]"
+        return [head, *self.loop(prod(shape), [*uses, f"{dst} *= {factor};"])]
 
     def emit_load(self, st: Step, iteration: str = "it", dst: str | None = None) -> list[str]:
         """The copy of an iterator's tile; ``iteration`` / ``dst``: which loop iteration's tile,

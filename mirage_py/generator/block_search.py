@@ -7,7 +7,9 @@ label to the for-loop with an iteration count. Every available tensor gets an in
 indices), and then block operators are added one at a time -- tile matmuls, sums (and the max /
 min reductions the target uses; dropping the dim where the target does) over a tile dim,
 for-loop accumulators (sum; max / min of a
-value that is a maximum / minimum over the loop's label), and elementwise templates taken from
+value that is a maximum / minimum over the loop's label, also as a *running* value the loop body
+reads -- FlashAttention's online normalisation: a sum of a value computed from a running maximum
+is rescaled by it), and elementwise templates taken from
 the target (fused thread graphs) -- each kept only if its abstract expression is a
 subexpression of the target's (the oracle), its labels line up, and it is new. A value is identified by (abstract
 expression, dim labels, phase), so every distinct value is built once: the enumeration saturates
@@ -79,9 +81,11 @@ class Val:
     phase: str
     consumed: frozenset
     # ("iter", i, imap, fmap) | ("op", name, operands, attrs) | ("fused", tpl, operands)
-    # | ("accum", a, kind)
+    # | ("accum", a, kind, running, rescale) -- running: readable in the loop body (phase
+    # "run"); rescale: the id of the running value a sum is rescaled by, or None
     node: tuple
     cost: int = 0
+    runs: frozenset = frozenset()  # ids of the running values this one is computed from
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -97,7 +101,7 @@ class Val:
         if self.node[0] in ("op", "fused"):
             return tuple(self.node[2])
         if self.node[0] == "accum":
-            return (self.node[1],)
+            return (self.node[1],) + ((self.node[4],) if self.node[4] is not None else ())
         return ()
 
 
@@ -124,10 +128,19 @@ class Context:
 
 
 def _phase(*ps: str) -> str | None:
+    """The phase of a value computed from values of phases ``ps`` (None: they do not mix). A
+    running value ("run") goes with the body (its current value) and with the epilogue (its
+    final value); alone it is a body value."""
     s = set(ps) - {"inv"}
+    running = "run" in s
+    s.discard("run")
     if len(s) > 1:
         return None
-    return s.pop() if s else "inv"
+    return s.pop() if s else "body" if running else "inv"
+
+
+def _runs(*vs: "Val") -> frozenset:
+    return frozenset().union(*(v.runs for v in vs))
 
 
 def _bcast(a: tuple[Dim, ...], b: tuple[Dim, ...]) -> tuple[Dim, ...] | None:
@@ -181,6 +194,8 @@ def saturate(plan: Plan, avail: list[Avail], ctx: Context) -> list[Val]:
 
     def add(v: Val) -> bool:
         ctx.stats["states"] += 1
+        if v.node[0] in ("op", "fused"):  # a body value computed from running values
+            v.runs = _runs(*(pool[o] for o in v.operands)) if v.phase == "body" else frozenset()
         if v.key in seen:
             return False
         if v.node[0] != "iter" and not ctx.oracle(v.expr):
@@ -238,24 +253,32 @@ def _round(pool: list[Val], new_from: int, add, ctx: Context, F: int, loop: str)
                 continue
             for red, keep in ctx.reductions:
                 dims = a.dims[:j] + (((),) if keep else ()) + a.dims[j + 1:]
-                add(Val(len(pool), dims, ae.apply(red, [a.expr], d), a.phase,
+                add(Val(len(pool), dims, ae.apply(red, [a.expr], d), _phase(a.phase),
                         a.consumed | {c[0] for c in d},
                         ("op", red, (a.vid,), attrs_of(axes=(j,), keepdims=keep)), a.cost + 1))
     # the target's slices and concatenations, inside a tile that holds the whole dim
     _slices_and_concats(cur, new_from, n, add, ctx, len(pool))
     # for-loop accumulators: sums of anything; the max / min of a maximum / minimum over the
-    # loop's label (the running maximum of chunk maxima)
+    # loop's label (the running maximum of chunk maxima), after the loop and as a running value
+    # the body reads. Abstractly the running value *is* the full maximum: a sum of a value
+    # computed from it (exp(s - m)) is rescaled as m grows, so that after the loop it equals the
+    # sum taken with the final maximum -- the verifier checks that it does
     if F > 1:
         for i in range(new_from, n):
             a = cur[i]
-            if a.phase != "body":
+            if a.phase != "body" or len(a.runs) > 1:
                 continue
+            rescale = next(iter(a.runs)) if a.runs else None
             add(Val(len(pool), a.dims, ae.summed(F, a.expr, loop), "epi", a.consumed | {loop},
-                    ("accum", a.vid, "sum"), a.cost + 1))
+                    ("accum", a.vid, "sum", False, rescale), a.cost + 1))
             kind = _selection_over(a.expr, loop)
-            if kind is not None:
-                add(Val(len(pool), a.dims, ae.selected(kind, F, a.expr, loop), "epi",
-                        a.consumed | {loop}, ("accum", a.vid, kind), a.cost + 1))
+            if kind is not None and not a.runs:
+                sel = ae.selected(kind, F, a.expr, loop)
+                add(Val(len(pool), a.dims, sel, "epi", a.consumed | {loop},
+                        ("accum", a.vid, kind, False, None), a.cost + 1))
+                vid = len(pool)
+                add(Val(vid, a.dims, sel, "run", a.consumed | {loop},
+                        ("accum", a.vid, kind, True, None), a.cost + 1, frozenset([vid])))
     # elementwise templates from the target, as fused thread graphs
     for tp in ctx.templates:
         # leaves are filled by values with the same expression first, then by values that
@@ -319,7 +342,7 @@ def _slices_and_concats(cur: list[Val], new_from: int, n: int, add, ctx: Context
         for j, d in enumerate(a.dims):
             if len(d) > 1 and tuple(lbl for lbl, _ in d) in ctx.reshapes:
                 dims = a.dims[:j] + tuple((c,) for c in d) + a.dims[j + 1:]
-                new(dims, a.expr, a.phase, a.consumed,
+                new(dims, a.expr, _phase(a.phase), a.consumed,
                     ("op", "reshape", (a.vid,),
                      attrs_of(shape=tuple(dim_size(x) for x in dims))), a.cost + 1)
         for parts in ctx.reshapes:
@@ -329,7 +352,7 @@ def _slices_and_concats(cur: list[Val], new_from: int, n: int, add, ctx: Context
                 if all(len(d) == 1 for d in window) and \
                         tuple(d[0][0] for d in window) == parts:
                     dims = a.dims[:j] + (tuple(d[0] for d in window),) + a.dims[j + k:]
-                    new(dims, a.expr, a.phase, a.consumed,
+                    new(dims, a.expr, _phase(a.phase), a.consumed,
                         ("op", "reshape", (a.vid,),
                          attrs_of(shape=tuple(dim_size(x) for x in dims))), a.cost + 1)
 
@@ -341,7 +364,7 @@ def _slices_and_concats(cur: list[Val], new_from: int, n: int, add, ctx: Context
                 if lbl is None or sl != lbl:
                     continue
                 dims = a.dims[:j] + (((out, stop - start),),) + a.dims[j + 1:]
-                new(dims, ae.sliced(a.expr, lbl, start, stop), a.phase, a.consumed,
+                new(dims, ae.sliced(a.expr, lbl, start, stop), _phase(a.phase), a.consumed,
                     ("op", "slice", (a.vid,), attrs_of(axis=j, start=start, stop=stop)),
                     a.cost + 1)
     fresh = {_whole(d, ctx) for v in cur[new_from:n] for d in v.dims} - {None}
@@ -468,7 +491,8 @@ def build_kernel(plan: Plan, avail: list[Avail], pool: list[Val], saves: list[tu
         elif node[0] == "fused":
             ops.append(Fused(nm, tuple(name[x] for x in node[2]), node[1].thread))
         else:
-            ops.append(Accum(nm, name[node[1]], node[2]))
+            ops.append(Accum(nm, name[node[1]], node[2], running=node[3],
+                             rescale=name[node[4]] if node[4] is not None else None))
     outs: list[Avail] = []
     for j, (v, tname, dtype) in enumerate(saves):
         omap, dims = save_layout(v, plan)

@@ -1,7 +1,19 @@
-"""Algebraic forms of a program that let the search fuse more: one-pass statistics.
+"""Algebraic forms of a program that the search works on: max-shifted exps, one-pass statistics.
 
-A LayerNorm before a matmul, ``((x - m) / r) @ W`` with ``m = mean(x)`` and
-``r = sqrt(mean((x - m)^2) + eps)``, needs the whole row of ``x`` twice before the matmul can
+**Max-shifted exps.** A normalised exponential ``exp(x) / sum(exp(x))`` overflows float16 once
+``x`` passes ~11; the form ``exp(x - m) / sum(exp(x - m))``, ``m = max(x)`` along the
+normalised axis, never does, and it is the *same* function: every value computed from
+``E = exp(x)`` that is homogeneous of degree 0 in a factor ``c`` constant along that axis
+(``E -> c E``) is unchanged when ``c = exp(-m)``. :func:`max_shifted` finds each exp whose
+every use reaches the outputs that way (an analysis of degrees: products add them, quotients
+subtract them, sums along the axis and matmuls contracting it keep them, sums of equal degrees
+keep them, anything else of nonzero degree disqualifies) and subtracts the row max. The program
+is then searched in that form *only* -- safe by default -- and the verifier proves candidates
+equal to the original (docs/verifier.md, "max, min and shift invariance"); the search may go on
+to FlashAttention's online form (running maximum, rescaled sums) for rows longer than a tile.
+
+**One-pass statistics.** A LayerNorm before a matmul, ``((x - m) / r) @ W`` with
+``m = mean(x)`` and ``r = sqrt(mean((x - m)^2) + eps)``, needs the whole row of ``x`` twice before the matmul can
 start: once for ``m``, once more for the variance. A kernel that walks the contracted dim in
 chunks cannot do that. Two identities remove the dependency:
 
@@ -15,12 +27,12 @@ chunks cannot do that. Two identities remove the dependency:
 
 The rewritten program reads ``x`` once: ``x @ W``, ``sum(x)``, ``sum(x^2)`` and the column sums
 of ``W`` all accumulate in the same loop over the contracted dim, and an epilogue combines them,
-as a root-mean-square norm's statistics always did. Both identities hold exactly in any commutative ring, so
-candidates found for the rewritten program verify against the original one (the verifier only
+as a root-mean-square norm's statistics always did. Both identities hold exactly in any
+commutative ring, so candidates found for the rewritten program verify against the original one (the verifier only
 ever compares with the original). They are not numerically equal: the one-pass variance loses
 precision when the mean is large against the deviation (float32 statistics keep about
-``eps32 * (m / sigma)^2`` relative error). The forms are offered to the search next to the
-original program, never instead of it.
+``eps32 * (m / sigma)^2`` relative error). The one-pass form is offered to the search next to
+the (max-shifted) program, never instead of it.
 
 :func:`forms` applies the rewrite only where it removes a dependency (a centring term reaches a
 matmul, or a centred square is summed); otherwise it returns the program alone.
@@ -28,7 +40,10 @@ matmul, or a centred square is summed); otherwise it returns the program alone.
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..lax import tensor as T
+from ..lax.ops import lax_class
 from ..lax.program import Program
 from ..lax.tensor import Tensor
 
@@ -141,16 +156,141 @@ def _neg(s: Tensor | None) -> Tensor:
     return T.mul(s, -1.0) if s is not None else T.const(-1.0)
 
 
-def forms(program: Program) -> list[Program]:
-    """``program`` and, where the rewrite removes a dependency, its one-pass form (same inputs
-    and outputs, exactly equal as polynomials)."""
-    rw = _Rewriter()
-    outs = {name: rw(t) for name, t in program.output_tensors.items()}
-    if not rw.changed:
-        return [program]
-    p = Program(program.name + ".one_pass")
+def _with_outputs(program: Program, name: str, outs: dict[str, Tensor]) -> Program:
+    p = Program(name)
     for t in program.inputs:
         p.input(t.name, t.shape, t.dtype)
-    for name, t in outs.items():
-        p.output(t, name)
-    return [program, p]
+    for n, t in outs.items():
+        p.output(t, n)
+    return p
+
+
+def forms(program: Program) -> list[Program]:
+    """The forms to search for ``program`` (same inputs and outputs, equal functions): the
+    program itself, or its max-shifted form (:func:`max_shifted`) instead where it has one;
+    and, where the one-pass rewrite removes a dependency, that one's one-pass form too."""
+    base = max_shifted(program) or program
+    rw = _Rewriter()
+    outs = {name: rw(t) for name, t in base.output_tensors.items()}
+    if not rw.changed:
+        return [base]
+    return [base, _with_outputs(base, base.name + ".one_pass", outs)]
+
+
+# ---- max-shifted exps ------------------------------------------------------------------------
+
+_BAD = object()  # a value that depends on the factor in a way that does not cancel
+
+
+def _factor_degrees(program: Program, e: Tensor, axis: int) -> dict[str, Any]:
+    """For every node: None when it does not depend on ``c`` (``e -> c * e``, ``c`` of ``e``'s
+    shape with size 1 at ``axis``), else ``(degree, cshape)`` -- the node equals ``c^degree``
+    (``c`` seen with shape ``cshape``, broadcast to the node's) times a value free of ``c`` --
+    or ``_BAD``. A node of degree 0 is free of ``c`` altogether (None)."""
+    deg: dict[str, Any] = {}
+    cs = tuple(1 if i == axis else n for i, n in enumerate(e.shape))
+
+    def fits(cshape: tuple, shape: tuple) -> bool:
+        try:
+            return T.broadcast_shapes("rewrite", cshape, shape) == tuple(shape)
+        except Exception:  # noqa: BLE001 - shapes that do not broadcast: not this pattern
+            return False
+
+    def same(a: tuple, b: tuple) -> bool:
+        n = max(len(a), len(b))
+        return (1,) * (n - len(a)) + tuple(a) == (1,) * (n - len(b)) + tuple(b)
+
+    for t in program.nodes():
+        if t.digest == e.digest:
+            deg[t.digest] = (1, cs)
+            continue
+        ins = [deg.get(i.digest) for i in t.inputs]
+        if all(d is None for d in ins):
+            deg[t.digest] = None
+            continue
+        if any(d is _BAD for d in ins):
+            deg[t.digest] = _BAD
+            continue
+        out: Any = _BAD
+        dep = [(k, d) for k, d in enumerate(ins) if d is not None]
+        if t.op in ("neg", "cast"):
+            out = ins[0]
+        elif t.op in ("mul", "div"):
+            d0 = ins[0] or (0, None)
+            d1 = ins[1] or (0, None)
+            shapes = {d[1] for d in (d0, d1) if d[1] is not None}
+            if len(shapes) == 1 or (len(shapes) == 2 and same(*shapes)):
+                c = next(iter(shapes))
+                k = d0[0] + (d1[0] if t.op == "mul" else -d1[0])
+                out = None if k == 0 else (k, c) if fits(c, t.shape) else _BAD
+        elif t.op in ("add", "sub"):
+            if len(dep) == 2 and ins[0][0] == ins[1][0] and same(ins[0][1], ins[1][1]):
+                out = ins[0]
+        elif t.op == "where":
+            if ins[0] is None and ins[1] is not None and ins[2] is not None and \
+                    ins[1][0] == ins[2][0] and same(ins[1][1], ins[2][1]):
+                out = ins[1]
+        elif t.op == "pow" and lax_class(t.op, t.attr_dict) != "uf":
+            k = int(t.attr("exponent")) * ins[0][0]
+            out = None if k == 0 else (k, ins[0][1])
+        elif t.op == "sum":
+            k, c = ins[0]
+            x = t.inputs[0]
+            axes = t.attr("axes")
+            off = len(x.shape) - len(c)
+            if all(ax - off >= 0 and c[ax - off] == 1 for ax in axes):  # c constant along them
+                c2 = c if t.attr("keepdims") else \
+                    tuple(n for i, n in enumerate(c) if i + off not in axes)
+                out = (k, c2)
+        elif t.op == "matmul" and len(dep) == 1:
+            (j, (k, c)), = dep
+            x = t.inputs[j]
+            cc = (1,) * (len(x.shape) - len(c)) + tuple(c)
+            contracted = len(cc) - 1 if j == 0 else len(cc) - 2
+            if cc[contracted] == 1:  # c is constant along the contracted dim
+                out = (k, cc)
+        deg[t.digest] = out
+    return deg
+
+
+def max_shifted(program: Program) -> Program | None:
+    """``program`` with the row max subtracted inside every exp whose factor cancels from the
+    outputs (see the module docstring), or None when there is no such exp."""
+    chosen: dict[str, int] = {}
+    for e in program.nodes():
+        if e.op != "exp":
+            continue
+        x = e.inputs[0]
+        if x.op == "sub" and x.inputs[1].op == "max":  # already shifted by a max
+            continue
+        for u in program.nodes():
+            if u.op != "sum" or u.inputs[0].digest != e.digest or len(u.attr("axes")) != 1:
+                continue
+            axis = u.attr("axes")[0]
+            if e.shape[axis] == 1:
+                continue
+            deg = _factor_degrees(program, e, axis)
+            if all(deg.get(t.digest) is None for t in program.output_tensors.values()):
+                chosen[e.digest] = axis
+                break
+    if not chosen:
+        return None
+    memo: dict[str, Tensor] = {}
+
+    def new(t: Tensor) -> Tensor:
+        hit = memo.get(t.digest)
+        if hit is not None:
+            return hit
+        if t.op in ("input", "const", "mask"):
+            out = t
+        else:
+            args = [new(i) for i in t.inputs]
+            if t.digest in chosen:
+                x = args[0]
+                out = T.exp(T.sub(x, T.amax(x, chosen[t.digest], keepdims=True)))
+            else:
+                out = T.apply(t.op, args, t.attr_dict)
+        memo[t.digest] = out
+        return out
+    return _with_outputs(program, program.name + ".safe",
+                         {n: new(t) for n, t in program.output_tensors.items()})

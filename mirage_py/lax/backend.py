@@ -108,6 +108,12 @@ class Backend:
         return self.elementwise({"sum": "add", "max": "maximum", "min": "minimum"}[kind],
                                 [acc, v])
 
+    def rescale(self, acc: Any, old: Any, new: Any) -> Any:
+        """An online-softmax sum accumulator brought to a new running maximum:
+        ``acc * exp(old - new)`` (``old``/``new`` broadcast to ``acc``)."""
+        return self.elementwise("mul", [acc, self.elementwise(
+            "exp", [self.elementwise("sub", [old, new])])])
+
     # -- data movement --------------------------------------------------------------------------
     def layout(self, x: Any, fn: Callable[[np.ndarray], np.ndarray]) -> Any:
         return self.combine(lambda xs: fn(xs[0]), [x])

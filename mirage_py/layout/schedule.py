@@ -21,6 +21,12 @@ fits wherever validation said the graph fits (the planner's fallback).
 
 The loop needs a barrier at the end of each iteration only when its body has more than one stage
 (otherwise every body tile is read by the thread that wrote it).
+
+Online softmax: a running accumulator's update (a ``max``) also stores this iteration's rescale
+factor ``exp(m_{i-1} - m_i)`` in the second half of its tile; every sum rescaled by it gets a
+``rescale`` step (``acc *= factor``, in shared memory or on its register fragments) right after
+that update, and whatever adds into the sum this iteration -- its accumulate step, a matmul
+folded into it, a fragment loop adding into its registers -- comes after the rescale.
 """
 
 from __future__ import annotations
@@ -38,7 +44,8 @@ from .tensors import ROW_ALIGN, TensorLayout
 SEGMENTS = ("pre", "body", "post")
 
 # step kinds
-LOAD, COMPUTE, INIT, ACCUMULATE, SAVE = "load", "compute", "init", "accumulate", "save"
+LOAD, COMPUTE, INIT, ACCUMULATE, RESCALE, SAVE = ("load", "compute", "init", "accumulate",
+                                                  "rescale", "save")
 
 
 @dataclass(frozen=True)
@@ -66,7 +73,7 @@ class Step:
         if self.kind == COMPUTE:
             return isinstance(self.node, Fused) or OPS.get(self.node.op) is not None and \
                 OPS[self.node.op].elementwise
-        return self.kind in (INIT, ACCUMULATE)
+        return self.kind in (INIT, ACCUMULATE, RESCALE)
 
 
 @dataclass(frozen=True)
@@ -142,8 +149,10 @@ def vector_width(layout: TensorLayout, tile: tuple[int, ...]) -> int:
 def _aligned_read(step_kind: str, node: Any, tile: str, info: BlockInfo,
                   vector: int = 1) -> bool:
     """Does this step read ``tile`` element i on thread i % threads (given a flat producer)?"""
-    if step_kind == ACCUMULATE or step_kind == SAVE and vector == 1:
-        return True
+    if step_kind == SAVE:
+        return vector == 1
+    if step_kind in (ACCUMULATE, RESCALE):  # a rescale reads its running value broadcast
+        return tuple(info.shapes[tile]) == tuple(info.shapes[node.out])
     if step_kind != COMPUTE:
         return False
     elementwise = isinstance(node, Fused) or (OPS.get(node.op) is not None and
@@ -253,6 +262,10 @@ def schedule_block(bg: BlockGraph, info: BlockInfo, input_layouts: list[TensorLa
     """Group the block graph's steps into stages (see the module docstring)."""
     folded = fold_into_accumulators(bg, info)
     registers, frags, adds = register_tiles(bg, info, folded) if tensor_cores else ({}, {}, {})
+    rescaled: dict[str, list[Accum]] = {}  # running accumulator -> the sums it rescales
+    for node in bg.ops:
+        if isinstance(node, Accum) and node.rescale is not None:
+            rescaled.setdefault(node.rescale, []).append(node)
     raw: list[tuple[str, str, Any, str | None, tuple[str, ...], int, bool]] = []
     for node in bg.ops:
         if isinstance(node, InputIter):
@@ -273,6 +286,8 @@ def schedule_block(bg: BlockGraph, info: BlockInfo, input_layouts: list[TensorLa
             raw.append((INIT, "pre", node, node.out, (), 1, False))
             if node.input not in folded and adds.get(node.input) != node.out:
                 raw.append((ACCUMULATE, "body", node, node.out, (node.input,), 1, False))
+            for acc in rescaled.get(node.out, ()):  # before anything adds into them
+                raw.append((RESCALE, "body", acc, acc.out, (node.out,), 1, False))
         elif isinstance(node, OutputSaver):
             vec = 1 if output_layouts is None else \
                 vector_width(output_layouts[node.output], info.shapes[node.input])
@@ -281,6 +296,7 @@ def schedule_block(bg: BlockGraph, info: BlockInfo, input_layouts: list[TensorLa
     stages: dict[str, tuple[int, ...]] = {}
     placed: list[Step] = []
     writer: dict[str, Step] = {}
+    rescaler: dict[str, Step] = {}  # a rescaled sum -> this iteration's rescale step
     start = 0
     for seg in SEGMENTS:
         mine = [r for r in raw if r[1] == seg]
@@ -288,8 +304,16 @@ def schedule_block(bg: BlockGraph, info: BlockInfo, input_layouts: list[TensorLa
         for kind, _, node, out, reads, vec, into in mine:
             stage = top + 1 if lean else start
             frag = frags.get(getattr(node, "out", None)) if kind == COMPUTE else None
-            also = adds.get(node.out) if frag is not None and not into else None
+            if kind == RESCALE and out in registers:
+                frag = out  # the factor applied to the sum's own fragments
+            also = adds.get(node.out) if frag is not None and not into and kind == COMPUTE \
+                else None
             flat_probe = Step(kind, node, seg, 0, out, reads, vec, into, frag, also)
+            for t in (out if kind != RESCALE and (into or kind == ACCUMULATE) else None, also):
+                r = rescaler.get(t) if t is not None else None
+                if r is not None:  # adds into a rescaled sum: after this iteration's rescale
+                    same = t in registers or (kind == ACCUMULATE and r.flat)
+                    stage = max(stage, r.stage if same else r.stage + 1)
             if frag is not None:  # after the fragments' producer (its stage is fine)
                 w = writer.get(frag)
                 if w is not None and w.segment == seg:
@@ -306,7 +330,9 @@ def schedule_block(bg: BlockGraph, info: BlockInfo, input_layouts: list[TensorLa
                     stage = max(stage, w.stage + 1)
             step = Step(kind, node, seg, stage, out, reads, vec, into, frag, also)
             placed.append(step)
-            if out is not None:
+            if kind == RESCALE:
+                rescaler[out] = step
+            elif out is not None:
                 writer[out] = step
             top = max(top, stage)
         stages[seg] = tuple(range(start, top + 1))

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..lax.ops import DTYPES
-from ..ugraph.validate import BlockInfo
+from ..ugraph.validate import BlockInfo, accum_copies
 from .intervals import Buffer, conflicts, first_fit, peak_live_bytes
 from .schedule import BlockSchedule
 
@@ -69,9 +69,12 @@ def live_ranges(sched: BlockSchedule, info: BlockInfo,
         if sched.registers[t].carried and t in start and body:
             start[t] = body[-1] + (1 if sched.loop_barrier else 0)
             end[t] = max(end[t], start[t])
+    # a running accumulator keeps its rescale factor after its value
+    factor = {st.writes: accum_copies(st.node) for st in sched.steps if st.writes is not None}
     return [Buffer(t, tile_bytes(info.shapes[t], info.dtypes[t]) * copies[t], 0,
                    max(end[t], last)) if t in copies else
-            Buffer(t, tile_bytes(info.shapes[t], info.dtypes[t]), start[t], end[t])
+            Buffer(t, tile_bytes(info.shapes[t], info.dtypes[t]) * factor.get(t, 1), start[t],
+                   end[t])
             for t in start]
 
 

@@ -437,7 +437,7 @@ def _verify_first(st: _Structure, options: list, run: Run, source: str, ex: Expl
         st.tried += source == "search"
         cost, ag, untuned, sch = opt
         v = st.verifier.check(ag.graph, tests=run.verify_tests)
-        if not v.equivalent:
+        if not v.equivalent or not _finite(st, ag.graph, run):
             continue
         m = st.measured.get(id(opt))
         nm = st.measured.get(-1)
@@ -450,6 +450,18 @@ def _verify_first(st: _Structure, options: list, run: Run, source: str, ex: Expl
                             None if m is None else m.us, None if nm is None else nm.us,
                             ex.tune_rounds if ex else 0, ex.tune_evaluations if ex else 0)
     return None
+
+
+def _finite(st: _Structure, graph: KernelGraph, run: Run) -> bool:
+    """An equivalent candidate is still rejected when, run in GPU precision on the program's
+    normal random inputs, an operator overflows or makes a NaN (``check_numerics``: attention
+    without its max, say, whose exp overflows float16) -- unless the program's own naive
+    lowering does too, when the inputs rather than the candidate are to blame."""
+    from ..verifier import check_numerics
+    if not check_numerics(st.program, graph, seed=run.seed, target=run.target).events:
+        return True
+    return bool(check_numerics(st.program, _naive(st, run)[0], seed=run.seed,
+                               target=run.target).events)
 
 
 def _record_all(run: Run, sts: list[_Structure]) -> None:

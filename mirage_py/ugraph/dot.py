@@ -176,7 +176,7 @@ def _draw_block(d: _Dot, k: int, gk: GraphKernel, tid: Any, tensors: dict[str, A
             args = ", ".join(map(_operand, n.operands))
             label, style = f"{n.out} = thread({args})\n{_wrap(expr)}{tile(n.out)}", "fused"
         elif isinstance(n, Accum):
-            label, style = f"{n.out} = accum.{n.kind}({n.input}){tile(n.out)}", "accum"
+            label, style = f"{n.out} = {n.describe()}{tile(n.out)}", "accum"
         elif isinstance(n, OutputSaver):
             dst = gk.outputs[n.output].name if isinstance(n.output, int) and \
                 0 <= n.output < len(gk.outputs) else f"output #{n.output}?"
@@ -209,7 +209,9 @@ def _draw_block(d: _Dot, k: int, gk: GraphKernel, tid: Any, tensors: dict[str, A
 def _uses(n: Any) -> list[str]:
     if isinstance(n, (BlockOp, Fused)):
         return [o for o in n.operands if isinstance(o, str)]
-    if isinstance(n, (Accum, OutputSaver)):
+    if isinstance(n, Accum):
+        return [x for x in (n.input, n.rescale) if isinstance(x, str)]
+    if isinstance(n, OutputSaver):
         return [n.input] if isinstance(n.input, str) else []
     return []
 

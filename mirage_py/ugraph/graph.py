@@ -20,6 +20,8 @@ Block level (what one thread block does; tiles live in shared memory)::
                                                           # min / concat / slice
     Fused(out, operands, thread: ThreadGraph)             # elementwise chain in registers
     Accum(out, input, kind="sum")                         # for-loop accumulator: sum/max/min
+    Accum(out, input, "max", running=True)                # ... readable in the loop (online
+    Accum(out, input, "sum", rescale=m)                   # softmax): sums rescaled by exp(m' - m)
     OutputSaver(input, output=j, omap=(ox, oy, oz))       # write a tile into the j-th output
 
 ``imap[a]`` is the tensor dim split evenly over grid axis ``a`` (``-1``: every block sees the
@@ -150,12 +152,31 @@ class Fused:
 @dataclass(frozen=True)
 class Accum:
     """``out`` combines ``input`` over the for-loop iterations: their sum, maximum or minimum
-    (``kind``). Online softmax (a running max that rescales sum accumulators) will add a kind
-    whose update reads a second tile; see docs/verifier.md."""
+    (``kind``).
+
+    Online softmax (FlashAttention) adds two settings:
+
+    * ``running=True`` (max / min only): the value is also readable *inside* the loop, where it
+      is the running value after this iteration's update, ``m_i = max(m_{i-1}, input_i)``;
+      after the loop it is the final value, as for any accumulator;
+    * ``rescale=m`` (sum only; ``m`` a running accumulator): before this iteration's input is
+      added, the sum is multiplied by ``exp(m_{i-1} - m_i)`` (element-wise, ``m`` broadcast to
+      the sum's shape): ``acc_i = acc_{i-1} * exp(m_{i-1} - m_i) + input_i``. If ``input_i``
+      carries a factor ``exp(-m_i)``, the sums telescope to ``exp(-m_n) * sum_i (...)``: the
+      numerator and denominator of a softmax then share one factor, which cancels
+      (docs/verifier.md).
+    """
 
     out: str
     input: str
     kind: str = "sum"
+    running: bool = False
+    rescale: str | None = None
+
+    def describe(self) -> str:
+        extra = ", running" if self.running else ""
+        extra += f", rescale={self.rescale}" if self.rescale else ""
+        return f"accum.{self.kind}({self.input}{extra})"
 
 
 @dataclass(frozen=True)
@@ -173,7 +194,9 @@ def tiles_read(node: BlockNode) -> tuple[str, ...]:
     """Names of the tiles a block node reads (constants and iterators read none)."""
     if isinstance(node, (BlockOp, Fused)):
         return tuple(x for x in node.operands if isinstance(x, str))
-    if isinstance(node, (Accum, OutputSaver)):
+    if isinstance(node, Accum):
+        return (node.input,) + ((node.rescale,) if node.rescale else ())
+    if isinstance(node, OutputSaver):
         return (node.input,)
     return ()
 

@@ -167,7 +167,7 @@ def _labels(bg: BlockGraph, label: str) -> dict[str, str]:
         elif isinstance(n, Fused):
             out[n.out] = f"{label}fused {n.thread.describe()} -> {n.out!r}"
         elif isinstance(n, Accum):
-            out[n.out] = f"{label}accumulator {n.kind} -> {n.out!r}"
+            out[n.out] = f"{label}accumulator {n.describe()} -> {n.out!r}"
     return out
 
 
@@ -197,17 +197,31 @@ def _run_block(bg: BlockGraph, views: dict[str, Any], phases: dict[str, str],
     for n in compute_nodes:
         if phases[n.out] == "inv":
             step(n, env, 0)
-    accums = [n for n in bg.ops if isinstance(n, Accum)]
+    # the body in graph order: running accumulators update where they stand (later body
+    # nodes read the new value); the others after the body, sums rescaled by
+    # exp(m_{i-1} - m_i) of their running accumulator first
+    body = [n for n in bg.ops if isinstance(n, Accum) and n.running or
+            not isinstance(n, Accum) and n in compute_nodes and phases[n.out] == "body"]
+    accums = [n for n in bg.ops if isinstance(n, Accum) and not n.running]
     acc: dict[str, Any] = {}
+    prev: dict[str, Any] = {}  # a running accumulator's value before this iteration
     local = dict(env)
     for it in range(bg.forloop):
         local = dict(env)
-        for n in compute_nodes:
-            if phases[n.out] == "body":
+        for n in body:
+            if isinstance(n, Accum):
+                be.annotate(where[n.out])
+                prev[n.out] = acc.get(n.out)
+                acc[n.out] = local[n.out] = be.accumulate(acc.get(n.out), local[n.input],
+                                                          n.kind)
+            else:
                 step(n, local, it)
         for a in accums:
             be.annotate(where[a.out])
-            acc[a.out] = be.accumulate(acc.get(a.out), local[a.input], a.kind)
+            old = acc.get(a.out)
+            if a.rescale is not None and old is not None:
+                old = be.rescale(old, prev[a.rescale], acc[a.rescale])
+            acc[a.out] = be.accumulate(old, local[a.input], a.kind)
     local.update(acc)
     for n in compute_nodes:
         if phases[n.out] == "epi":

@@ -40,7 +40,7 @@ def format_block(bg: BlockGraph, inputs: tuple[str, ...], outputs: tuple[str, ..
             lines.append(f"{indent}{n.out} = thread[{n.thread.describe()}]"
                          f"({', '.join(map(_operand, n.operands))})")
         elif isinstance(n, Accum):
-            lines.append(f"{indent}{n.out} = accum.{n.kind}({n.input})")
+            lines.append(f"{indent}{n.out} = {n.describe()}")
         elif isinstance(n, OutputSaver):
             lines.append(f"{indent}save {n.input} -> {_name(outputs, n.output)} "
                          f"omap={_map(n.omap)}")

@@ -25,7 +25,8 @@ _TYPES = {c.__name__: c for c in (Accum, BlockGraph, BlockOp, DTensor, Fused, Gr
                                   InputIter, KernelOp, MaskIter, OutputSaver, ThreadGraph,
                                   ThreadOp)}
 # fields written only when they differ from these defaults
-_OPTIONAL: dict[type, dict[str, Any]] = {ThreadOp: {"attrs": ()}}
+_OPTIONAL: dict[type, dict[str, Any]] = {ThreadOp: {"attrs": ()},
+                                          Accum: {"running": False, "rescale": None}}
 
 
 # field types checked on load, so that foreign JSON with the right keys is still rejected here
@@ -65,7 +66,8 @@ _FIELDS: dict[type, dict[str, Any]] = {
                "imap": _tuple_of(_int, 3), "fmap": _int},
     BlockOp: {"out": _str, "op": _str, "operands": _tuple_of(_operand), "attrs": _attrs},
     Fused: {"out": _str, "operands": _tuple_of(_operand), "thread": _is(ThreadGraph)},
-    Accum: {"out": _str, "input": _str, "kind": _str},
+    Accum: {"out": _str, "input": _str, "kind": _str, "running": lambda v: isinstance(v, bool),
+            "rescale": lambda v: v is None or _str(v)},
     OutputSaver: {"input": _str, "output": _int, "omap": _tuple_of(_int, 3)},
     BlockGraph: {"grid": _tuple_of(_int, 3), "threads": _int, "forloop": _int,
                  "ops": _tuple_of(_BLOCK_NODE)},
@@ -179,7 +181,8 @@ def _canon_block(bg: BlockGraph) -> BlockGraph:
             nodes.append(replace(n, out=new, operands=_ren_operands(n.operands, m),
                                  thread=_canon_thread(n.thread)))
         elif isinstance(n, Accum):
-            nodes.append(replace(n, out=new, input=m.get(n.input, n.input)))
+            nodes.append(replace(n, out=new, input=m.get(n.input, n.input),
+                                 rescale=m.get(n.rescale, n.rescale) if n.rescale else None))
         else:  # not a block node: left for validation to report
             nodes.append(n)
             continue

@@ -13,7 +13,9 @@ Rules (the ``rule`` attribute of :class:`~mirage_py.errors.ValidationError`):
 ``imap``            imap / fmap / omap name existing dims, no dim split twice
 ``tile-divides``    every split (grid axis or loop) divides the dim evenly
 ``phase``           no operator mixes loop-body tiles with accumulated ones; accumulators take
-                    body (or invariant) tiles; per-iteration tiles are saved only when forloop == 1
+                    body (or invariant) tiles; per-iteration tiles are saved only when forloop == 1;
+                    a running accumulator (max / min) may be read in the loop and after it; a
+                    sum rescaled by one (online softmax) names a running accumulator
 ``output-coverage`` the blocks together write every output element exactly once; every graph
                     output has exactly one producer
 ``smem``            the tiles live at the same time fit the target's shared memory per block
@@ -50,7 +52,9 @@ class BlockInfo:
 
     shapes: dict[str, tuple[int, ...]]  # tile shapes
     dtypes: dict[str, str]  # tile dtypes: device dtype for loaded tiles, float32 otherwise
-    phases: dict[str, str]  # "inv" | "body" | "epi"
+    # "inv" | "body" | "epi" | "run" (a running accumulator: readable in the loop body, where it
+    # holds the value after this iteration's update, and after the loop, where it is final)
+    phases: dict[str, str]
     smem_bytes: int
 
 
@@ -160,9 +164,11 @@ def check_block(bg: BlockGraph, ins: list[DTensor], outs: list[DTensor], target:
 
     def phase_of(operands: tuple[Any, ...], who: str) -> str:
         ph = {phases[o] for o in operands if isinstance(o, str)} - {"inv"}
+        running = "run" in ph
+        ph.discard("run")  # a running value goes with both: the current one, or the final one
         if ph == {"body", "epi"}:
             raise _err(f"{who} mixes per-iteration tiles with accumulated tiles", "phase", label)
-        return ph.pop() if ph else "inv"
+        return ph.pop() if ph else "body" if running else "inv"
 
     for node in bg.ops:
         if isinstance(node, InputIter):
@@ -284,7 +290,27 @@ def check_block(bg: BlockGraph, ins: list[DTensor], outs: list[DTensor], target:
             if phases[node.input] == "epi":
                 raise _err(f"{who}: accumulates {node.input!r}, which is already after the loop",
                            "phase", label)
-            define(node.out, shapes[node.input], "float32", "epi", who)
+            if node.running and node.kind not in ("max", "min"):
+                raise _err(f"{who}: only a max or min accumulator can be running", "operator",
+                           label)
+            if node.rescale is not None:
+                use(node.rescale, who)
+                m = next((o for o in bg.ops if isinstance(o, Accum) and o.out == node.rescale),
+                         None)
+                if node.kind != "sum" or m is None or not m.running:
+                    raise _err(f"{who}: only a sum is rescaled, and by a running max / min "
+                               f"accumulator ({node.rescale!r} is not one)", "operator", label)
+                try:
+                    fits = broadcast_shapes(who, shapes[node.rescale], shapes[node.input]) == \
+                        tuple(shapes[node.input])
+                except ShapeError:
+                    fits = False
+                if not fits:
+                    raise _err(f"{who}: the running value {node.rescale!r} "
+                               f"{shapes[node.rescale]} does not broadcast to the sum's "
+                               f"{shapes[node.input]}", "shape", label)
+            define(node.out, shapes[node.input], "float32", "run" if node.running else "epi",
+                   who)
         elif isinstance(node, OutputSaver):
             who = f"output saver {node.input!r} -> output #{node.output}"
             use(node.input, who)
@@ -294,7 +320,7 @@ def check_block(bg: BlockGraph, ins: list[DTensor], outs: list[DTensor], target:
                 raise _err(f"{who}: output #{node.output} is saved twice", "output-coverage",
                            label)
             saved[node.output] = node
-            if phases[node.input] == "body" and bg.forloop > 1:
+            if phases[node.input] == "body" and bg.forloop > 1:  # ("run": its final value)
                 raise _err(f"{who}: {node.input!r} changes every loop iteration; save an "
                            "accumulated tile", "phase", label)
             _check_omap(node, shapes[node.input], outs[node.output], bg.grid, who, label)
@@ -335,6 +361,12 @@ def _check_omap(node: OutputSaver, tile: tuple[int, ...], out: DTensor, grid: tu
                    f"{tuple(want)}, not {out.name} {out.shape}", "output-coverage", label)
 
 
+def accum_copies(node: Any) -> int:
+    """Tiles of its shape a block node keeps: 2 for a running accumulator (the value, then the
+    rescale factor ``exp(m_{i-1} - m_i)`` of this iteration), else 1."""
+    return 2 if isinstance(node, Accum) and node.running else 1
+
+
 def _tile_bytes(shape: tuple[int, ...], dtype: str) -> int:
     n = 1
     for d in shape:
@@ -345,9 +377,10 @@ def _tile_bytes(shape: tuple[int, ...], dtype: str) -> int:
 def shared_memory_bytes(bg: BlockGraph, shapes: dict[str, tuple[int, ...]],
                         dtypes: dict[str, str], phases: dict[str, str]) -> int:
     """Peak bytes of tiles live at once: invariant tiles and accumulators stay for the whole
-    kernel; body and epilogue tiles live from definition to last use (a fused thread graph keeps
-    its intermediates in registers)."""
-    fixed = sum(_tile_bytes(shapes[o.out], dtypes[o.out]) for o in bg.ops
+    kernel (a running accumulator twice: its value and this iteration's rescale factor); body
+    and epilogue tiles live from definition to last use (a fused thread graph keeps its
+    intermediates in registers)."""
+    fixed = sum(_tile_bytes(shapes[o.out], dtypes[o.out]) * accum_copies(o) for o in bg.ops
                 if isinstance(o, (InputIter, MaskIter, BlockOp, Fused, Accum)) and
                 (phases[o.out] == "inv" or isinstance(o, Accum)))
     last: dict[str, int] = {}

@@ -1,0 +1,314 @@
+"""Online softmax (FlashAttention): running accumulators and rescaled sums through every stage.
+
+A running max accumulator is readable inside the loop; a sum rescaled by it is multiplied by
+``exp(m_old - m_new)`` before each iteration's input is added. Checked here: the interpreter
+against the program (float64, literal and batched), the verifier (accepts against the safe and
+the plain softmax, rejects a sum left unrescaled), validation errors, JSON, the emitted CUDA in
+the CPU emulator (shared-memory and register accumulators, every thread order), numerics with
+logits around 30, the safe-softmax rewrite, the search finding the one-kernel form, and superopt
+rejecting a candidate that overflows."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import mirage_py as mp
+from mirage_py.codegen_cuda.emulator import EmulatedGraph
+from mirage_py.errors import ValidationError
+from mirage_py.generator.rewrite import forms, max_shifted
+from mirage_py.ugraph import (Accum, BlockGraph, BlockOp, DTensor, Fused, GraphKernel, InputIter,
+                              KernelGraph, OutputSaver, ThreadGraph, ThreadOp, naive_lowering,
+                              run, validate)
+
+S, D, N = 32, 16, 64
+
+
+def attention(safe: bool = True, s: int = S, d: int = D, n: int = N) -> mp.Program:
+    p = mp.Program("attn")
+    q = p.input("Q", (s, d))
+    k = p.input("K", (d, n))
+    v = p.input("V", (n, d))
+    x = q @ k
+    if safe:
+        probs = mp.softmax(x)
+    else:
+        e = mp.exp(x)
+        probs = e / mp.sum(e, -1, keepdims=True)
+    p.output(probs @ v, name="Y")
+    return p
+
+
+_EXP_SUB = ThreadGraph(2, (ThreadOp("a", "sub", ("in0", "in1")), ThreadOp("b", "exp", ("a",))))
+
+
+def online(forloop: int = 4, rescale_l: str | None = "m", rescale_o: str | None = "m",
+           running: bool = True, sum_first: bool = False, s: int = S, d: int = D,
+           n: int = N) -> KernelGraph:
+    """FlashAttention's loop by hand: chunk scores, their row max into a running max m,
+    e = exp(s - m), row sums and e @ v into sums rescaled by m, o / l after the loop.
+    ``sum_first``: accumulate e element-wise and take the row sums after the loop."""
+    ops = [InputIter("q", 0, (0, -1, -1), -1), InputIter("k", 1, (-1, -1, -1), 1),
+           InputIter("v", 2, (-1, -1, -1), 0),
+           BlockOp("s", "matmul", ("q", "k")),
+           BlockOp("cm", "max", ("s",), (("axes", (1,)), ("keepdims", True))),
+           Accum("m", "cm", "max", running=running),
+           Fused("e", ("s", "m"), _EXP_SUB)]
+    if sum_first:
+        ops += [Accum("le", "e", "sum", rescale=rescale_l),
+                BlockOp("l", "sum", ("le",), (("axes", (1,)), ("keepdims", True)))]
+    else:
+        ops += [BlockOp("l1", "sum", ("e",), (("axes", (1,)), ("keepdims", True))),
+                Accum("l", "l1", "sum", rescale=rescale_l)]
+    ops += [BlockOp("o1", "matmul", ("e", "v")),
+            Accum("o", "o1", "sum", rescale=rescale_o),
+            BlockOp("y", "div", ("o", "l")),
+            OutputSaver("y", 0, (0, -1, -1))]
+    bg = BlockGraph((2, 1, 1), 128, forloop, tuple(ops))
+    ins = (DTensor("Q", (s, d), "float16"), DTensor("K", (d, n), "float16"),
+           DTensor("V", (n, d), "float16"))
+    gk = GraphKernel(("Q", "K", "V"), (DTensor("Y", (s, d), "float16"),), bg)
+    return KernelGraph("attn", ins, (gk,), ("Y",))
+
+
+# ---- meaning ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("forloop", [1, 2, 4, 8])
+@pytest.mark.parametrize("sum_first", [False, True])
+def test_interpreter_computes_the_softmax(forloop, sum_first):
+    p, g = attention(), online(forloop, sum_first=sum_first)
+    x = p.random_inputs(0, scale=2.0)
+    ref = p.evaluate(x)["Y"]
+    np.testing.assert_allclose(run(g, x)["Y"], ref, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(run(g, x, literal=True)["Y"], ref, rtol=1e-12, atol=1e-12)
+
+
+def test_verifier_accepts_against_both_softmaxes_and_rejects_a_missing_rescale():
+    g = online()
+    assert mp.verify(attention(safe=True), g)
+    assert mp.verify(attention(safe=False), g)
+    for bad in (online(rescale_l=None), online(rescale_o=None)):
+        r = mp.verify(attention(), bad)
+        assert not r.equivalent and r.mismatch is not None
+    # rescaled although the input does not carry the running max's factor: wrong too
+    q = mp.Program("sum_exp")
+    x = q.input("X", (S, N))
+    q.output(mp.sum(mp.exp(x), -1, keepdims=True), name="Y")
+    ops = (InputIter("x", 0, (0, -1, -1), 1),
+           BlockOp("cm", "max", ("x",), (("axes", (1,)), ("keepdims", True))),
+           Accum("m", "cm", "max", running=True),
+           BlockOp("e", "exp", ("x",)),
+           BlockOp("l1", "sum", ("e",), (("axes", (1,)), ("keepdims", True))),
+           Accum("l", "l1", "sum", rescale="m"),
+           OutputSaver("l", 0, (0, -1, -1)))
+    gk = GraphKernel(("X",), (DTensor("Y", (S, 1), "float16"),),
+                     BlockGraph((2, 1, 1), 128, 4, ops))
+    wrong = KernelGraph("sum_exp", (DTensor("X", (S, N), "float16"),), (gk,), ("Y",))
+    assert not mp.verify(q, wrong).equivalent
+    plain = KernelGraph("sum_exp", wrong.inputs, (GraphKernel(gk.inputs, gk.outputs, BlockGraph(
+        (2, 1, 1), 128, 4, tuple(Accum("l", "l1", "sum") if getattr(o, "out", "") == "l" else o
+                                 for o in ops))),), ("Y",))
+    assert mp.verify(q, plain)
+
+
+def test_running_value_read_after_the_loop_is_the_final_one():
+    """logsumexp with the running max: m + log(l) after the loop."""
+    p = mp.Program("lse")
+    x = p.input("X", (S, N))
+    p.output(mp.logsumexp(x, -1, keepdims=True), name="Y")
+    ops = (InputIter("x", 0, (0, -1, -1), 1),
+           BlockOp("cm", "max", ("x",), (("axes", (1,)), ("keepdims", True))),
+           Accum("m", "cm", "max", running=True),
+           Fused("e", ("x", "m"), _EXP_SUB),
+           BlockOp("l1", "sum", ("e",), (("axes", (1,)), ("keepdims", True))),
+           Accum("l", "l1", "sum", rescale="m"),
+           BlockOp("lg", "log", ("l",)),
+           BlockOp("y", "add", ("m", "lg")),
+           OutputSaver("y", 0, (0, -1, -1)))
+    gk = GraphKernel(("X",), (DTensor("Y", (S, 1), "float16"),),
+                     BlockGraph((2, 1, 1), 128, 4, ops))
+    g = KernelGraph("lse", (DTensor("X", (S, N), "float16"),), (gk,), ("Y",))
+    xs = p.random_inputs(1, scale=3.0)
+    np.testing.assert_allclose(run(g, xs)["Y"], p.evaluate(xs)["Y"], rtol=1e-12)
+    assert mp.verify(p, g)
+    em = EmulatedGraph(g)(xs)["Y"]
+    np.testing.assert_allclose(em, run(g, xs, precision="gpu")["Y"], rtol=2e-3, atol=2e-3)
+
+
+def test_validation_errors_for_running_sums_and_bad_shapes():
+    g = online()
+    gk = g.ops[0]
+
+    def with_ops(ops):
+        return KernelGraph(g.name, g.inputs, (GraphKernel(gk.inputs, gk.outputs, BlockGraph(
+            gk.block.grid, gk.block.threads, gk.block.forloop, tuple(ops))),), g.outputs)
+    running_sum = [Accum(o.out, o.input, "sum", running=True) if getattr(o, "out", "") == "l"
+                   else o for o in gk.block.ops]
+    with pytest.raises(ValidationError, match="only a max or min"):
+        validate(with_ops(running_sum))
+    # rescaled by a max accumulator that is not running (nothing in the loop reads it)
+    final = list(gk.block.ops)
+    final.insert(5, Accum("m2", "cm", "max"))
+    final = [Accum("l", "l1", "sum", rescale="m2") if getattr(o, "out", "") == "l" else o
+             for o in final]
+    with pytest.raises(ValidationError, match="running max") as e:
+        validate(with_ops(final))
+    assert e.value.rule == "operator"
+    # the running max of the scores (rows, chunk) cannot rescale a (rows, 1) sum
+    wide = [Accum("m", "s", "max", running=True) if getattr(o, "out", "") == "m" else o
+            for o in gk.block.ops if getattr(o, "out", "") != "cm"]
+    with pytest.raises(ValidationError) as e:
+        validate(with_ops(wide))
+    assert e.value.rule in ("shape", "phase")
+
+
+def test_json_round_trip_and_old_graphs_keep_their_hash():
+    g = online()
+    back = KernelGraph.from_json(g.to_json())
+    assert back == g
+    plain = online(rescale_l=None, rescale_o=None, running=False)
+    text = str(plain.to_json())
+    assert "running" not in text and "rescale" not in text  # written only when set
+    assert "running" in str(g.to_json()) and "rescale" in str(g.to_json())
+
+
+# ---- CUDA in the emulator -------------------------------------------------------------------
+
+@pytest.mark.parametrize("order", ["forward", "reverse", 5])
+@pytest.mark.parametrize("sum_first", [False, True])
+def test_emitted_cuda_equals_the_interpreter(order, sum_first):
+    g = online(sum_first=sum_first)
+    x = attention().random_inputs(0, scale=3.0)
+    want = run(g, x, precision="gpu")["Y"]
+    got = EmulatedGraph(g, order=order)(x)["Y"]
+    np.testing.assert_allclose(got, want, rtol=2e-3, atol=2e-3)
+    assert np.isfinite(got).all()
+
+
+def test_emitted_cuda_without_tensor_cores_and_with_a_rescale_step_in_shared_memory():
+    from mirage_py.codegen_cuda import emit_cuda
+    g = online()
+    src = emit_cuda(g, tensor_cores=False)
+    text = src.kernels[0]
+    assert "expf(m_old - m_new)" in text and "*= s_m[" in text
+    x = attention().random_inputs(2, scale=3.0)
+    got = EmulatedGraph(src)(x)["Y"]
+    np.testing.assert_allclose(got, run(g, x, precision="gpu")["Y"], rtol=2e-3, atol=2e-3)
+
+
+def test_a_rescale_dropped_from_the_cuda_is_caught_by_the_emulator(monkeypatch):
+    from mirage_py.codegen_cuda import block_kernel
+    monkeypatch.setattr(block_kernel.BlockKernelEmitter, "emit_rescale",
+                        lambda self, st: ["// rescale dropped"])
+    g = online()
+    x = attention().random_inputs(0, scale=3.0)
+    got = EmulatedGraph(g)(x)["Y"]
+    assert not np.allclose(got, run(g, x, precision="gpu")["Y"], rtol=2e-2, atol=2e-2)
+
+
+# ---- numerics ---------------------------------------------------------------------------------
+
+def test_online_form_is_safe_with_logits_around_30_where_the_plain_one_overflows():
+    """Q and K times 3 in float16 (logits of standard deviation ~35): the online form stays
+    within 2e-2 in GPU precision; the same loop without the max overflows float16."""
+    p = attention(safe=True, d=64)
+    x = {k: v * (3.0 if k in "QK" else 1.0) for k, v in p.random_inputs(0).items()}
+    assert np.abs(p.evaluate(x)["Y"]).max() > 0
+    good = mp.check_numerics(p, online(d=64), x)
+    assert good.ok and good.max_rel <= 2e-2 and not good.events
+    plain_ops = [Fused("e", ("s",), ThreadGraph(1, (ThreadOp("b", "exp", ("in0",)),)))
+                 if getattr(o, "out", "") == "e" else
+                 Accum(o.out, o.input, "sum") if isinstance(o, Accum) and o.rescale else o
+                 for o in online(d=64).ops[0].block.ops if getattr(o, "out", "") not in
+                 ("cm", "m")]
+    g0 = online(d=64)
+    gk = g0.ops[0]
+    plain = KernelGraph(g0.name, g0.inputs, (GraphKernel(gk.inputs, gk.outputs, BlockGraph(
+        gk.block.grid, gk.block.threads, gk.block.forloop, tuple(plain_ops))),), g0.outputs)
+    assert mp.verify(p, plain)  # the same function...
+    bad = mp.check_numerics(p, plain, x)
+    assert not bad.ok and bad.events  # ...that overflows
+
+
+# ---- the safe-softmax rewrite -----------------------------------------------------------------
+
+def test_max_shifted_rewrite_where_the_factor_cancels():
+    p = attention(safe=False)
+    s = max_shifted(p)
+    assert s is not None and any(t.op == "max" for t in s.nodes())
+    x = p.random_inputs(0)
+    np.testing.assert_allclose(s.evaluate(x)["Y"], p.evaluate(x)["Y"], rtol=1e-12)
+    g = naive_lowering(s)
+    assert mp.verify(p, KernelGraph(p.name, g.inputs, g.ops, g.outputs))
+    assert forms(p)[0].name.endswith(".safe")
+    # (e @ v) / sum(e) and a column softmax also cancel
+    q = mp.Program("b")
+    a, w = q.input("A", (8, 16)), q.input("W", (16, 32))
+    e = mp.exp(a @ w)
+    q.output(e / mp.sum(e, 0, keepdims=True), name="Y")
+    assert max_shifted(q) is not None
+
+
+@pytest.mark.parametrize("build", [
+    lambda e: e / mp.sum(e, -1, keepdims=True) + e,  # e itself reaches the output
+    lambda e: mp.sum(e, -1, keepdims=True),  # an unnormalised sum
+    lambda e: mp.log(e / mp.sum(e, -1, keepdims=True)) * e,  # degree 1 through a product
+    lambda e: mp.sqrt(e) / mp.sum(e, -1, keepdims=True),  # a function of e
+    lambda e: (e / mp.sum(e, 0, keepdims=True)) / mp.sum(e, -1, keepdims=True),
+])
+def test_max_shifted_rewrite_leaves_other_programs_alone(build):
+    p = mp.Program("c")
+    x = p.input("X", (8, 16))
+    p.output(build(mp.exp(x)), name="Y")
+    assert max_shifted(p) is None
+    assert forms(p)[0] is p
+
+
+# ---- search and superopt ----------------------------------------------------------------------
+
+def _online_kernel(opt) -> bool:
+    return any(isinstance(o, Accum) and o.running for k in opt.graph.ops
+               if isinstance(k, GraphKernel) for o in k.block.ops)
+
+
+def test_superopt_finds_one_safe_kernel_for_long_causal_rows():
+    p = mp.Program("causal")
+    q = p.input("Q", (2, 256, 64))
+    k = p.input("K", (2, 64, 256))
+    v = p.input("V", (2, 256, 64))
+    sc = mp.where(mp.causal_mask(256, 256), (q @ k) * 0.125, -1e4)
+    p.output(mp.softmax(sc) @ v, name="O")
+    opt = mp.superopt(p, workers=1, progress=False, database=False)
+    assert opt.num_kernels == 1 and _online_kernel(opt)
+    assert all(r.verification.equivalent for r in opt.parts)
+    x = p.random_inputs(0)
+    np.testing.assert_allclose(opt.run_numpy(x)["O"], p.evaluate(x)["O"], rtol=0, atol=2e-2)
+
+
+def test_superopt_makes_attention_written_without_the_max_safe():
+    p = attention(safe=False, s=64, d=64, n=256)
+    opt = mp.superopt(p, workers=1, progress=False, database=False)
+    assert opt.num_kernels == 1
+    assert any(isinstance(o, BlockOp) and o.op == "max" for k in opt.graph.ops
+               if isinstance(k, GraphKernel) for o in k.block.ops)
+    x = {k: v * (3.0 if k in "QK" else 1.0) for k, v in p.random_inputs(0).items()}
+    rep = mp.check_numerics(p, opt.graph, x)
+    assert rep.ok and rep.max_rel <= 2e-2
+
+
+def test_superopt_rejects_an_equivalent_candidate_that_overflows():
+    from mirage_py.superopt.part import _finite, _Structure
+    from mirage_py.superopt.search import default_model
+    from mirage_py.targets import get_target
+    p = mp.Program("scale")
+    x = p.input("X", (16, 64))
+    p.output(x * 2.0 ** -10, name="Y")
+    q = mp.Program("scale")  # the same function through an intermediate beyond float16
+    xq = q.input("X", (16, 64))
+    q.output((xq * 2.0 ** 17) * 2.0 ** -27, name="Y")
+    g = naive_lowering(q)
+    assert mp.verify(p, g)
+    runner = SimpleNamespace(seed=0, target=get_target("h100"), model=default_model())
+    st = _Structure(p, 0.0)
+    assert not _finite(st, g, runner)
+    assert _finite(st, naive_lowering(p), runner)
