@@ -187,7 +187,8 @@ def compile(module: Any, example_inputs: Any = None, example_kwargs: dict | None
     if not isinstance(module, torch.nn.Module):
         from .capture import as_module
         module = as_module(module)
-    name = type(module).__name__
+    name = getattr(getattr(module, "_mirage_function", None), "__name__", None) or \
+        type(module).__name__
     _check_options(superopt_options)
     cm = CompiledModule(module, superopt_options, name)
     if example_inputs is not None or example_kwargs is not None:

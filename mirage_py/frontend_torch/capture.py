@@ -123,7 +123,9 @@ def as_module(fn_or_module: Any) -> Any:
         def forward(self, *args: Any, **kwargs: Any) -> Any:
             return self.fn(*args, **kwargs)
 
-    return FunctionModule(fn_or_module)
+    wrapper = FunctionModule(fn_or_module)
+    wrapper._mirage_function = fn_or_module  # argument names come from the function
+    return wrapper
 
 
 def capture(fn_or_module: Any, args: tuple, kwargs: dict | None = None) -> Captured:
@@ -131,7 +133,7 @@ def capture(fn_or_module: Any, args: tuple, kwargs: dict | None = None) -> Captu
     torch = _torch()
     kwargs = dict(kwargs or {})
     module = as_module(fn_or_module)
-    fn = fn_or_module.forward if isinstance(fn_or_module, torch.nn.Module) else fn_or_module
+    fn = getattr(module, "_mirage_function", None) or module.forward
     names = user_input_names(fn, args, kwargs)
     try:
         with warnings.catch_warnings():

@@ -1,0 +1,345 @@
+"""mp.compile and torch.compile(backend="mirage_py") on modules no one here wrote (transformers'
+LlamaMLP, LlamaRMSNorm, LlamaAttention built from a small config with random weights, torch.nn
+layers, F.scaled_dot_product_attention, F.softmax).
+
+Examples are float16 unless a test says otherwise; the compiled module runs on the CPU (the μGraph
+interpreter in GPU precision) and must equal eager PyTorch in float16 within
+``|got - want| <= 2e-2 * max|want|``, and its regions must be fused (fewer kernels found than the
+naive one kernel per operator). Each superopt is small (shapes of 8-64, one worker, a time budget;
+the results database is a fresh file per test, see conftest.py).
+"""
+
+import functools
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import mirage_py as mp  # noqa: E402
+from mirage_py.errors import OptionError, UnsupportedOperatorError  # noqa: E402
+
+OPTS = dict(workers=1, time_budget_s=15, progress=False)
+F16 = torch.float16
+
+
+def _rand(*shape, dtype=F16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g).to(dtype)
+
+
+def _close(got, want, rel=2e-2):
+    got, want = got.float(), want.float()
+    assert got.shape == want.shape, (got.shape, want.shape)
+    err = (got - want).abs().max().item()
+    scale = want.abs().max().item()
+    assert err <= rel * scale + 1e-3, f"max error {err:.3g} against max |want| {scale:.3g}"
+    return err / scale
+
+
+def _fused(cm, at_most=None):
+    rows = cm.regions()
+    assert rows and all(r["verified"] for r in rows), cm.report()
+    naive = sum(r["kernels_naive"] for r in rows)
+    found = sum(r["kernels"] for r in rows)
+    assert found < naive, cm.report()
+    if at_most is not None:
+        assert found <= at_most, cm.report()
+    return naive, found
+
+
+def _llama_config(heads=4, kv_heads=2):
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128,
+                                   num_attention_heads=heads, num_key_value_heads=kv_heads,
+                                   head_dim=16, max_position_embeddings=64, rms_norm_eps=1e-6)
+    cfg._attn_implementation = "sdpa"
+    return cfg
+
+
+def _randomize(module, seed=0, scale=0.2):
+    g = torch.Generator().manual_seed(seed)
+    for p in module.parameters():
+        p.data = (torch.randn(p.shape, generator=g) * scale).to(p.dtype)
+    return module
+
+
+# ---- torch.nn and torch.nn.functional -----------------------------------------------------
+
+class LinearNormSoftmax(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gemm = nn.Linear(64, 64)
+        self.norm = nn.LayerNorm(64)
+
+    def forward(self, x):
+        return F.softmax(self.norm(self.gemm(x)) * 2.0, dim=-1)
+
+
+def test_linear_layernorm_softmax():
+    m = _randomize(LinearNormSoftmax()).to(F16).eval()
+    for p in m.norm.parameters():
+        p.data = p.data + 1 if p.dim() and p is m.norm.weight else p.data
+    x = _rand(16, 64)
+    cm = mp.compile(m, (x,), **OPTS)
+    with torch.no_grad():
+        _close(cm(x), m(x))
+    naive, found = _fused(cm)
+    assert found <= 3
+    # parameters are program inputs named by their qualified names (weights transposed by torch)
+    inputs = cm.regions()[0]["inputs"]
+    assert {"gemm_weight_t", "gemm_bias", "norm_weight", "norm_bias", "x"} <= set(inputs)
+
+
+def test_scaled_dot_product_attention_causal():
+    def attention(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    q, k, v = (_rand(2, 16, 16, seed=i) for i in range(3))
+    cm = mp.compile(attention, (q, k, v), **OPTS)
+    _close(cm(q, k, v), attention(q, k, v))
+    # the transpose of k is a kernel of its own (block graphs hold no transposes), the rest fuses
+    naive, found = _fused(cm, at_most=3)
+    assert cm.regions()[0]["inputs"] == ["q", "k", "v"]
+
+
+# ---- transformers' Llama modules ----------------------------------------------------------
+
+def test_llama_mlp():
+    from transformers.models.llama.modeling_llama import LlamaMLP
+    m = _randomize(LlamaMLP(_llama_config())).to(F16).eval()
+    x = _rand(1, 8, 64)
+    cm = mp.compile(m, (x,), **OPTS)
+    with torch.no_grad():
+        _close(cm(x), m(x))
+    assert _fused(cm) == (5, 1)  # gate, up, silu, product, down: one kernel
+
+
+def test_llama_rmsnorm():
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+    m = LlamaRMSNorm(64, eps=1e-6).to(F16)
+    m.weight.data = 1 + 0.1 * _rand(64, seed=3)
+    x = _rand(2, 8, 64)
+    cm = mp.compile(m, (x,), **OPTS)
+    with torch.no_grad():
+        _close(cm(x), m(x))
+    _fused(cm, at_most=1)
+
+
+class _Attention(nn.Module):
+    """LlamaAttention called the way LlamaDecoderLayer calls it: rotary (cos, sin) from
+    LlamaRotaryEmbedding, the cache given or not."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        from transformers.models.llama.modeling_llama import LlamaAttention
+        self.attn = LlamaAttention(cfg, layer_idx=0)
+        self.cfg = cfg
+
+    def forward(self, hidden, cos, sin, past_k=None, past_v=None):
+        cache = None
+        if past_k is not None:
+            from transformers import DynamicCache
+            cache = DynamicCache(config=self.cfg)
+            cache.update(past_k, past_v, 0)
+        return self.attn(hidden, (cos, sin), None, past_key_values=cache)[0]
+
+
+def _rotary(cfg, positions, dtype=F16):
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+    rot = LlamaRotaryEmbedding(cfg)
+    x = torch.zeros(1, len(positions), cfg.hidden_size)
+    cos, sin = rot(x, torch.tensor([positions]))
+    return cos.to(dtype), sin.to(dtype)
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_llama_attention_prefill_causal_with_rotary():
+    cfg = _llama_config(heads=4, kv_heads=2)
+    m = _randomize(_Attention(cfg)).to(F16).eval()
+    cos, sin = _rotary(cfg, list(range(8)))
+    h = _rand(1, 8, 64)
+    cm = mp.compile(m, (h, cos, sin), **OPTS)
+    with torch.no_grad():
+        _close(cm(h, cos, sin), m(h, cos, sin))
+    _fused(cm)
+    assert not cm.eager_ops()  # projections, rotary, causal SDPA (GQA) and o_proj: one region
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_llama_attention_decode_against_cached_positions():
+    cfg = _llama_config(heads=4, kv_heads=2)
+    m = _randomize(_Attention(cfg)).to(F16).eval()
+    past = 5
+    cos, sin = _rotary(cfg, [past])
+    h = _rand(1, 1, 64)
+    pk, pv = _rand(1, 2, past, 16, seed=1), _rand(1, 2, past, 16, seed=2)
+    cm = mp.compile(m, (h, cos, sin, pk, pv), **OPTS)
+    with torch.no_grad():
+        _close(cm(h, cos, sin, pk, pv), m(h, cos, sin, pk, pv))
+    _fused(cm)
+
+
+# ---- unsupported operators, weights, report, recompiles -----------------------------------
+
+class WithSort(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(32, 32)
+
+    def forward(self, x):
+        y = torch.relu(self.proj(x))
+        return torch.softmax(torch.sort(y, dim=-1).values, dim=-1) + y * 0.5
+
+
+def test_unsupported_operator_runs_eager_between_regions():
+    m = _randomize(WithSort()).to(F16).eval()
+    x = _rand(8, 32)
+    with pytest.raises(UnsupportedOperatorError, match="aten.sort"):
+        mp.from_torch(m, (x,))
+    cm = mp.compile(m, (x,), **OPTS)
+    with torch.no_grad():
+        _close(cm(x), m(x))
+    eager = cm.eager_ops()
+    assert [e["op"] for e in eager] == ["aten.sort.default"]
+    assert "no mirage_py operator" in eager[0]["reason"]
+    assert len(cm.regions()) == 2  # before the sort, after it
+    _fused(cm)
+    assert "eager: aten.sort.default (node sort)" in cm.report()
+
+
+def test_changed_weight_is_used():
+    m = _randomize(LinearNormSoftmax()).to(F16).eval()
+    x = _rand(16, 64)
+    cm = mp.compile(m, (x,), **OPTS)
+    with torch.no_grad():
+        before = cm(x)
+        m.gemm.weight.mul_(-2)  # in place
+        m.norm.bias = nn.Parameter(torch.full((64,), 0.5, dtype=F16))  # a new tensor
+        after = cm(x)
+        _close(after, m(x))
+    assert (after - before).abs().max() > 1e-2
+    assert len(cm.graphs) == 1  # same signature: nothing compiled again
+
+
+def test_report_lists_regions_kernels_time_and_bounds():
+    m = _randomize(WithSort()).to(F16).eval()
+    x = _rand(8, 32)
+    cm = mp.compile(m, (x,), **OPTS)
+    text = cm.report()
+    assert text.startswith("mirage_py compile: WithSort, 1 signature(s)")
+    assert "(x: (8, 32) float16)" in text and "captured by export" in text
+    assert "region 0:" in text and "region 1:" in text
+    for row in cm.regions():
+        assert f"kernels {row['kernels_naive']} naive -> {row['kernels']} found" in text
+        assert row["us"] < row["naive_us"] and 0 <= row["bound"] <= 1e-9
+    assert "verified, bound" in text and "us" in text and "inputs:" in text
+    assert "proj_weight_t" in text and "proj_bias" in text
+
+
+def test_new_shapes_recompile_and_identical_regions_come_from_memory():
+    from mirage_py.frontend_torch import clear_cache
+    clear_cache()
+    m = _randomize(LinearNormSoftmax()).to(F16).eval()
+    cm = mp.compile(m, (_rand(16, 64),), **OPTS)
+    x8 = _rand(8, 64, seed=5)
+    with torch.no_grad():
+        _close(cm(x8), m(x8))
+    assert len(cm.graphs) == 2
+    again = mp.compile(m, (_rand(16, 64, seed=7),), **OPTS)
+    assert all(r["cached"] for r in again.regions())
+    assert "memory cache" in again.report()
+
+
+def test_bad_options_are_option_errors():
+    with pytest.raises(OptionError, match="unknown option"):
+        mp.compile(nn.Linear(4, 4), (torch.randn(2, 4),), time_budget=3)
+    with pytest.raises(OptionError):
+        mp.compile(nn.Linear(4, 4), "not inputs")
+
+
+def test_float32_examples_and_lazy_compilation():
+    m = _randomize(nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32))).eval()
+    cm = mp.compile(m, **OPTS)  # compiled at the first call
+    assert not cm.graphs
+    x = _rand(4, 32, dtype=torch.float32)
+    with torch.no_grad():
+        _close(cm(x), m(x), rel=1e-2)
+    assert len(cm.graphs) == 1 and cm.regions()[0]["inputs"][0] == "input"
+    _fused(cm)
+
+
+# ---- torch.compile(backend="mirage_py") ---------------------------------------------------
+
+def test_torch_compile_backend():
+    import mirage_py.frontend_torch.backend as backend
+    torch._dynamo.reset()
+    m = _randomize(WithSort()).to(F16).eval()
+    x = _rand(8, 32)
+    compiled = torch.compile(m, backend="mirage_py", dynamic=False)
+    with torch.no_grad():
+        _close(compiled(x), m(x))
+    made = backend.COMPILED[-1]
+    report = made.report()
+    assert "aten.sort" in report and "region 0" in report
+    assert "proj.weight" in report or "proj_weight" in report
+    # a changed weight is read at the next call (Dynamo passes parameters as inputs)
+    with torch.no_grad():
+        m.proj.weight.mul_(0.5)
+        _close(compiled(x), m(x))
+    torch._dynamo.reset()
+
+
+def test_torch_compile_backend_with_options_and_recompile():
+    from mirage_py.frontend_torch import mirage_backend
+    torch._dynamo.reset()
+    m = _randomize(LinearNormSoftmax()).to(F16).eval()
+    compiled = torch.compile(m, backend=functools.partial(mirage_backend, **OPTS),
+                             dynamic=False)
+    with torch.no_grad():
+        for rows in (16, 8, 16):  # a guard failure compiles 8 rows; 16 again is cached
+            x = _rand(rows, 64, seed=rows)
+            _close(compiled(x), m(x))
+    torch._dynamo.reset()
+
+
+def test_backend_is_registered_and_declared_as_entry_point():
+    import mirage_py.frontend_torch  # noqa: F401 -- registers on import
+    from torch._dynamo.backends.registry import lookup_backend
+    fn = lookup_backend("mirage_py")
+    assert callable(fn)
+    root = Path(__file__).resolve().parents[1]
+    meta = tomllib.loads((root / "pyproject.toml").read_text())
+    eps = meta["project"]["entry-points"]["torch_dynamo_backends"]
+    assert eps == {"mirage_py": "mirage_py.frontend_torch.backend:mirage_backend"}
+    assert any(d.startswith("transformers") for d in meta["project"]["optional-dependencies"]
+               ["test"])
+
+
+# ---- CUDA -----------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_cuda_tensors_run_the_generated_kernels():
+    pytest.importorskip("cupy")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device visible to PyTorch")
+    from transformers.models.llama.modeling_llama import LlamaMLP
+    m = _randomize(LlamaMLP(_llama_config())).to(F16).eval()
+    x = _rand(1, 8, 64)
+    cm = mp.compile(m, (x,), **OPTS)
+    m.cuda()
+    xc = x.cuda()
+    with torch.no_grad():
+        got = cm(xc)
+        assert got.is_cuda and got.dtype == F16
+        _close(got.cpu(), m(xc).cpu())
+        m.down_proj.weight.mul_(2)  # the transposed weight copy is refreshed
+        _close(cm(xc).cpu(), m(xc).cpu())
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(pytest.main([__file__, "-q"]))
