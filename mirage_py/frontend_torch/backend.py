@@ -32,16 +32,19 @@ from .runtime import CompiledGraph, signature_of
 NAME = "mirage_py"
 
 
-def _placeholder_names(gm: Any) -> list[str]:
-    """Readable names of Dynamo's placeholders: ``gemm.weight`` for a parameter, ``x`` for an
-    argument (Dynamo's own names where its source cannot be read)."""
-    names = []
+def _placeholders(gm: Any) -> tuple[list[str], list[str]]:
+    """Readable names of Dynamo's placeholders (``gemm.weight`` for a parameter, ``x`` for an
+    argument; Dynamo's own names where its source cannot be read) and their kinds ("parameter",
+    "buffer" or "user")."""
+    names, kinds = [], []
     for ph in (n for n in gm.graph.nodes if n.op == "placeholder"):
-        nm = ph.name
+        nm, kind = ph.name, "user"
         try:
             src = ph.meta["grapharg"].source.name
-            src = src() if callable(src) else src
-            s = re.sub(r"^L\['self'\]\.?", "", str(src))
+            src = str(src() if callable(src) else src)
+            kind = "parameter" if "_parameters[" in src else "buffer" if "_buffers[" in src \
+                else "user"
+            s = re.sub(r"^L\['self'\]\.?", "", src)
             s = re.sub(r"\.?_(?:modules|parameters|buffers)\['([^']+)'\]", r".\1", s)
             s = re.sub(r"^L\['([^']+)'\]", r"\1", s).strip(".")
             if s and re.fullmatch(r"[\w.\[\]']+", s):
@@ -49,7 +52,8 @@ def _placeholder_names(gm: Any) -> list[str]:
         except (KeyError, AttributeError, TypeError):
             pass
         names.append(nm)
-    return names
+        kinds.append(kind)
+    return names, kinds
 
 
 class DynamoCompiled:
@@ -58,7 +62,7 @@ class DynamoCompiled:
     def __init__(self, gm: Any, options: dict[str, Any]):
         self.gm = gm
         self.options = dict(options)
-        self.names = _placeholder_names(gm)
+        self.names, self.kinds = _placeholders(gm)
         self.graphs: dict[tuple, CompiledGraph] = {}
 
     def __call__(self, *args: Any) -> Any:
@@ -66,7 +70,8 @@ class DynamoCompiled:
         sig = signature_of(list(args), "dynamo")
         g = self.graphs.get(sig)
         if g is None:
-            cap = capture_graph_module(self.gm, list(args), [identifier(n) for n in self.names])
+            cap = capture_graph_module(self.gm, list(args), [identifier(n) for n in self.names],
+                                       self.kinds)
             g = CompiledGraph(cap, "dynamo", self.options, _sig_text(sig, self.names))
             self.graphs[sig] = g
         state = {r.node: args[r.index] for r in g.cap.roles}

@@ -235,11 +235,12 @@ def _capture_make_fx(module: Any, args: tuple, kwargs: dict, names: list[str]) -
     return Captured(gm, roles, in_spec, out_spec[0], list(range(count)), [], {}, "make_fx")
 
 
-def capture_graph_module(gm: Any, example_inputs: list, names: list[str] | None = None
-                         ) -> Captured:
+def capture_graph_module(gm: Any, example_inputs: list, names: list[str] | None = None,
+                         kinds: list[str] | None = None) -> Captured:
     """Capture a graph that already takes every tensor as an input (Dynamo's): through make_fx
-    with the decomposition table, functionalized; placeholders are all ``user`` inputs, named
-    after the graph's own placeholders."""
+    with the decomposition table, functionalized. Placeholder ``i`` is argument ``i`` of every
+    call (``index``), named ``names[i]``, of kind ``kinds[i]`` ("parameter", "buffer" or
+    "user"; parameters and buffers are module state, whose transposes torch may cache)."""
     torch = _torch()
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.utils._pytree import tree_flatten
@@ -255,8 +256,9 @@ def capture_graph_module(gm: Any, example_inputs: list, names: list[str] | None 
                          record_module_stack=True, record_stack_traces=True)(*example_inputs)
     phs = [nd for nd in traced.graph.nodes if nd.op == "placeholder"]
     names = names or [ph.name for ph in phs]
-    roles = [InputRole(ph.name, "user", names[i] if i < len(names) else ph.name, i)
-             for i, ph in enumerate(phs)]
+    kinds = kinds or []
+    roles = [InputRole(ph.name, kinds[i] if i < len(kinds) else "user",
+                       names[i] if i < len(names) else ph.name, i) for i, ph in enumerate(phs)]
     out_node = next(nd for nd in traced.graph.nodes if nd.op == "output")
     count = len(out_node.args[0]) if isinstance(out_node.args[0], (list, tuple)) else 1
     cap = Captured(traced, roles, None, out_spec[0], list(range(count)), [], {}, "make_fx")

@@ -518,7 +518,7 @@ def _region_boundary(an: Analysis, n: Any) -> Any:
 
 
 def _assemble(an: Analysis, reads: list[tuple[str, Sym]], inputs: dict[str, Source],
-              names: Names, consts: dict[str, Any], pname: str
+              names: Names, consts: dict[str, Any], pname: str, fold_heads: bool = True
               ) -> tuple[list[RegionOutput], Program | None]:
     torch = _torch()
     outs: list[RegionOutput] = []
@@ -534,6 +534,8 @@ def _assemble(an: Analysis, reads: list[tuple[str, Sym]], inputs: dict[str, Sour
         plan.append((node, t, post))
     # inputs computed by torch views: reshape of any input, transpose of a static one
     tensors = _fold_input_views([t for _, t, _ in plan], inputs, names)
+    if fold_heads:
+        tensors = _fold_input_views(_fold_head_layouts(tensors, inputs, names), inputs, names)
     for (node, _, post), t in zip(plan, tensors):
         if t.op == "input":
             outs.append(RegionOutput(node, "input", t.name, post))
@@ -591,6 +593,94 @@ def _fold_input_views(roots: list[Tensor], inputs: dict[str, Source], names: Nam
             return roots
         roots = rebuild(roots, subst)
     return roots
+
+
+def _fold_head_layouts(roots: list[Tensor], inputs: dict[str, Source], names: Names
+                       ) -> list[Tensor]:
+    """Move attention's head split and merge into the weights, where torch caches them.
+
+    ``transpose(reshape(X @ Wt [+ b]))`` splitting the last dim into (H, D) and moving H before
+    the rows is ``X' @ Wh [+ bh]`` with ``Wh = Wt.reshape(K, H, D).permute(1, 0, 2)`` (and ``X'``
+    X with a dim of size 1 before its rows); ``reshape(transpose(A)) @ Wt`` merging (H, D) back is
+    ``sum(A @ Wt.reshape(H, D, N), heads)``. ``Wt`` (and ``b``) must be static inputs (a
+    parameter's transpose, computed by torch once per weight version); each value in the chain
+    must have one user. Inside a program each transpose would be a kernel of its own."""
+    users: dict[str, int] = {}
+    order = topo_order(roots)
+    for t in order:
+        for i in t.inputs:
+            users[i.digest] = users.get(i.digest, 0) + 1
+    for t in roots:
+        users[t.digest] = users.get(t.digest, 0) + 1
+
+    def static(t: Tensor) -> bool:
+        return t.op == "input" and inputs[t.name].static
+
+    def derived(t: Tensor, op: tuple, suffix: str, shape: tuple[int, ...]) -> Tensor:
+        src = inputs[t.name]
+        nm = names(f"{t.name}_{suffix}")
+        inputs[nm] = Source(src.ref, src.ops + op, True)
+        return make_input(nm, shape, t.dtype)
+
+    def heads_in(t: Tensor) -> Tensor | None:
+        r = t.inputs[0]
+        y = r.inputs[0]
+        mm, bias = (y, None) if y.op == "matmul" else \
+            (y.inputs[0], y.inputs[1]) if y.op == "add" and y.inputs[0].op == "matmul" \
+            and static(y.inputs[1]) and y.inputs[1].ndim == 1 else (None, None)
+        if mm is None or users[r.digest] != 1 or users[y.digest] != 1 or \
+                (bias is not None and users[mm.digest] != 1):
+            return None
+        x, wt = mm.inputs
+        n = r.ndim
+        if not static(wt) or wt.ndim != 2 or x.ndim < 2 or n < 3 or \
+                r.shape[:-2] != y.shape[:-1] or \
+                t.attr("perm") != tuple(range(n - 3)) + (n - 2, n - 3, n - 1):
+            return None
+        k, _ = wt.shape
+        h, d = r.shape[-2:]
+        x = new[x.digest]
+        out = _lt.matmul(_lt.reshape(x, x.shape[:-2] + (1,) + x.shape[-2:]),
+                         derived(wt, (("reshape", (k, h, d)), ("permute", (1, 0, 2))), "heads",
+                                 (h, k, d)))
+        if bias is not None:
+            out = out + derived(bias, (("reshape", (h, 1, d)),), "heads", (h, 1, d))
+        return out if out.shape == t.shape else None
+
+    def heads_out(t: Tensor) -> Tensor | None:
+        r, wt = t.inputs
+        tr = r.inputs[0]
+        a = tr.inputs[0]
+        n = a.ndim
+        if users[r.digest] != 1 or users[tr.digest] != 1 or n < 3 or \
+                tr.attr("perm") != tuple(range(n - 3)) + (n - 2, n - 3, n - 1) or \
+                r.shape != tr.shape[:-2] + (tr.shape[-2] * tr.shape[-1],):
+            return None
+        h, d, cols = a.shape[-3], a.shape[-1], wt.shape[1]
+        w3 = derived(wt, (("reshape", (h, d, cols)),), "heads", (h, d, cols))
+        out = _lt.sum(_lt.matmul(new[a.digest], w3), axis=n - 3)
+        return out if out.shape == t.shape else None
+
+    # one pass in dependency order, each rewrite built on the rewritten operands
+    new: dict[str, Tensor] = {}
+    for t in order:
+        if t.op in ("input", "const", "mask"):
+            new[t.digest] = t
+            continue
+        rep = None
+        if t.op == "transpose" and t.inputs[0].op == "reshape":
+            rep = heads_in(t)
+        elif t.op == "matmul" and t.inputs[0].op == "reshape" and \
+                t.inputs[0].inputs[0].op == "transpose" and static(t.inputs[1]) and \
+                t.inputs[1].ndim == 2:
+            rep = heads_out(t)
+        if rep is not None:
+            new[t.digest] = rep
+            continue
+        ins = [new[i.digest] for i in t.inputs]
+        new[t.digest] = t if all(a is b for a, b in zip(ins, t.inputs)) else \
+            _lt.apply(t.op, ins, t.attr_dict)
+    return [new[t.digest] for t in roots]
 
 
 def rebuild(roots: list[Tensor], subst: dict[str, Tensor]) -> list[Tensor]:
