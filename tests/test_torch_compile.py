@@ -273,6 +273,29 @@ def test_float32_examples_and_lazy_compilation():
     _fused(cm)
 
 
+def test_float64_runs_eager_and_says_why():
+    m = nn.Sequential(nn.Linear(8, 8), nn.ReLU()).double().eval()
+    x = torch.randn(4, 8, dtype=torch.float64)
+    cm = mp.compile(m, (x,), **OPTS)
+    with torch.no_grad():
+        assert torch.equal(cm(x), m(x))
+    assert not cm.regions() and {e["op"] for e in cm.eager_ops()} == {"aten.linear.default",
+                                                                     "aten.relu.default"}
+    assert all("float64" in e["reason"] for e in cm.eager_ops())
+
+
+def test_train_mode_is_part_of_the_signature():
+    m = nn.Sequential(nn.Linear(16, 16), nn.Dropout(0.5), nn.ReLU()).eval()
+    x = _rand(4, 16, dtype=torch.float32)
+    cm = mp.compile(m, (x,), **OPTS)
+    m.train()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        y = cm(x)  # dropout in training mode: captured again, the dropout runs eagerly
+    assert len(cm.graphs) == 2 and y.shape == (4, 16)
+    assert any("dropout" in e["op"] for e in cm.eager_ops())
+
+
 # ---- torch.compile(backend="mirage_py") ---------------------------------------------------
 
 def test_torch_compile_backend():

@@ -117,7 +117,7 @@ class CompiledModule(torch.nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         from torch.utils._pytree import tree_flatten, tree_unflatten
         leaves, spec = tree_flatten((tuple(args), dict(kwargs)))
-        sig = signature_of(leaves, spec)
+        sig = signature_of(leaves, spec) + (self._state_signature(),)
         g = self.graphs.get(sig)
         if g is None:
             g = self._compile(args, kwargs, sig)
@@ -141,6 +141,13 @@ class CompiledModule(torch.nn.Module):
                     role = next(r for r in cap.roles if r.node == target)
                     leaves[role.index].copy_(outs[pos])
         return tree_unflatten([outs[i] for i in cap.outputs], cap.out_spec)
+
+    def _state_signature(self) -> tuple:
+        """What else a capture specialises on: train / eval mode, the parameters' and buffers'
+        shapes and dtypes (``model.half()`` after compiling captures again)."""
+        return (self.module.training,) + tuple(
+            (n, tuple(t.shape), str(t.dtype)) for n, t in
+            list(self.module.named_parameters()) + list(self.module.named_buffers()))
 
     def _compile(self, args: tuple, kwargs: dict, sig: tuple) -> CompiledGraph:
         cap = capture(self.module, args, kwargs)
@@ -195,7 +202,7 @@ def compile(module: Any, example_inputs: Any = None, example_kwargs: dict | None
         args, kwargs = _split_examples(example_inputs, example_kwargs)
         from torch.utils._pytree import tree_flatten
         leaves, spec = tree_flatten((args, kwargs))
-        cm._compile(args, kwargs, signature_of(leaves, spec))
+        cm._compile(args, kwargs, signature_of(leaves, spec) + (cm._state_signature(),))
     return cm
 
 
