@@ -184,6 +184,33 @@ def test_llama_attention_decode_against_cached_positions():
     _fused(cm)
 
 
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_llama_for_causal_lm_embedding_and_rotary_tables_eager_the_rest_fused():
+    from transformers import LlamaForCausalLM
+    cfg = _llama_config(heads=4, kv_heads=2)
+    cfg.vocab_size, cfg.num_hidden_layers = 128, 2
+    lm = _randomize(LlamaForCausalLM(cfg)).to(F16).eval()
+
+    class Logits(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lm = lm
+
+        def forward(self, ids):
+            return self.lm(input_ids=ids, use_cache=False).logits
+
+    m = Logits()
+    ids = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(0))
+    cm = mp.compile(m, (ids,), **dict(OPTS, time_budget_s=30))
+    with torch.no_grad():
+        _close(cm(ids), m(ids))
+    assert sorted(e["op"] for e in cm.eager_ops()) == ["aten.cos.default", "aten.embedding.default",
+                                                      "aten.sin.default"]
+    naive, found = _fused(cm)
+    assert found * 2 < naive
+
+
 # ---- unsupported operators, weights, report, recompiles -----------------------------------
 
 class WithSort(nn.Module):
@@ -271,6 +298,25 @@ def test_float32_examples_and_lazy_compilation():
         _close(cm(x), m(x), rel=1e-2)
     assert len(cm.graphs) == 1 and cm.regions()[0]["inputs"][0] == "input"
     _fused(cm)
+
+
+def test_a_region_superopt_refuses_runs_eager(monkeypatch):
+    import mirage_py.frontend_torch.runtime as runtime
+    real = runtime.superopt_cached
+
+    def refuse_relu(program, options):
+        if any(t.op == "relu" for t in program.nodes()):
+            raise mp.ProgramError("refused for the test")
+        return real(program, options)
+    monkeypatch.setattr(runtime, "superopt_cached", refuse_relu)
+    m = nn.Sequential(nn.Linear(8, 8), nn.ReLU()).eval()
+    x = _rand(4, 8, dtype=torch.float32)
+    cm = mp.compile(m, (x,), **OPTS)
+    with torch.no_grad():
+        assert torch.allclose(cm(x), m(x))
+    assert not cm.regions()
+    assert all("superopt failed on its region: ProgramError: refused for the test" in e["reason"]
+               for e in cm.eager_ops())
 
 
 def test_float64_runs_eager_and_says_why():

@@ -368,7 +368,7 @@ def _masked_add(ctx: Context, a: Any, b: Any) -> Sym | None:
         xt = ctx.operand(x, dt)
         if not isinstance(xt, Tensor):
             continue
-        fill = -BIG if c == -math.inf else BIG if c == math.inf else xt + _finite(c)
+        fill = -BIG if c <= -BIG else BIG if c >= BIG else xt + c
         t = lax.where(mask, fill, xt) if inverted else lax.where(mask, xt, fill)
         return _result(ctx, t)
     return None
@@ -1043,7 +1043,7 @@ def _apply_attn_mask(ctx: Context, scores: Tensor, m: Any, L: int, S: int, group
             found = match_mask(m == 0, tuple(m.shape[:-2]) + (L, S) if m.dim() >= 2 else (L, S))
             if found is not None and found[0] is not None:
                 mask, inverted = found
-                fill = -BIG if c == -math.inf else scores + _finite(c)
+                fill = -BIG if c <= -BIG else BIG if c >= BIG else scores + c
                 return lax.where(mask, fill, scores) if inverted else \
                     lax.where(mask, scores, fill)
     ms = ctx.sym(m, "attn_mask")

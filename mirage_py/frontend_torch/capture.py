@@ -130,7 +130,6 @@ def as_module(fn_or_module: Any) -> Any:
 
 def capture(fn_or_module: Any, args: tuple, kwargs: dict | None = None) -> Captured:
     """Capture ``fn_or_module(*args, **kwargs)`` as an aten graph (see the module docstring)."""
-    torch = _torch()
     kwargs = dict(kwargs or {})
     module = as_module(fn_or_module)
     fn = getattr(module, "_mirage_function", None) or module.forward

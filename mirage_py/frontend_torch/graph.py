@@ -150,13 +150,13 @@ class RegionSpec:
 class Analysis:
     """Folding, classification and regions of one captured graph (see the module docstring)."""
 
-    def __init__(self, cap: Captured, forced_eager: set[str] | None = None):
+    def __init__(self, cap: Captured, forced_eager: dict[str, str] | None = None):
         self.cap = cap
         self.graph = cap.gm.graph
         self.nodes = list(self.graph.nodes)
         self.by_name = {n.name: n for n in self.nodes}
         self.roles = {r.node: r for r in cap.roles}
-        self.forced = set(forced_eager or ())
+        self.forced = dict(forced_eager or {})  # node -> why it must run eagerly
         self.consts: dict[str, Any] = {}
         self.kind: dict[str, str] = {}
         self.reason: dict[str, str] = {}
@@ -231,7 +231,7 @@ class Analysis:
                 self.values[name] = self._boundary(node)
                 continue
             if name in self.forced:
-                self._eager(node, "forced eager")
+                self._eager(node, self.forced[name])
                 continue
             if node.target is operator.getitem and \
                     self.kind.get(node.args[0].name) in ("eager", "input"):
@@ -424,10 +424,12 @@ def _check_one(v: Sym, m: Any) -> None:
 
 # ---- building region programs -----------------------------------------------------------------
 
-def analyse(cap: Captured) -> tuple[Analysis, list[RegionSpec]]:
-    """Analysis and region programs; a node that fails its region's translation (a safety net,
-    not expected) is forced eager and the analysis repeated."""
-    forced: set[str] = set()
+def analyse(cap: Captured, forced: dict[str, str] | None = None
+            ) -> tuple[Analysis, list[RegionSpec]]:
+    """Analysis and region programs. ``forced``: nodes to run eagerly whatever they are, with
+    the reason. A node that fails its region's translation (a safety net, not expected) is
+    forced eager and the analysis repeated."""
+    forced = dict(forced or {})
     for _ in range(len(list(cap.gm.graph.nodes)) + 1):
         an = Analysis(cap, forced)
         try:
@@ -435,7 +437,7 @@ def analyse(cap: Captured) -> tuple[Analysis, list[RegionSpec]]:
                 sorted({an.pos[n.name] for n in an.nodes if an.kind.get(n.name) == "region"}))]
             return an, regions
         except _RegionFailure as e:
-            forced.add(e.node)
+            forced[e.node] = "internal: its region could not translate it"
     raise TorchCaptureError("internal: the region analysis did not settle")
 
 

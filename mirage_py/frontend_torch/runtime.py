@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import TorchCaptureError
+from ..errors import MirageError, OptionError, TorchCaptureError
 from .capture import Captured
 from .graph import RegionSpec, Source, analyse, describe
 
@@ -65,26 +65,44 @@ class CompiledGraph:
         self.cap = cap
         self.name = name
         self.signature = signature
-        t0 = time.perf_counter()
-        self.analysis, self.regions = analyse(cap)
-        self.capture_seconds = time.perf_counter() - t0
+        self.capture_seconds = self.superopt_seconds = 0.0
+        forced: dict[str, str] = {}
+        for _ in range(len(list(cap.gm.graph.nodes)) + 1):
+            t0 = time.perf_counter()
+            self.analysis, self.regions = analyse(cap, forced)
+            self.capture_seconds += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            failed = self._superopt(name, options)
+            self.superopt_seconds += time.perf_counter() - t0
+            if failed is None:
+                break
+            # superopt refused a region's program: its operators run eagerly, the rest again
+            region, why = failed
+            forced.update({n: f"superopt failed on its region: {why}" for n in region.nodes})
         self.steps = self.analysis.schedule()
         levels = sorted({self.analysis.pos[n] for r in self.regions for n in r.nodes})
         self._region_at = {k: r for k, r in zip(levels, self.regions)}
-        self.opts: dict[int, Any] = {}
-        self.cached: dict[int, bool] = {}
-        t0 = time.perf_counter()
-        for r in self.regions:
-            if r.program is not None:
-                r.program.name = f"{name}_{r.program.name}"
-                self.opts[r.index], self.cached[r.index] = superopt_cached(r.program, options)
-        self.superopt_seconds = time.perf_counter() - t0
         self.consts = dict(self.analysis.consts)
         for r in self.regions:
             self.consts.update(r.consts)
         self._device_consts: dict[str, dict[str, Any]] = {}
         self._static: dict[tuple, tuple[tuple, Any]] = {}
         self.out_node = next(n for n in self.analysis.nodes if n.op == "output")
+
+    def _superopt(self, name: str, options: dict[str, Any]) -> tuple[RegionSpec, str] | None:
+        self.opts: dict[int, Any] = {}
+        self.cached: dict[int, bool] = {}
+        for r in self.regions:
+            if r.program is None:
+                continue
+            r.program.name = f"{name}_{r.program.name}"
+            try:
+                self.opts[r.index], self.cached[r.index] = superopt_cached(r.program, options)
+            except OptionError:
+                raise
+            except MirageError as e:
+                return r, f"{type(e).__name__}: {e}"
+        return None
 
     # -- running --------------------------------------------------------------------------------
     def run(self, placeholders: dict[str, Any]) -> list[Any]:
