@@ -605,17 +605,29 @@ def run_isolated(path: Path, args, limit_s: float) -> dict:
 
 
 def summary(rows: list[dict]) -> dict[str, dict[str, int]]:
-    """Per level: problems, captured, fused, verified, equal (to eager), all four."""
+    """Per level: problems, captured, fused, verified, equal (to eager), all four, and one
+    kernel (captured and superoptimised into a single kernel)."""
     out: dict[str, dict[str, int]] = {}
     for r in rows:
         s = out.setdefault(r.get("level") or "-", dict.fromkeys(
-            ("problems", "captured", "fused", "verified", "equal", "all"), 0))
+            ("problems", "captured", "fused", "verified", "equal", "all", "one_kernel"), 0))
         s["problems"] += 1
         ok = [bool(r.get(k)) for k in ("captured", "fused", "verified", "equal")]
         for k, v in zip(("captured", "fused", "verified", "equal"), ok):
             s[k] += v
         s["all"] += all(ok)
+        s["one_kernel"] += bool(r.get("captured")) and r.get("kernels_found") == 1
     return out
+
+
+def blockers(rows: list[dict]) -> list[tuple[str, list[str]]]:
+    """The operators that stopped capture, each with the problems it stopped (most first)."""
+    by_op: dict[str, list[str]] = {}
+    for r in rows:
+        if r.get("captured") is False and r.get("unsupported_op"):
+            by_op.setdefault(r["unsupported_op"], []).append(
+                f"{r.get('level')}/{r.get('number')}")
+    return sorted(by_op.items(), key=lambda kv: (-len(kv[1]), kv[0]))
 
 
 def _cell(r: dict) -> tuple[str, ...]:
@@ -649,18 +661,23 @@ def markdown(rows: list[dict], meta: dict) -> str:
              f"*Equal*: `mp.compile`'s module on the CPU (GPU precision) within "
              f"{meta.get('tolerance')} norm-wise of eager PyTorch (its relative error in "
              "brackets).", "",
-             "| level | problems | captured | fused | verified | equal to eager | all four |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
-    tot = dict.fromkeys(("problems", "captured", "fused", "verified", "equal", "all"), 0)
-    for lv in sorted(s):
+             "| level | problems | captured | fused | verified | equal to eager | all four | "
+             "one kernel |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    keys = ("problems", "captured", "fused", "verified", "equal", "all", "one_kernel")
+    tot = dict.fromkeys(keys, 0)
+    for lv in sorted(s, key=lambda x: (len(x), x)):
         c = s[lv]
-        lines.append(f"| {lv} | {c['problems']} | {c['captured']} | {c['fused']} | "
-                     f"{c['verified']} | {c['equal']} | {c['all']} |")
+        lines.append("| " + " | ".join([lv] + [str(c[k]) for k in keys]) + " |")
         for k in tot:
             tot[k] += c[k]
-    lines.append(f"| **all** | **{tot['problems']}** | **{tot['captured']}** | "
-                 f"**{tot['fused']}** | **{tot['verified']}** | **{tot['equal']}** | "
-                 f"**{tot['all']}** |")
+    lines.append("| **all** | " + " | ".join(f"**{tot[k]}**" for k in keys) + " |")
+    lines += ["", "*One kernel*: captured and superoptimised into a single kernel."]
+    ops = blockers(rows)
+    if ops:
+        lines += ["", "Operators that stop capture (`mp.compile` runs them in eager PyTorch "
+                  "between superoptimised regions; the problems they stop):", ""]
+        lines += [f"- `{op}`: {len(ps)} ({', '.join(ps)})" for op, ps in ops]
     lines += ["", "| level | # | problem | scale | captured | kernels naive -> found | fused | "
               "verified | equal to eager | why not |",
               "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
