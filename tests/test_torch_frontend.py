@@ -307,6 +307,15 @@ def test_mask_matching():
     assert match_mask(torch.ones(3, 3, dtype=torch.bool), (3, 3)) == (None, True)
 
 
+def test_constant_tensors_become_inputs_the_program_keeps():
+    def f(x):  # positions from arange: a constant that is no scalar or mask
+        return x * torch.arange(8).float() + torch.linspace(0, 1, 8)
+    p = _check(f, _r(4, 8))
+    consts = [n for n, src in p.torch_names.items() if src == "<constant>"]
+    assert consts and set(consts) == set(p.constants)
+    assert all(tuple(p.constants[n].shape) == (8,) for n in consts)
+
+
 def test_infinite_fill_becomes_finite():
     p = mp.from_torch(lambda s: s.masked_fill(torch.ones(3, 3, dtype=torch.bool).triu(1),
                                               float("-inf")), (_r(3, 3),))

@@ -43,10 +43,12 @@ def _name_of(fn_or_module: Any) -> str:
 class TorchProgram(Program):
     """A :class:`~mirage_py.Program` captured from PyTorch. ``torch_names`` maps each program
     input to the name it has in PyTorch: the qualified name of a parameter or buffer
-    (``gate_proj.weight``, which a program spells ``gate_proj_weight``), or the forward's
-    argument name."""
+    (``gate_proj.weight``, which a program spells ``gate_proj_weight``), the forward's argument
+    name, or ``<constant>`` for a constant tensor made at capture time (a rotary position table
+    from ``arange``), whose value ``constants`` keeps."""
 
     torch_names: dict[str, str]
+    constants: dict[str, Any]  # inputs holding constant tensors made at capture (torch values)
     capture_method: str
 
     def bind(self, module: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
@@ -65,12 +67,14 @@ class TorchProgram(Program):
         out = {}
         for t in self.inputs:
             src = self.torch_names.get(t.name, t.name)
-            v = state.get(src, by_arg.get(src))
+            v = self.constants.get(t.name) if src == "<constant>" else \
+                state.get(src, by_arg.get(src))
             if v is None:
                 raise TorchCaptureError(f"bind: no parameter, buffer or argument named {src!r} "
                                         f"for program input {t.name!r}")
             v = v.detach().to("cpu")
-            out[t.name] = (v.float() if v.dtype == torch.bfloat16 else v).numpy()
+            out[t.name] = (v.float() if v.dtype in (torch.bfloat16, torch.bool) or
+                           not (v.dtype.is_floating_point) else v).numpy()
         return out
 
 
@@ -92,10 +96,11 @@ def from_torch(fn_or_module: Any, example_inputs: Any, example_kwargs: dict | No
     """
     args, kwargs = _split_examples(example_inputs, example_kwargs)
     cap = capture(fn_or_module, args, kwargs)
-    p, names = whole_program(cap, name or _name_of(fn_or_module))
+    p, names, constants = whole_program(cap, name or _name_of(fn_or_module))
     tp = TorchProgram.__new__(TorchProgram)
     tp.__dict__.update(p.__dict__)
     tp.torch_names = names
+    tp.constants = constants
     tp.capture_method = cap.method
     return tp
 

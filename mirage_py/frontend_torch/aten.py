@@ -160,9 +160,10 @@ class Context:
             c = uniform_value(v)
             if c is not None:
                 return Sym(lax.const(_finite(c), self._float_dtype(v)), shape)
-            if mirage_dtype(v.dtype) is None and not v.dtype.is_floating_point and \
-                    v.dtype != _torch().bool and not _is_int(v.dtype):
+            if v.is_complex():
                 raise Unsupported(f"its {what} is a constant of dtype {v.dtype}")
+            # other dtypes (float64, integers, bool) are fed as float32 (exact for the values
+            # a constant of a float computation holds: positions, 0/1 flags)
             if any(d == 0 for d in shape):
                 raise Unsupported(f"its {what} {shape} is empty")
             return Sym(self._const_input(v, self.node.name), shape)
@@ -196,11 +197,6 @@ def _torch() -> Any:
 def _is_torch_tensor(v: Any) -> bool:
     return type(v).__module__.startswith("torch") and hasattr(v, "dtype") and hasattr(v, "shape") \
         and not isinstance(v, (Sym, Boundary))
-
-
-def _is_int(dtype: Any) -> bool:
-    torch = _torch()
-    return dtype in (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 
 
 def uniform_value(v: Any) -> float | None:

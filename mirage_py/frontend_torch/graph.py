@@ -704,10 +704,11 @@ def rebuild(roots: list[Tensor], subst: dict[str, Tensor]) -> list[Tensor]:
 
 # ---- one program for the whole graph (mp.from_torch) ------------------------------------------
 
-def whole_program(cap: Captured, name: str) -> tuple[Program, dict[str, str]]:
+def whole_program(cap: Captured, name: str) -> tuple[Program, dict[str, str], dict[str, Any]]:
     """One program for the captured graph, or :class:`UnsupportedOperatorError` naming the first
-    operator that cannot be expressed. Returns the program and its input names -> the torch
-    names (qualified parameter names, argument names)."""
+    operator that cannot be expressed. Returns the program, its input names -> the torch names
+    (qualified parameter names, argument names, ``<constant>``) and the values of the inputs
+    that hold constant tensors."""
     if cap.mutations:
         pos, kind, target = cap.mutations[0]
         raise UnsupportedOperatorError(
@@ -740,8 +741,20 @@ def whole_program(cap: Captured, name: str) -> tuple[Program, dict[str, str]]:
             by_key[b.key] = make_input(nm, b.shape, mirage_dtype(b.dtype))
         return by_key[b.key]
 
+    constants: dict[str, Any] = {}
+
     def const_in(v: Any, where: str) -> Tensor:
-        raise Unsupported(f"a constant tensor {tuple(v.shape)} that is no scalar or position mask")
+        # a constant that is no scalar or position mask (rotary positions from arange, say): an
+        # input whose value the TorchProgram keeps (``constants``; ``bind`` supplies it)
+        for nm, c in constants.items():
+            if c is v:
+                return by_key[f"#{nm}"]
+        nm = names(f"const_{where}")
+        constants[nm] = v
+        sources[nm] = "<constant>"
+        by_key[f"#{nm}"] = make_input(nm, tuple(int(d) for d in v.shape),
+                                      mirage_dtype(v.dtype) or "float32")
+        return by_key[f"#{nm}"]
 
     values: dict[str, Any] = {}
     for n in an.nodes:
@@ -790,7 +803,8 @@ def whole_program(cap: Captured, name: str) -> tuple[Program, dict[str, str]]:
             p.input(t.name, t.shape, t.dtype)
     for j, t in enumerate(outs):
         p.output(t, f"out{j}")
-    return p, {k: v for k, v in sources.items() if k in used}
+    return p, {k: v for k, v in sources.items() if k in used}, \
+        {k: v for k, v in constants.items() if k in used}
 
 
 __all__ = ["Analysis", "RegionSpec", "RegionOutput", "Source", "analyse", "build_region",
