@@ -346,7 +346,6 @@ def run_problem(path: str | Path, *, scale: str | int = "auto", max_elements: in
                 target: str = "h100", tolerance: float = 1e-2,
                 database: str | None = None) -> dict:
     """Capture, superoptimise, compile and compare one KernelBench file; returns its row."""
-    import numpy as np
     import torch
 
     path = Path(path)
@@ -375,14 +374,30 @@ def run_problem(path: str | Path, *, scale: str | int = "auto", max_elements: in
         row.update(stage="eager", why="the eager model fails: " + _why(e))
         return row
     row["inputs"] = [list(t.shape) if isinstance(t, torch.Tensor) else repr(t) for t in inputs]
-    db = database or str(Path(tempfile.mkdtemp(prefix="kb_db_")) / "results.sqlite")
-
-    # 2. capture
     from_torch, compile_ = frontend()
     if from_torch is None:
         row.update(stage="capture", captured=False,
                    why="the PyTorch frontend is missing (mirage_py has no from_torch)")
         return row
+    with tempfile.TemporaryDirectory(prefix="kb_db_") as tmp:
+        # a fresh results database per problem (searched, not remembered), shared by superopt
+        # and compile so that compile finds the regions superopt searched
+        db = database or str(Path(tmp) / "results.sqlite")
+        _capture_and_compile(row, model, inputs, want, db, from_torch, compile_, target,
+                             time_budget_s, workers, tolerance)
+    row["seconds"] = round(time.perf_counter() - t_start, 1)
+    row["why"] = why_not(row)
+    return row
+
+
+def _capture_and_compile(row: dict, model, inputs: list, want, db: str, from_torch, compile_,
+                         target: str, time_budget_s: float, workers: int,
+                         tolerance: float) -> None:
+    """Steps 2-4 of ``run_problem``: capture, superopt, compile and compare, into ``row``."""
+    import numpy as np
+    import torch
+
+    # 2. capture
     try:
         program = from_torch(model, tuple(inputs))
         row["captured"] = True
@@ -418,7 +433,7 @@ def run_problem(path: str | Path, *, scale: str | int = "auto", max_elements: in
                 x = program.bind(model, *inputs) if hasattr(program, "bind") else \
                     _program_inputs(model, inputs, program)
                 got = opt.run_numpy(x)
-                outs = [torch.from_numpy(np.asarray(got[o.name])) for o in program.outputs]
+                outs = [torch.from_numpy(np.array(got[o.name])) for o in program.outputs]
                 row["superopt_rel_err"] = _compare(outs, want)
             except Exception as e:
                 row["superopt_check_error"] = _why(e)
@@ -441,9 +456,6 @@ def run_problem(path: str | Path, *, scale: str | int = "auto", max_elements: in
             _compile_details(compiled, row)
         except Exception as e:
             row["compile_error"] = _why(e)
-    row["seconds"] = round(time.perf_counter() - t_start, 1)
-    row["why"] = why_not(row)
-    return row
 
 
 def _level(path: Path) -> str:
