@@ -137,7 +137,7 @@ class Context:
         import operator
         for u in self.node.users:
             if u.op == "call_function" and u.target is operator.getitem:
-                if u.args[1] == i:
+                if u.args[1] == i and u.users:  # an element nobody reads is no use
                     return True
             else:
                 return True

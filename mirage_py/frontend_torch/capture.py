@@ -153,9 +153,11 @@ def capture(fn_or_module: Any, args: tuple, kwargs: dict | None = None) -> Captu
 
 
 def _drop_asserts(gm: Any) -> None:
+    """Drop metadata assertions and dead nodes (an unread element of a multi-output operator)."""
     for node in list(gm.graph.nodes):
         if node.op == "call_function" and packet_name(node.target) in ASSERTS and not node.users:
             gm.graph.erase_node(node)
+    gm.graph.eliminate_dead_code()
     gm.graph.lint()
     gm.recompile()
 

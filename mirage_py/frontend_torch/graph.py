@@ -23,6 +23,7 @@
 
 from __future__ import annotations
 
+import math
 import operator
 import re
 from dataclasses import dataclass, field
@@ -163,6 +164,11 @@ class Analysis:
         self.values: dict[str, Any] = {}
         self._fold()
         self._classify()
+        for node in self.nodes:  # an eager node must never need a region's tuple whole
+            if self.kind.get(node.name) == "eager":
+                for i in node.all_input_nodes:
+                    if self.kind.get(i.name) == "region" and isinstance(self.values[i.name], tuple):
+                        raise _RegionFailure(i.name)
         self._place()
 
     # -- folding --------------------------------------------------------------------------------
@@ -437,7 +443,8 @@ def analyse(cap: Captured, forced: dict[str, str] | None = None
                 sorted({an.pos[n.name] for n in an.nodes if an.kind.get(n.name) == "region"}))]
             return an, regions
         except _RegionFailure as e:
-            forced[e.node] = "internal: its region could not translate it"
+            forced[e.node] = "internal: its region could not translate it, or an eager " \
+                "operator reads its results whole"
     raise TorchCaptureError("internal: the region analysis did not settle")
 
 
@@ -624,44 +631,59 @@ def _fold_head_layouts(roots: list[Tensor], inputs: dict[str, Source], names: Na
         inputs[nm] = Source(src.ref, src.ops + op, True)
         return make_input(nm, shape, t.dtype)
 
+    def below_reshapes(t: Tensor) -> Tensor | None:
+        """The value under a chain of reshapes each read once (None if one is read twice)."""
+        while t.op == "reshape":
+            if users[t.digest] != 1:
+                return None
+            t = t.inputs[0]
+        return t
+
     def heads_in(t: Tensor) -> Tensor | None:
-        r = t.inputs[0]
-        y = r.inputs[0]
+        r = t.inputs[0]  # (..., S, H, D), from (M, N) or (..., S, N) by reshapes
+        y = below_reshapes(r)
+        if y is None:
+            return None
         mm, bias = (y, None) if y.op == "matmul" else \
             (y.inputs[0], y.inputs[1]) if y.op == "add" and y.inputs[0].op == "matmul" \
             and static(y.inputs[1]) and y.inputs[1].ndim == 1 else (None, None)
-        if mm is None or users[r.digest] != 1 or users[y.digest] != 1 or \
+        if mm is None or users[y.digest] != 1 or \
                 (bias is not None and users[mm.digest] != 1):
             return None
         x, wt = mm.inputs
         n = r.ndim
         if not static(wt) or wt.ndim != 2 or x.ndim < 2 or n < 3 or \
-                r.shape[:-2] != y.shape[:-1] or \
+                math.prod(r.shape[:-2]) != math.prod(y.shape[:-1]) or \
+                r.shape[-2] * r.shape[-1] != y.shape[-1] or \
                 t.attr("perm") != tuple(range(n - 3)) + (n - 2, n - 3, n - 1):
             return None
         k, _ = wt.shape
         h, d = r.shape[-2:]
         x = new[x.digest]
-        out = _lt.matmul(_lt.reshape(x, x.shape[:-2] + (1,) + x.shape[-2:]),
-                         derived(wt, (("reshape", (k, h, d)), ("permute", (1, 0, 2))), "heads",
-                                 (h, k, d)))
+        xr = _lt.reshape(x, r.shape[:-3] + (1, r.shape[-3], k))
+        out = _lt.matmul(xr, derived(wt, (("reshape", (k, h, d)), ("permute", (1, 0, 2))),
+                                     "heads", (h, k, d)))
         if bias is not None:
             out = out + derived(bias, (("reshape", (h, 1, d)),), "heads", (h, 1, d))
         return out if out.shape == t.shape else None
 
     def heads_out(t: Tensor) -> Tensor | None:
-        r, wt = t.inputs
-        tr = r.inputs[0]
+        r, wt = t.inputs  # r: (..., S, H * D) or (M, H * D), from a transpose by reshapes
+        tr = below_reshapes(r)
+        if tr is None or tr.op != "transpose" or users[tr.digest] != 1:
+            return None
         a = tr.inputs[0]
         n = a.ndim
-        if users[r.digest] != 1 or users[tr.digest] != 1 or n < 3 or \
-                tr.attr("perm") != tuple(range(n - 3)) + (n - 2, n - 3, n - 1) or \
-                r.shape != tr.shape[:-2] + (tr.shape[-2] * tr.shape[-1],):
+        if n < 3 or tr.attr("perm") != tuple(range(n - 3)) + (n - 2, n - 3, n - 1) or \
+                r.shape[-1] != tr.shape[-2] * tr.shape[-1] or \
+                math.prod(r.shape[:-1]) != math.prod(tr.shape[:-2]):
             return None
         h, d, cols = a.shape[-3], a.shape[-1], wt.shape[1]
         w3 = derived(wt, (("reshape", (h, d, cols)),), "heads", (h, d, cols))
         out = _lt.sum(_lt.matmul(new[a.digest], w3), axis=n - 3)
-        return out if out.shape == t.shape else None
+        if out.shape != t.shape:
+            out = _lt.reshape(out, t.shape)
+        return out
 
     # one pass in dependency order, each rewrite built on the rewritten operands
     new: dict[str, Tensor] = {}
@@ -672,8 +694,7 @@ def _fold_head_layouts(roots: list[Tensor], inputs: dict[str, Source], names: Na
         rep = None
         if t.op == "transpose" and t.inputs[0].op == "reshape":
             rep = heads_in(t)
-        elif t.op == "matmul" and t.inputs[0].op == "reshape" and \
-                t.inputs[0].inputs[0].op == "transpose" and static(t.inputs[1]) and \
+        elif t.op == "matmul" and t.inputs[0].op == "reshape" and static(t.inputs[1]) and \
                 t.inputs[1].ndim == 2:
             rep = heads_out(t)
         if rep is not None:
