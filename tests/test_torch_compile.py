@@ -167,6 +167,11 @@ def test_llama_attention_prefill_causal_with_rotary():
         _close(cm(h, cos, sin), m(h, cos, sin))
     _fused(cm)
     assert not cm.eager_ops()  # projections, rotary, causal SDPA (GQA) and o_proj: one region
+    # the head split / merge live in the weights, laid out by torch (no transposes in between)
+    inputs = cm.regions()[0]["inputs"]
+    assert {"attn_q_proj_weight_t_heads", "attn_o_proj_weight_t_heads"} <= set(inputs)
+    program = next(iter(cm.graphs.values())).regions[0].program
+    assert sum(t.op == "transpose" for t in program.nodes()) == 1  # k transposed for q @ kT
 
 
 @pytest.mark.slow
@@ -373,6 +378,26 @@ def test_torch_compile_backend_with_options_and_recompile():
         for rows in (16, 8, 16):  # a guard failure compiles 8 rows; 16 again is cached
             x = _rand(rows, 64, seed=rows)
             _close(compiled(x), m(x))
+    torch._dynamo.reset()
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_torch_compile_backend_on_llama_attention():
+    import mirage_py.frontend_torch.backend as backend
+    torch._dynamo.reset()
+    cfg = _llama_config(heads=4, kv_heads=2)
+    m = _randomize(_Attention(cfg)).to(F16).eval()
+    cos, sin = _rotary(cfg, list(range(8)))
+    h = _rand(1, 8, 64)
+    compiled = torch.compile(m, backend=functools.partial(backend.mirage_backend, **OPTS),
+                             dynamic=False)
+    with torch.no_grad():
+        _close(compiled(h, cos, sin), m(h, cos, sin))
+    graph = next(iter(backend.COMPILED[-1].graphs.values()))
+    rows = graph.region_rows()
+    assert not graph.eager_rows() and len(rows) == 1  # the flash-attention form is mapped too
+    assert rows[0]["kernels"] < rows[0]["kernels_naive"] and rows[0]["verified"]
     torch._dynamo.reset()
 
 
