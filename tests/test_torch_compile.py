@@ -414,6 +414,19 @@ def test_backend_is_registered_and_declared_as_entry_point():
                ["test"])
 
 
+def test_installed_entry_point_and_registration_on_import_do_not_collide(monkeypatch):
+    from importlib.metadata import EntryPoint
+    from torch._dynamo.backends import registry
+    import mirage_py.frontend_torch.backend as backend
+    ep = EntryPoint(name="mirage_py", value="mirage_py.frontend_torch.backend:mirage_backend",
+                    group="torch_dynamo_backends")
+    monkeypatch.setitem(registry._BACKENDS, "mirage_py", ep)  # as if pip had installed it
+    monkeypatch.delitem(registry._COMPILER_FNS, "mirage_py", raising=False)
+    backend.register()  # an import with the entry point installed leaves it to Dynamo
+    assert "mirage_py" not in registry._COMPILER_FNS
+    assert registry.lookup_backend("mirage_py") is backend.mirage_backend  # Dynamo loads it
+
+
 # ---- CUDA -----------------------------------------------------------------------------------
 
 @pytest.mark.gpu
