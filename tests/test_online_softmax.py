@@ -312,3 +312,51 @@ def test_superopt_rejects_an_equivalent_candidate_that_overflows():
     st = _Structure(p, 0.0)
     assert not _finite(st, g, runner)
     assert _finite(st, naive_lowering(p), runner)
+
+
+def _decode(rows: int = 64, kv: int = 1024, d: int = 64) -> mp.Program:
+    p = mp.Program("decode")
+    q = p.input("Q", (1, rows, d))
+    k = p.input("K", (1, d, kv))
+    v = p.input("V", (1, kv, d))
+    e = mp.exp((q @ k) * 0.125)
+    p.output((e / mp.sum(e, -1, keepdims=True)) @ v, name="O")
+    return p
+
+
+def test_search_finds_the_safe_split_kv_combine():
+    """flash-decoding, safe: the first kernel saves each split's maximum beside its sums
+    relative to it; the second brings every partial to the running maximum of the partial
+    maxima (exp(m_p - M)) and sums it rescaled. It verifies, and its CUDA runs in the emulator
+    as the interpreter does; the same combine without the factor is rejected."""
+    from mirage_py.generator.kernel_search import search
+    from mirage_py.targets import get_target
+    p = _decode()
+    cands = search(forms(p)[0], get_target("h100"), max_kernels=2)
+    split = [c.graph for c in cands if c.graph.num_kernels == 2 and any(
+        isinstance(o, Fused) and o.out.endswith("_w") for k in c.graph.ops
+        if isinstance(k, GraphKernel) for o in k.block.ops)]
+    assert split
+    g = KernelGraph(p.name, *(split[0].inputs, split[0].ops, split[0].outputs))
+    first, second = g.ops
+    maxima = [o for o in first.block.ops if isinstance(o, Accum) and o.kind == "max" and
+              not o.running]
+    assert maxima and any(o.running for o in second.block.ops if isinstance(o, Accum))
+    assert mp.verify(p, g)
+    x = p.random_inputs(0, scale=2.0)
+    np.testing.assert_allclose(run(g, x)["O"], p.evaluate(x)["O"], rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(EmulatedGraph(g)(x)["O"], run(g, x, precision="gpu")["O"],
+                               rtol=2e-3, atol=2e-3)
+    # drop the factor exp(m_p - M): the partials are summed as if relative to one maximum
+    ops = []
+    for o in second.block.ops:
+        if isinstance(o, BlockOp) and o.op == "mul" and o.out.endswith("_y"):
+            o = BlockOp(o.out, "mul", (o.operands[0], 1.0))
+        ops.append(o)
+    bad = KernelGraph(g.name, g.inputs, (first, GraphKernel(second.inputs, second.outputs,
+                                                             BlockGraph(second.block.grid,
+                                                                        second.block.threads,
+                                                                        second.block.forloop,
+                                                                        tuple(ops)))),
+                      g.outputs)
+    assert not mp.verify(p, bad).equivalent

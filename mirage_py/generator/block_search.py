@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..errors import MirageError
 from ..ugraph.graph import (Accum, BlockGraph, BlockOp, DTensor, Fused, GraphKernel, InputIter,
@@ -57,6 +57,10 @@ class Avail:
     expr: ae.Poly
     dims: tuple[Dim, ...]
     mask: tuple[int, int] | None = None
+    # a partial sum computed relative to its split's own running maximum (an online
+    # normalisation over a split of the loop's label): the name of the saved partial maximum it
+    # carries exp(-m_p) of
+    shift: str | None = None
 
 
 @dataclass(frozen=True)
@@ -81,11 +85,17 @@ class Val:
     phase: str
     consumed: frozenset
     # ("iter", i, imap, fmap) | ("op", name, operands, attrs) | ("fused", tpl, operands)
-    # | ("accum", a, kind, running, rescale) -- running: readable in the loop body (phase
-    # "run"); rescale: the id of the running value a sum is rescaled by, or None
+    # | ("accum", a, kind, running, rescale, shift) -- running: readable in the loop body
+    # (phase "run"); rescale: the id of the running value a sum is rescaled by, or None;
+    # shift: the id of the partial maximum ``a`` is relative to (each iteration's input is
+    # brought to the running maximum first: ``a * exp(shift - running)``), or None
     node: tuple
     cost: int = 0
     runs: frozenset = frozenset()  # ids of the running values this one is computed from
+    shifts: frozenset = frozenset()  # ids of the partial maxima it is relative to
+    # after the loop: ids of the running values whose final value it carries exp(-m) of (a
+    # rescaled sum, and what is computed from one)
+    rel: frozenset = frozenset()
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -101,7 +111,7 @@ class Val:
         if self.node[0] in ("op", "fused"):
             return tuple(self.node[2])
         if self.node[0] == "accum":
-            return (self.node[1],) + ((self.node[4],) if self.node[4] is not None else ())
+            return (self.node[1],) + tuple(x for x in self.node[4:6] if x is not None)
         return ()
 
 
@@ -195,7 +205,14 @@ def saturate(plan: Plan, avail: list[Avail], ctx: Context) -> list[Val]:
     def add(v: Val) -> bool:
         ctx.stats["states"] += 1
         if v.node[0] in ("op", "fused"):  # a body value computed from running values
-            v.runs = _runs(*(pool[o] for o in v.operands)) if v.phase == "body" else frozenset()
+            body = v.phase == "body"
+            v.runs = _runs(*(pool[o] for o in v.operands)) if body else frozenset()
+            v.shifts = frozenset().union(*(pool[o].shifts for o in v.operands)) \
+                if body else frozenset()
+            v.rel = frozenset().union(*(pool[o].rel for o in v.operands)) \
+                if v.phase == "epi" else frozenset()
+        elif v.node[0] == "accum" and v.node[4] is not None:
+            v.rel = frozenset([v.node[4]])
         if v.key in seen:
             return False
         if v.node[0] != "iter" and not ctx.oracle(v.expr):
@@ -205,10 +222,16 @@ def saturate(plan: Plan, avail: list[Avail], ctx: Context) -> list[Val]:
         pool.append(v)
         return True
 
+    first: dict[str, int] = {}
     for i, t in enumerate(avail):
         imap, fmap, dims = make_iterator(t, plan, F)
+        first.setdefault(t.name, len(pool))
         add(Val(len(pool), dims, t.expr, "body" if fmap >= 0 else "inv", frozenset(),
                 ("iter", i, imap, fmap)))
+    for v in pool:  # a partial relative to its split's maximum, iterated beside that maximum
+        t = avail[v.node[1]]
+        if t.shift is not None and t.shift in first and v.phase == "body":
+            v.shifts = frozenset([first[t.shift]])
     new_from = 0
     for _ in range(ctx.max_rounds):
         if ctx.deadline is not None and time.perf_counter() > ctx.deadline:
@@ -263,22 +286,40 @@ def _round(pool: list[Val], new_from: int, add, ctx: Context, F: int, loop: str)
     # the body reads. Abstractly the running value *is* the full maximum: a sum of a value
     # computed from it (exp(s - m)) is rescaled as m grows, so that after the loop it equals the
     # sum taken with the final maximum -- the verifier checks that it does
+    #
+    # A partial sum relative to its split's own maximum (``shifts``: a kernel before summed a
+    # split of the label with a running maximum and saved that maximum too) is combined the
+    # same way: each iteration's partial is brought to the running maximum of the partial
+    # maxima, ``partial * exp(m_p - m)``, and summed rescaled by it (flash-decoding, safe)
     if F > 1:
         for i in range(new_from, n):
             a = cur[i]
-            if a.phase != "body" or len(a.runs) > 1:
-                continue
-            rescale = next(iter(a.runs)) if a.runs else None
-            add(Val(len(pool), a.dims, ae.summed(F, a.expr, loop), "epi", a.consumed | {loop},
-                    ("accum", a.vid, "sum", False, rescale), a.cost + 1))
             kind = _selection_over(a.expr, loop)
-            if kind is not None and not a.runs:
-                sel = ae.selected(kind, F, a.expr, loop)
-                add(Val(len(pool), a.dims, sel, "epi", a.consumed | {loop},
-                        ("accum", a.vid, kind, False, None), a.cost + 1))
-                vid = len(pool)
-                add(Val(vid, a.dims, sel, "run", a.consumed | {loop},
-                        ("accum", a.vid, kind, True, None), a.cost + 1, frozenset([vid])))
+            if a.phase != "body" or kind is None or a.runs or a.shifts:
+                continue
+            sel = ae.selected(kind, F, a.expr, loop)
+            add(Val(len(pool), a.dims, sel, "epi", a.consumed | {loop},
+                    ("accum", a.vid, kind, False, None, None), a.cost + 1))
+            # the running value stands for the maximum of the whole row, also where the grid
+            # splits the label and a block sees only its part: any per-row value cancels from
+            # a normalised exponential, and the part's maximum is saved beside the part's sums
+            # for a combine
+            vid = len(pool)
+            add(Val(vid, a.dims, _whole_selection(kind, a.expr, loop, ctx), "run",
+                    a.consumed | {loop}, ("accum", a.vid, kind, True, None, None), a.cost + 1,
+                    frozenset([vid])))
+        running = {v.node[1]: v.vid for v in pool if v.phase == "run"}  # of value id
+        for i in range(new_from, n):
+            a = cur[i]
+            if a.phase != "body" or len(a.runs) > 1 or len(a.shifts) > 1 or \
+                    (a.runs and a.shifts):
+                continue
+            shift = next(iter(a.shifts)) if a.shifts else None
+            rescale = next(iter(a.runs)) if a.runs else running.get(shift)
+            if shift is not None and rescale is None:
+                continue  # the partial maxima are not iterated: no way to combine
+            add(Val(len(pool), a.dims, ae.summed(F, a.expr, loop), "epi", a.consumed | {loop},
+                    ("accum", a.vid, "sum", False, rescale, shift), a.cost + 1))
     # elementwise templates from the target, as fused thread graphs
     for tp in ctx.templates:
         # leaves are filled by values with the same expression first, then by values that
@@ -411,6 +452,15 @@ def _selection_over(e: ae.Poly, label: str | None) -> str | None:
     return None
 
 
+def _whole_selection(kind: str, e: ae.Poly, label: str, ctx: Context) -> ae.Poly:
+    """``e`` (one selection of ``kind`` over part of ``label``) as the selection over the
+    label's whole range."""
+    (_, factors), = e
+    part = factors[0][0][2][0][1]
+    whole = ctx.label_sizes.get(ae._base(label), part)
+    return ae.selected(kind, max(1, whole // part), e, label)
+
+
 def _new_combos(cands: list[list[Val]], new_from: int):
     """Tuples with one value per leaf and at least one value new in this round (semi-naive
     evaluation: tuples of old values were all tried in earlier rounds)."""
@@ -448,6 +498,10 @@ def save_layout(v: Val, plan: Plan) -> tuple[tuple[int, int, int], tuple[Dim, ..
         label, parts = plan.grid[concat_axis]
         dims[-1] = [(f"{label}/{parts}", parts)] + [c for c in dims[-1]]
     return tuple(omap), tuple(tuple(d) for d in dims)
+
+
+# exp(in0 - in1): the factor that brings a partial relative to its maximum in0 to in1
+_EXP_DIFF = ThreadGraph(2, (ThreadOp("d", "sub", ("in0", "in1")), ThreadOp("e", "exp", ("d",))))
 
 
 @dataclass
@@ -490,6 +544,11 @@ def build_kernel(plan: Plan, avail: list[Avail], pool: list[Val], saves: list[tu
             ops.append(BlockOp(nm, node[1], tuple(name[x] for x in node[2]), node[3]))
         elif node[0] == "fused":
             ops.append(Fused(nm, tuple(name[x] for x in node[2]), node[1].thread))
+        elif node[5] is not None:  # a partial relative to its maximum: brought to the running one
+            w, y = f"{nm}_w", f"{nm}_y"
+            ops.append(Fused(w, (name[node[5]], name[node[4]]), _EXP_DIFF))
+            ops.append(BlockOp(y, "mul", (name[node[1]], w)))
+            ops.append(Accum(nm, y, "sum", rescale=name[node[4]]))
         else:
             ops.append(Accum(nm, name[node[1]], node[2], running=node[3],
                              rescale=name[node[4]] if node[4] is not None else None))
@@ -602,8 +661,23 @@ def kernels_for_plan(plan: Plan, avail: list[Avail], ctx: Context, target, count
     for v in exact:
         if not any(v.vid in w.operands for w in exact):
             groups.append([v])
-    # (b) partial results of a reduction split over the grid: the sinks, saved together
+    # (b) partial results of a reduction split over the grid: the sinks, saved together; a sum
+    # rescaled by a running maximum is relative to its split's maximum, so it is saved only
+    # beside that maximum (the partial max of the same values), and marked relative to it
     partial = [v for v in saveable if v.vid not in used and _needs_concat(v, plan)]
+    by_id = {v.vid: v for v in pool}
+    shift_of: dict[int, int] = {}
+    for v in partial:
+        if len(v.rel) > 1:
+            partial = []
+            break
+        for r in (by_id[x].node for x in v.rel):
+            m = next((u for u in partial if u.node[0] == "accum" and u.node[1:4] ==
+                      (r[1], r[2], False)), None)
+            if m is None:
+                partial = []
+                break
+            shift_of[v.vid] = m.vid
     if partial and len(partial) <= max_partials:
         groups.append(partial)
     out: list[KernelCandidate] = []
@@ -612,17 +686,22 @@ def kernels_for_plan(plan: Plan, avail: list[Avail], ctx: Context, target, count
         for v in group:
             counter[0] += 1
             saves.append((v, f"part{counter[0]}", "float32"))
-        kc = _valid_kernel(plan, avail, pool, saves, [], target)
+        names = {v.vid: n for v, n, _ in saves}
+        kc = _valid_kernel(plan, avail, pool, saves, [], target,
+                           {names[v]: names[m] for v, m in shift_of.items() if v in names})
         if kc:
             out.append(kc)
     return out
 
 
 def _valid_kernel(plan: Plan, avail: list[Avail], pool: list[Val], saves: list, finals: list[str],
-                  target) -> KernelCandidate | None:
-    """The kernel saving ``saves``, or None when it breaks a validity rule (shared memory...)."""
+                  target, shifts: dict | None = None) -> KernelCandidate | None:
+    """The kernel saving ``saves``, or None when it breaks a validity rule (shared memory...);
+    ``shifts``: saved partial -> the saved partial maximum it is relative to."""
     try:
         gk, outs = build_kernel(plan, avail, pool, saves)
+        if shifts:
+            outs = [replace(o, shift=shifts.get(o.name)) for o in outs]
         check_block(gk.block, [_dt(avail, n) for n in gk.inputs], list(gk.outputs), target)
     except MirageError:
         return None

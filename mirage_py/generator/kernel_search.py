@@ -246,7 +246,8 @@ class Searcher:
                 return
             if len(kernels) >= max_kernels:
                 return
-            key = frozenset((a.expr, a.dims) for a in avail)
+            # partials relative to their split's maximum differ from plain ones (``shift``)
+            key = frozenset((a.expr, a.dims, a.shift) for a in avail)
             if key in seen_states:
                 return
             seen_states.add(key)
