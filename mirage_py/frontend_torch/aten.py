@@ -338,9 +338,8 @@ def _binary_fn(fn: Callable[[Any, Any], Tensor]) -> Callable:
         dt = ctx.out_dtype()
         x, y = ctx.operand(a, dt), ctx.operand(b, dt)
         if alpha is not None and alpha != 1:
-            y = y * float(alpha) if isinstance(y, Tensor) else y * float(alpha)
-        if not isinstance(x, Tensor) and not isinstance(y, Tensor):
-            return _result(ctx, fn(x, y))
+            y = y * float(alpha)
+        # two numbers (a 0-d constant with a number): their value, as a constant
         return _result(ctx, fn(x, y))
     return tr
 
