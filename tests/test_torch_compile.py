@@ -216,6 +216,50 @@ def test_llama_for_causal_lm_embedding_and_rotary_tables_eager_the_rest_fused():
     assert found * 2 < naive
 
 
+class MinGPTAttention(nn.Module):
+    """minGPT / nanoGPT causal self-attention: one fused QKV projection split in three, the
+    causal mask a registered 0/1 buffer compared with 0 (written here after their pattern)."""
+
+    def __init__(self, n_embd=64, n_head=4, max_seqlen=16):
+        super().__init__()
+        self.c_attn = nn.Linear(n_embd, 3 * n_embd)
+        self.c_proj = nn.Linear(n_embd, n_embd)
+        self.register_buffer("bias", torch.tril(torch.ones(max_seqlen, max_seqlen))
+                             .view(1, 1, max_seqlen, max_seqlen))
+        self.n_head, self.n_embd = n_head, n_embd
+
+    def forward(self, x):
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / (k.size(-1) ** 0.5))
+        att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
+        y = F.softmax(att, dim=-1) @ v
+        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+
+def test_mask_buffer_and_fused_qkv_projection():
+    m = _randomize(MinGPTAttention(n_embd=32, n_head=2)).to(F16).eval()
+    x = _rand(2, 8, 32)
+    p = mp.from_torch(m, (x,))  # the 0/1 buffer is a causal mask: one program
+    assert "bias" not in [t.name for t in p.inputs]
+    assert any(t.op == "mask" for t in p.nodes())
+    cm = mp.compile(m, (x,), **dict(OPTS, time_budget_s=8))
+    with torch.no_grad():
+        _close(cm(x), m(x))
+    _fused(cm)
+    inputs = cm.regions()[0]["inputs"]  # q, k, v columns of c_attn, split into heads by torch
+    assert {"c_attn_weight_t_cols0_heads", "c_attn_weight_t_cols32_heads",
+            "c_attn_weight_t_cols64_heads"} <= set(inputs)
+    with torch.no_grad():
+        m.bias.fill_(1)  # the mask changed: captured again, no masking any more
+        _close(cm(x), m(x))
+    assert "mask" not in {t.op for g in cm.graphs.values() for r in g.regions if r.program
+                          for t in r.program.nodes()}
+
+
 # ---- unsupported operators, weights, report, recompiles -----------------------------------
 
 class WithSort(nn.Module):

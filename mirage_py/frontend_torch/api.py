@@ -137,6 +137,8 @@ class CompiledModule(torch.nn.Module):
                 state[role.node] = cap.constants[role.node]
             else:
                 state[role.node] = leaves[role.index]
+        if not g.masks_hold(state):  # a mask buffer changed since the capture: capture again
+            g = self._compile(args, kwargs, sig)
         outs = g.run(state)
         with torch.no_grad():
             for pos, kind, target in cap.mutations:

@@ -75,6 +75,12 @@ class DynamoCompiled:
             g = CompiledGraph(cap, "dynamo", self.options, _sig_text(sig, self.names))
             self.graphs[sig] = g
         state = {r.node: args[r.index] for r in g.cap.roles}
+        if not g.masks_hold(state):  # a mask buffer changed since the capture: capture again
+            cap = capture_graph_module(self.gm, list(args), [identifier(n) for n in self.names],
+                                       self.kinds)
+            g = self.graphs[sig] = CompiledGraph(cap, "dynamo", self.options,
+                                                 _sig_text(sig, self.names))
+            state = {r.node: args[r.index] for r in g.cap.roles}
         outs = g.run(state)
         return tree_unflatten([outs[i] for i in g.cap.outputs], g.cap.out_spec)
 

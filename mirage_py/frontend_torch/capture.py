@@ -62,6 +62,28 @@ class Captured:
     constants: dict[str, Any] = field(default_factory=dict)  # constant placeholder -> tensor
     method: str = "export"
     export_error: str = ""  # why export failed, when make_fx captured instead
+    #: buffers that hold a mask (rank >= 2, only 0 and 1): folded as constants at capture, their
+    #: values checked at every call (placeholder -> the value at capture)
+    masks: dict[str, Any] = field(default_factory=dict)
+
+
+def mask_like(t: Any) -> bool:
+    """A tensor of rank >= 2 holding only 0 and 1 (or bool): a position mask such as GPT-2's
+    ``bias`` buffer (``tril(ones(n, n))``), whose pattern the program must see."""
+    torch = _torch()
+    if not isinstance(t, torch.Tensor) or t.dim() < 2 or t.numel() == 0 or t.is_complex() or \
+            t.numel() > (1 << 22):
+        return False
+    if t.dtype == torch.bool:
+        return True
+    v = t.detach()
+    return bool(((v == 0) | (v == 1)).all())
+
+
+def _masks(roles: list[InputRole], values: dict[str, Any], mutated: set[str]) -> dict[str, Any]:
+    return {r.node: values[r.node].detach().to("cpu").clone() for r in roles
+            if r.kind == "buffer" and r.node in values and r.name not in mutated
+            and mask_like(values[r.node])}
 
 
 def decomposition_table() -> dict:
@@ -196,8 +218,14 @@ def _capture_export(module: Any, args: tuple, kwargs: dict, names: list[str]) ->
             raise TorchCaptureError(f"export: output {spec.arg} of kind {spec.kind.name} is not "
                                     "supported")
     gm = ep.graph_module
+    buffers = {}
+    for r in roles:
+        if r.kind == "buffer":
+            v = ep.state_dict.get(r.name)
+            buffers[r.node] = v if v is not None else ep.constants.get(r.name)
+    masks = _masks(roles, buffers, {t for _, _, t in mutations})
     return Captured(gm, roles, ep.call_spec.in_spec, ep.call_spec.out_spec, outputs, mutations,
-                    constants, "export")
+                    constants, "export", masks=masks)
 
 
 def _capture_make_fx(module: Any, args: tuple, kwargs: dict, names: list[str]) -> Captured:
@@ -233,7 +261,9 @@ def _capture_make_fx(module: Any, args: tuple, kwargs: dict, names: list[str]) -
             roles.append(InputRole(ph.name, "user", names[j] if j < len(names) else ph.name, j))
     out_node = next(nd for nd in gm.graph.nodes if nd.op == "output")
     count = len(out_node.args[0]) if isinstance(out_node.args[0], (list, tuple)) else 1
-    return Captured(gm, roles, in_spec, out_spec[0], list(range(count)), [], {}, "make_fx")
+    masks = _masks(roles, {r.node: buffers[r.name] for r in roles if r.kind == "buffer"}, set())
+    return Captured(gm, roles, in_spec, out_spec[0], list(range(count)), [], {}, "make_fx",
+                    masks=masks)
 
 
 def capture_graph_module(gm: Any, example_inputs: list, names: list[str] | None = None,
@@ -262,7 +292,9 @@ def capture_graph_module(gm: Any, example_inputs: list, names: list[str] | None 
                        names[i] if i < len(names) else ph.name, i) for i, ph in enumerate(phs)]
     out_node = next(nd for nd in traced.graph.nodes if nd.op == "output")
     count = len(out_node.args[0]) if isinstance(out_node.args[0], (list, tuple)) else 1
-    cap = Captured(traced, roles, None, out_spec[0], list(range(count)), [], {}, "make_fx")
+    masks = _masks(roles, {r.node: example_inputs[r.index] for r in roles}, set())
+    cap = Captured(traced, roles, None, out_spec[0], list(range(count)), [], {}, "make_fx",
+                   masks=masks)
     _drop_asserts(cap.gm)
     return cap
 

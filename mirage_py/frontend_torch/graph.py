@@ -180,6 +180,9 @@ class Analysis:
                 if role is not None and role.kind == "constant":
                     self.consts[node.name] = self.cap.constants[node.name]
                     self.kind[node.name] = "const"
+                elif node.name in self.cap.masks:  # a mask buffer: checked at every call
+                    self.consts[node.name] = self.cap.masks[node.name]
+                    self.kind[node.name] = "const"
                 else:
                     self.kind[node.name] = "input"
             elif node.op == "get_attr":
@@ -606,7 +609,20 @@ def _fold_input_views(roots: list[Tensor], inputs: dict[str, Source], names: Nam
 
 def _fold_head_layouts(roots: list[Tensor], inputs: dict[str, Source], names: Names
                        ) -> list[Tensor]:
-    """Move attention's head split and merge into the weights, where torch caches them.
+    """Weight layouts: first column slices of products with static weights (a fused QKV
+    projection split in three), then attention's head split and merge (see
+    :func:`_fold_weights`)."""
+    return _fold_weights(_fold_weights(roots, inputs, names, "slices"), inputs, names, "heads")
+
+
+def _fold_weights(roots: list[Tensor], inputs: dict[str, Source], names: Names, rules: str
+                  ) -> list[Tensor]:
+    """Move data movement next to static weights into the weights, where torch caches it.
+
+    ``rules="slices"``: ``(X @ Wt [+ b])[..., a:b]``, where every reader of the product takes
+    last-axis slices, is ``X @ Wt[:, a:b] [+ b[a:b]]``.
+
+    ``rules="heads"``: attention's head split and merge.
 
     ``transpose(reshape(X @ Wt [+ b]))`` splitting the last dim into (H, D) and moving H before
     the rows is ``X' @ Wh [+ bh]`` with ``Wh = Wt.reshape(K, H, D).permute(1, 0, 2)`` (and ``X'``
@@ -615,12 +631,24 @@ def _fold_head_layouts(roots: list[Tensor], inputs: dict[str, Source], names: Na
     parameter's transpose, computed by torch once per weight version); each value in the chain
     must have one user. Inside a program each transpose would be a kernel of its own."""
     users: dict[str, int] = {}
+    readers: dict[str, list[Tensor]] = {}
     order = topo_order(roots)
     for t in order:
         for i in t.inputs:
             users[i.digest] = users.get(i.digest, 0) + 1
+            readers.setdefault(i.digest, []).append(t)
     for t in roots:
         users[t.digest] = users.get(t.digest, 0) + 1
+    root_digests = {t.digest for t in roots}
+
+    def product(y: Tensor) -> tuple[Tensor | None, Tensor | None]:
+        """``y`` as (``X @ Wt``, bias or None) with a static bias over the last axis."""
+        if y.op == "matmul":
+            return y, None
+        if y.op == "add" and y.inputs[0].op == "matmul" and static(y.inputs[1]) and \
+                y.inputs[1].ndim == 1:
+            return y.inputs[0], y.inputs[1]
+        return None, None
 
     def static(t: Tensor) -> bool:
         return t.op == "input" and inputs[t.name].static
@@ -639,14 +667,30 @@ def _fold_head_layouts(roots: list[Tensor], inputs: dict[str, Source], names: Na
             t = t.inputs[0]
         return t
 
+    def sliced_columns(t: Tensor) -> Tensor | None:
+        y = t.inputs[0]
+        mm, bias = product(y)
+        last = y.ndim - 1
+        if mm is None or t.attr("axis") != last or y.digest in root_digests or \
+                not all(u.op == "slice" and u.attr("axis") == last for u in readers[y.digest]) \
+                or (bias is not None and users[mm.digest] != 1):
+            return None
+        x, wt = mm.inputs
+        if not static(wt) or wt.ndim != 2:
+            return None
+        a, b = t.attr("start"), t.attr("stop")
+        out = _lt.matmul(new[x.digest], derived(wt, (("narrow", 1, a, b - a),), f"cols{a}",
+                                                (wt.shape[0], b - a)))
+        if bias is not None:
+            out = out + derived(bias, (("narrow", 0, a, b - a),), f"cols{a}", (b - a,))
+        return out if out.shape == t.shape else None
+
     def heads_in(t: Tensor) -> Tensor | None:
         r = t.inputs[0]  # (..., S, H, D), from (M, N) or (..., S, N) by reshapes
         y = below_reshapes(r)
         if y is None:
             return None
-        mm, bias = (y, None) if y.op == "matmul" else \
-            (y.inputs[0], y.inputs[1]) if y.op == "add" and y.inputs[0].op == "matmul" \
-            and static(y.inputs[1]) and y.inputs[1].ndim == 1 else (None, None)
+        mm, bias = product(y)
         if mm is None or users[y.digest] != 1 or \
                 (bias is not None and users[mm.digest] != 1):
             return None
@@ -692,7 +736,10 @@ def _fold_head_layouts(roots: list[Tensor], inputs: dict[str, Source], names: Na
             new[t.digest] = t
             continue
         rep = None
-        if t.op == "transpose" and t.inputs[0].op == "reshape":
+        if rules == "slices":
+            if t.op == "slice":
+                rep = sliced_columns(t)
+        elif t.op == "transpose" and t.inputs[0].op == "reshape":
             rep = heads_in(t)
         elif t.op == "matmul" and t.inputs[0].op == "reshape" and static(t.inputs[1]) and \
                 t.inputs[1].ndim == 2:

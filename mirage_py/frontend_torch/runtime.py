@@ -86,6 +86,7 @@ class CompiledGraph:
         for r in self.regions:
             self.consts.update(r.consts)
         self._device_consts: dict[str, dict[str, Any]] = {}
+        self._mask_stamps: dict[str, tuple] = {}
         self._static: dict[tuple, tuple[tuple, Any]] = {}
         self.out_node = next(n for n in self.analysis.nodes if n.op == "output")
 
@@ -105,6 +106,23 @@ class CompiledGraph:
         return None
 
     # -- running --------------------------------------------------------------------------------
+    def masks_hold(self, placeholders: dict[str, Any]) -> bool:
+        """Do the mask buffers folded at capture still hold their values? Checked by pointer and
+        version first, by value when those changed (a module moved to the GPU keeps its masks)."""
+        torch = _torch()
+        for node, want in self.cap.masks.items():
+            v = placeholders.get(node)
+            if v is None:
+                continue
+            stamp = (v.data_ptr(), v._version, str(v.device))
+            if self._mask_stamps.get(node) == stamp:
+                continue
+            if tuple(v.shape) != tuple(want.shape) or \
+                    not torch.equal(v.detach(), want.to(device=v.device, dtype=v.dtype)):
+                return False
+            self._mask_stamps[node] = stamp
+        return True
+
     def run(self, placeholders: dict[str, Any]) -> list[Any]:
         """All graph outputs (user outputs and mutations) from the placeholders' values."""
         torch = _torch()
@@ -145,9 +163,8 @@ class CompiledGraph:
 
     def _source(self, src: Source, env: dict[str, Any]) -> Any:
         v = env[src.ref]
-        if src.static and any(op[0] in ("permute", "to") for op in src.ops) and \
-                getattr(v, "is_cuda", False):
-            # a transposed / converted parameter: one contiguous copy per weight version
+        if src.static and src.ops and getattr(v, "is_cuda", False):
+            # a transposed / sliced / converted parameter: one contiguous copy per weight version
             key = (src.ref, src.ops)
             stamp = (v.data_ptr(), v._version, tuple(v.shape), v.dtype)
             hit = self._static.get(key)
@@ -271,6 +288,8 @@ def _apply_ops(v: Any, ops: tuple) -> Any:
             v = v.permute(op[1])
         elif op[0] == "to":
             v = v.to(getattr(torch, op[1]))
+        elif op[0] == "narrow":
+            v = v.narrow(op[1], op[2], op[3])
         elif op[0] == "item":
             v = v[op[1]]
         else:  # pragma: no cover - graph.py makes only these
