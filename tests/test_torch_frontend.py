@@ -104,6 +104,15 @@ CASES = {
     "sdpa_gqa": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True,
                                                                 enable_gqa=True),
                  (1, 4, 5, 8), (1, 2, 5, 8), (1, 2, 5, 8)),
+    "instance_norm": (nn.InstanceNorm2d(3, affine=True), (2, 3, 4, 4)),
+    "batch_norm_no_running_stats": (nn.BatchNorm1d(4, track_running_stats=False), (6, 4)),
+    "vector_norms": (lambda x: torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+                     + torch.norm(x, p=1, dim=0) + torch.linalg.vector_norm(x, ord=float("inf"))
+                     + torch.linalg.vector_norm(x, ord=3, dim=1, keepdim=True), (4, 8)),
+    "pooling": (lambda x: F.avg_pool2d(x, 2) + F.max_pool2d(x, 2)
+                + F.avg_pool1d(x.flatten(2), 5).view(2, 3, 2, 2), (2, 3, 5, 4)),
+    "pooling3d": (lambda x: F.avg_pool3d(x, 2) * F.max_pool3d(x, (1, 2, 2)).mean(2, keepdim=True),
+                  (1, 2, 4, 4, 4)),
     "additive_mask": (lambda s: (s + torch.full((5, 5), float("-inf")).triu(1)).softmax(-1),
                       (2, 5, 5)),
 }

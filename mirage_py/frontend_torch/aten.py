@@ -959,6 +959,117 @@ def _batch_norm(ctx: Context, x: Any, weight: Any, bias: Any, mean: Any, var: An
     return _result(ctx, _batch_norm_core(ctx, x, weight, bias, mean, var, eps, ctx.out_dtype()))
 
 
+@op("_native_batch_norm_legit")
+def _bn_legit(ctx: Context, x: Any, weight: Any, bias: Any, *args: Any) -> tuple:
+    """Batch norm from the batch's own statistics (``no_stats``: instance norm, or a batch norm
+    without running statistics), biased variance over every dim but the channels (dim 1). With
+    running statistics and ``training`` the module updates them: not a program."""
+    if len(args) == 3:  # no_stats: (training, momentum, eps)
+        training, _, eps = args
+    else:  # (running_mean, running_var, training, momentum, eps)
+        mean, var, training, _, eps = args
+        if not training:
+            return _bn_no_training(ctx, x, weight, bias, mean, var, 0.0, eps)
+        raise Unsupported("batch_norm in training mode updates its running statistics")
+    if ctx.users_of_output(1) or ctx.users_of_output(2):
+        raise Unsupported("its saved statistics are used")
+    s = ctx.sym(x)
+    if len(s.shape) < 2:
+        raise Unsupported(f"batch_norm of {s.shape}")
+    dt = ctx.out_dtype(0)
+    t = cast(materialize(s), dt)
+    axes = tuple(a for a in range(len(s.shape)) if a != 1)
+    m, v = _variance(ctx, Sym(t, s.shape), axes, 0.0, dt)
+    y = (t - m) / lax.sqrt(v + float(eps))
+    c = (s.shape[1],)
+    for name, p in (("weight", weight), ("bias", bias)):
+        pt = _param(ctx, p, c, dt, name)
+        if pt is not None:
+            pt = lax.reshape(pt, c + (1,) * (len(s.shape) - 2)) if len(s.shape) > 2 else pt
+            y = y * pt if name == "weight" else y + pt
+    return (_result(ctx, y, 0), _NotComputed("save_mean"), _NotComputed("save_rstd"))
+
+
+@op("linalg_vector_norm", "norm")
+def _vector_norm(ctx: Context, x: Any, ord: Any = 2, dim: Any = None, keepdim: bool = False,  # noqa: A002
+                 *, dtype: Any = None) -> Sym:
+    """2-norm ``sqrt(sum(x^2))``, 1-norm ``sum(|x|)``, inf-norm ``max(|x|)``, p-norm
+    ``sum(|x|^p)^(1/p)`` over ``dim``."""
+    s = ctx.sym(x)
+    p = 2.0 if ord is None else float(ord)
+    dt = ctx.out_dtype()
+    n = len(s.shape)
+    axes = _axes(dim, n)
+    t = cast(materialize(s, axes), dt)
+    if p == 2.0:
+        r = lax.sqrt(lax.sum(lax.square(t), axes, keepdims=bool(keepdim)))
+    elif p == 1.0:
+        r = lax.sum(lax.abs(t), axes, keepdims=bool(keepdim))
+    elif p == math.inf:
+        r = lax.max(lax.abs(t), axes, keepdims=bool(keepdim))
+    elif p > 0 and math.isfinite(p):
+        r = lax.pow(lax.sum(lax.pow(lax.abs(t), p), axes, keepdims=bool(keepdim)), 1.0 / p)
+    else:
+        raise Unsupported(f"vector norm of order {p}")
+    return _result(ctx, r)
+
+
+def _pool(kind: str, dims: int) -> Callable:
+    """Average / max pooling whose windows tile the input (stride = kernel, no padding, no
+    dilation): a reshape of each spatial dim into (windows, kernel) and a mean / max over the
+    kernel dims. Rows past the last whole window are dropped, as torch does."""
+    def tr(ctx: Context, x: Any, kernel_size: Any, stride: Any = (), padding: Any = 0,
+           *rest: Any, **kw: Any) -> Any:
+        s = ctx.sym(x)
+        k = _tuple(kernel_size, dims)
+        st = _tuple(stride, dims) if stride not in (None, [], ()) else k
+        pad = _tuple(padding, dims)
+        if kind == "max":
+            dilation = _tuple(rest[0], dims) if rest else _tuple(kw.get("dilation", 1), dims)
+            ceil = rest[1] if len(rest) > 1 else kw.get("ceil_mode", False)
+        else:
+            dilation = (1,) * dims
+            ceil = rest[0] if rest else kw.get("ceil_mode", False)
+            if (rest[2] if len(rest) > 2 else kw.get("divisor_override")) is not None:
+                raise Unsupported("pooling with a divisor_override")
+        if st != k or any(pad) or any(d != 1 for d in dilation):
+            raise Unsupported(f"pooling with stride {st}, padding {pad}, dilation {dilation} "
+                              f"(windows must tile the input: stride = kernel {k})")
+        spatial = s.shape[-dims:]
+        if ceil and any(n % w for n, w in zip(spatial, k)):
+            raise Unsupported("pooling with ceil_mode over a partial window")
+        if kind == "max" and ctx.users_of_output(1):
+            raise Unsupported("its indices are used")
+        dt = ctx.out_dtype(0 if kind == "max" else None)
+        t = cast(materialize(s), dt)
+        lead = len(s.shape) - dims
+        for i, (n, w) in enumerate(zip(spatial, k)):
+            if n % w:
+                t = lax.slice(t, lead + i, 0, n - n % w)
+        split = s.shape[:lead] + tuple(v for n, w in zip(spatial, k) for v in (n // w, w))
+        t = lax.reshape(t, split)
+        axes = tuple(lead + 2 * i + 1 for i in range(dims))
+        r = lax.max(t, axes) if kind == "max" else lax.mean(t, axes)
+        if kind == "max":
+            return (_result(ctx, r, 0), _NotComputed("max_pool indices"))
+        return _result(ctx, r)
+    return tr
+
+
+def _tuple(v: Any, n: int) -> tuple[int, ...]:
+    if isinstance(v, numbers.Integral):
+        return (int(v),) * n
+    v = tuple(int(a) for a in v)
+    return v * n if len(v) == 1 else v
+
+
+TABLE["avg_pool1d"] = _pool("avg", 1)
+TABLE["avg_pool2d"] = _pool("avg", 2)
+TABLE["avg_pool3d"] = _pool("avg", 3)
+TABLE["max_pool2d_with_indices"] = _pool("max", 2)
+TABLE["max_pool3d_with_indices"] = _pool("max", 3)
+
+
 @op("dropout", "feature_dropout", "alpha_dropout")
 def _dropout(ctx: Context, x: Any, p: float, train: bool) -> Sym:
     if train and p > 0:
