@@ -622,13 +622,15 @@ def summary(rows: list[dict]) -> dict[str, dict[str, int]]:
     out: dict[str, dict[str, int]] = {}
     for r in rows:
         s = out.setdefault(r.get("level") or "-", dict.fromkeys(
-            ("problems", "captured", "fused", "verified", "equal", "all", "one_kernel"), 0))
+            ("problems", "captured", "fused", "verified", "equal", "all", "one_kernel",
+             "compile_one_kernel"), 0))
         s["problems"] += 1
         ok = [bool(r.get(k)) for k in ("captured", "fused", "verified", "equal")]
         for k, v in zip(("captured", "fused", "verified", "equal"), ok):
             s[k] += v
         s["all"] += all(ok)
         s["one_kernel"] += bool(r.get("captured")) and r.get("kernels_found") == 1
+        s["compile_one_kernel"] += r.get("compile_kernels") == 1 and not r.get("eager_ops")
     return out
 
 
@@ -674,9 +676,10 @@ def markdown(rows: list[dict], meta: dict) -> str:
              f"{meta.get('tolerance')} norm-wise of eager PyTorch (its relative error in "
              "brackets).", "",
              "| level | problems | captured | fused | verified | equal to eager | all four | "
-             "one kernel |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    keys = ("problems", "captured", "fused", "verified", "equal", "all", "one_kernel")
+             "one kernel | one kernel (compile) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    keys = ("problems", "captured", "fused", "verified", "equal", "all", "one_kernel",
+            "compile_one_kernel")
     tot = dict.fromkeys(keys, 0)
     for lv in sorted(s, key=lambda x: (len(x), x)):
         c = s[lv]
@@ -684,19 +687,25 @@ def markdown(rows: list[dict], meta: dict) -> str:
         for k in tot:
             tot[k] += c[k]
     lines.append("| **all** | " + " | ".join(f"**{tot[k]}**" for k in keys) + " |")
-    lines += ["", "*One kernel*: captured and superoptimised into a single kernel."]
+    lines += ["", "*One kernel*: captured and superoptimised (`mp.superopt` of the captured "
+              "program) into a single kernel. *One kernel (compile)*: `mp.compile` runs the "
+              "whole model as a single kernel with nothing eager; it lays static weights out "
+              "once per weight version (a linear layer's transposed weight), which the captured "
+              "program computes with a transpose kernel of its own."]
     ops = blockers(rows)
     if ops:
         lines += ["", "Operators that stop capture (`mp.compile` runs them in eager PyTorch "
                   "between superoptimised regions; the problems they stop):", ""]
         lines += [f"- `{op}`: {len(ps)} ({', '.join(ps)})" for op, ps in ops]
     lines += ["", "| level | # | problem | scale | captured | kernels naive -> found | fused | "
-              "verified | equal to eager | why not |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+              "verified | equal to eager | compile: regions, kernels naive -> found | why not |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         why = (r.get("why") or "").replace("|", "\\|")
+        comp = (f"{r['compile_regions']}, {r.get('compile_kernels_naive')} -> "
+                f"{r.get('compile_kernels')}" if "compile_regions" in r else "")
         lines.append(f"| {r.get('level', '')} | {r.get('number', '')} | {r.get('name', '')} | "
-                     + " | ".join(_cell(r)) + f" | {why} |")
+                     + " | ".join(_cell(r)) + f" | {comp} | {why} |")
     return "\n".join(lines) + "\n"
 
 
