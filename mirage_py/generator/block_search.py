@@ -22,6 +22,7 @@ concatenated along the last dim) that a later kernel can finish.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import time
 from dataclasses import dataclass, field, replace
@@ -278,7 +279,7 @@ def _round(pool: list[Val], new_from: int, add, ctx: Context, F: int, loop: str)
                 dims = a.dims[:j] + (((),) if keep else ()) + a.dims[j + 1:]
                 add(Val(len(pool), dims, ae.apply(red, [a.expr], d), _phase(a.phase),
                         a.consumed | {c[0] for c in d},
-                        ("op", red, (a.vid,), attrs_of(axes=(j,), keepdims=keep)), a.cost + 1))
+                        ("op", red, (a.vid,), _reduce_attrs(j, keep)), a.cost + 1))
     # the target's slices and concatenations, inside a tile that holds the whole dim
     _slices_and_concats(cur, new_from, n, add, ctx, len(pool))
     # for-loop accumulators: sums of anything; the max / min of a maximum / minimum over the
@@ -321,6 +322,9 @@ def _round(pool: list[Val], new_from: int, add, ctx: Context, F: int, loop: str)
             add(Val(len(pool), a.dims, ae.summed(F, a.expr, loop), "epi", a.consumed | {loop},
                     ("accum", a.vid, "sum", False, rescale, shift), a.cost + 1))
     # elementwise templates from the target, as fused thread graphs
+    by_len: dict[int, list[Val]] = {}  # a leaf is filled by values with as many monomials
+    for v in cur:
+        by_len.setdefault(len(v.expr), []).append(v)
     for tp in ctx.templates:
         # leaves are filled by values with the same expression first, then by values that
         # are it scaled or contracted as a whole (x / r applied to x @ w: scaling commutes with
@@ -328,12 +332,15 @@ def _round(pool: list[Val], new_from: int, add, ctx: Context, F: int, loop: str)
         # cofactor: (x + y) @ w may fill leaf x + y, but not leaf x -- the normal form drops
         # coefficients, so (x + y) @ w + y @ w would pass for (x + y) @ w and, having the same
         # key, shadow the right value (rms_norm(x + y) @ w found no correct kernel)
+        # semi-naive: a template is only worth filling when some leaf takes a new value
+        if not any(_fills(le, v) for le in tp.leaf_exprs
+                   for v in by_len.get(len(le), ()) if v.vid >= new_from):
+            continue
         cands = []
         for le in tp.leaf_exprs:
-            exact = [v for v in cur if v.expr == le]
-            part = [v for v in cur if v.expr != le and len(v.expr) == len(le) and
-                    ae._embeds(le, v.expr)]
-            cands.append(exact + part)
+            same = by_len.get(len(le), ())
+            cands.append([v for v in same if v.expr == le] +
+                         [v for v in same if v.expr != le and ae._embeds(le, v.expr)])
         if any(not c for c in cands):
             continue
         tried = 0
@@ -355,6 +362,17 @@ def _round(pool: list[Val], new_from: int, add, ctx: Context, F: int, loop: str)
             add(Val(len(pool), dims, expr, ph, frozenset().union(*(v.consumed for v in combo)),
                     ("fused", tp, tuple(v.vid for v in combo)),
                     sum(v.cost for v in combo) + len(tp.thread.ops)))
+
+
+@functools.lru_cache(maxsize=None)
+def _reduce_attrs(axis: int, keepdims: bool) -> tuple:
+    return attrs_of(axes=(axis,), keepdims=keepdims)
+
+
+def _fills(le: ae.Poly, v: Val) -> bool:
+    """Can value ``v`` fill a template leaf of expression ``le`` (the same expression, or it
+    times one cofactor; see the templates in ``_round``)?"""
+    return v.expr == le or ae._embeds(le, v.expr)
 
 
 def _whole(d: Dim, ctx: Context) -> str | None:
