@@ -27,7 +27,6 @@ seeded, so the same seed and settings give the same answer.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from typing import Any
@@ -37,7 +36,7 @@ from ..errors import MirageError, OptionError, ProgramError
 from ..lax.program import Program
 from ..targets import get_target
 from ..tuning.database import open_database
-from ..tuning.runners import default_runner
+from .executors import ClusterError, Executor, LocalExecutor, RayExecutor, resolve
 from .part import Run, solve_part
 from .result import (Answer, OptimizedProgram, PartResult, Piece, RegionResult, join_parts,
                      load, parts_of)
@@ -78,8 +77,8 @@ def superopt(program: Program, *, target: Any = "h100", time_budget_s: float | N
              seed: int = 0, workers: int | None = None, max_kernels: int = 3,
              verify_tests: int | None = None, max_verify: int = 16, tune_top: int = 4,
              tune_rounds: int = 8, measure_top: int = 4, progress: bool | None = None,
-             database: Any = None, runner: Any = None,
-             cost_model: Any = None) -> OptimizedProgram:
+             database: Any = None, runner: Any = None, cost_model: Any = None,
+             executor: Any = None) -> OptimizedProgram:
     """Superoptimise ``program`` for ``target`` (see the module docstring).
 
     ``database``: None -> the default results file (``$MIRAGE_PY_DATABASE``, else under the user
@@ -89,7 +88,14 @@ def superopt(program: Program, *, target: Any = "h100", time_budget_s: float | N
     (``"analytic"``, default). ``time_budget_s`` bounds the region searches (80 %) and tuning
     together; the floor and the verification of the chosen candidates always complete.
     ``max_kernels`` bounds the kernels of one region's answer, ``workers`` the processes.
-    Bad options raise :class:`~mirage_py.errors.OptionError`.
+    ``executor``: where region searches, their verification and measurements run -- None or
+    ``"local"``: processes on this machine (``workers`` default: the cores, at most 8);
+    ``"ray"`` or a :class:`RayExecutor`: tasks on a Ray cluster (``workers`` default: its CPUs;
+    ``runner`` default: the GPU runner when the cluster has a GPU of the target's type, as the
+    custom resource ``gpu_<target>``), the database written by this process only; the same
+    answer either way (docs/cluster.md). Bad options raise
+    :class:`~mirage_py.errors.OptionError`; a cluster that cannot do the work,
+    :class:`ClusterError`.
     """
     _check_options(program, time_budget_s, workers, max_kernels, max_verify, tune_top,
                    tune_rounds, measure_top, verify_tests, seed)
@@ -99,17 +105,20 @@ def superopt(program: Program, *, target: Any = "h100", time_budget_s: float | N
     if not callable(getattr(model, "predict", None)):
         raise OptionError(f"superopt: cost_model must have predict(graph, target), got "
                           f"{type(model).__name__}")
-    runner = runner if runner is not None else default_runner(model)
+    ex = resolve(executor)
+    ex.start(tgt)
+    runner = runner if runner is not None else ex.default_runner(model, tgt)
+    ex.check_runner(runner, tgt)
     db = open_database(database)
     if workers is None:
-        workers = max(1, min(os.cpu_count() or 1, 8))
+        workers = ex.default_workers()
     if progress is None:
         progress = sys.stderr.isatty()
     t0 = time.perf_counter()
     run = Run(tgt, model, runner, db, Settings(max_kernels, tune_top, tune_rounds, seed),
               workers, t0 + 0.8 * time_budget_s if time_budget_s else None,
               t0 + time_budget_s if time_budget_s else None, verify_tests, max_verify,
-              measure_top, progress, seed)
+              measure_top, progress, seed, executor=ex)
     parts = parts_of(program)
     # every operator has field semantics (uninterpreted functions and max / min as random
     # functions; a part may nest exps, no region does), so every part goes to the region layer
@@ -119,4 +128,4 @@ def superopt(program: Program, *, target: Any = "h100", time_budget_s: float | N
 
 __all__ = ["superopt", "OptimizedProgram", "PartResult", "RegionResult", "Piece", "Answer",
            "SavedVerification", "load", "join_parts", "default_model", "tuning_choice",
-           "get_target"]
+           "get_target", "Executor", "LocalExecutor", "RayExecutor", "ClusterError"]

@@ -39,9 +39,10 @@ from ..regions.cover import Candidate as CoverCandidate, Cover, solve_cover
 from ..tuning.annotations import AnnotatedGraph
 from ..ugraph.graph import DTensor, KernelGraph, KernelOp
 from ..ugraph.lower import naive_lowering
+from .executors import _label
 from .result import Piece, PartResult, RegionResult, summed_verification
-from .search import (Explored, Settings, SavedVerification, _Progress, explore, measure,
-                     record, stored_answer)
+from .search import (Explored, Settings, SavedVerification, _Progress, apply_measurements,
+                     explore, measure, measures, record, stored_answer)
 
 FLOOR_SECONDS = 1.0  # the floor's quick searches, all groups of a part together
 FLOOR = Settings(max_kernels=1, tune_top=0, tune_rounds=0)
@@ -71,6 +72,13 @@ class Run:
     seed: int
     structures: dict = field(default_factory=dict)  # region key -> _Structure (whole run)
     interrupted: bool = False
+    executor: Any = None  # where searches, verification and measurements run (None: here)
+
+    @property
+    def remote(self) -> bool:
+        """Whether the executor runs work elsewhere (Ray): then region searches, their
+        verification and measurements go to it as tasks, and only what comes back is kept."""
+        return bool(getattr(self.executor, "remote", False))
 
     def expired(self) -> bool:
         return self.interrupted or (self.search_deadline is not None and
@@ -235,9 +243,8 @@ def solve_part(part: Program, run: Run) -> PartResult:
             _explore_all(opened + _speculate(opened, run, cover_candidates, outputs, needed),
                          run, bar)
             continue
-        for st in todo:  # explored: verify the best remaining option
-            if st.status == "explored":
-                _verify_next(st, run)
+        # explored: verify the best remaining option
+        _verify_all([st for st in todo if st.status == "explored"], run)
 
     # 4. the answer
     pieces: list[Piece] = []
@@ -375,7 +382,18 @@ def _explore_all(sts: list[_Structure], run: Run, bar) -> None:
     """Search the structures, each in one process: a region's answer never depends on how many
     workers there are (a search whose plans were shared among processes would prune
     differently). With one worker they run here, one after another; with more, each in a worker
-    process of its own, ``run.workers`` at a time."""
+    process of its own, ``run.workers`` at a time; with a remote executor, each as a task of its
+    own on the cluster, ``run.workers`` in flight (then measured there too)."""
+    if run.remote:
+        got = run.executor.explore([(id(st), st.program, _settings(st, run)) for st in sts],
+                                   run)
+        for st in sts:
+            if id(st) in got:
+                _explored(st, got[id(st)], run)
+            else:
+                st.status = "skipped"
+        _measure_all([st for st in sts if id(st) in got], run)
+        return
     if run.workers <= 1:
         for st in sts:
             if run.expired():
@@ -407,10 +425,62 @@ def _explored(st: _Structure, ex: Explored, run: Run) -> None:
     st.options = list(ex.options)
     if ex.stats.interrupted:
         run.interrupted = True
-    if st.options and getattr(run.runner, "measures", False):
+    if st.options and measures(run.runner) and not run.remote:  # remote: _measure_all
         st.measured = measure(st.options, _naive(st, run)[0], run.runner, run.target,
                               run.measure_top)
     st.status = "explored" if st.options else "failed"
+
+
+def _measure_all(sts: list[_Structure], run: Run) -> None:
+    """Measure the explored structures' best options with a remote executor: one GPU task per
+    structure (its naive graph and ``measure_top`` best options timed on one device), all
+    submitted at once; what does not come back stays unmeasured (ranked by prediction)."""
+    if not measures(run.runner) or run.measure_top <= 0:
+        return
+    todo = [st for st in sts if st.options]
+    if not todo:
+        return
+    got = run.executor.measure([(id(st), _label(st.program), _naive(st, run)[0],
+                                 [o[1] for o in st.options[:run.measure_top]]) for st in todo],
+                               run)
+    for st in todo:
+        if id(st) in got:
+            st.measured = apply_measurements(st.options, run.measure_top, *got[id(st)])
+
+
+class _Checked:
+    """A structure's verifier with results computed elsewhere put in front (a remote
+    executor's verification tasks): ``check`` answers each handed-in graph once from
+    ``known`` (by structural hash) and asks a local :class:`Verifier` for anything else."""
+
+    def __init__(self, local, program: Program, run: Run):
+        self.local, self.program, self.run = local, program, run
+        self.known: dict[str, Any] = {}
+
+    def check(self, graph: KernelGraph, tests: int | None = None):
+        got = self.known.pop(graph.structural_hash(), None)
+        if got is not None:
+            return got
+        if self.local is None:
+            from ..verifier import Verifier
+            self.local = Verifier(self.program, seed=self.run.seed, target=self.run.target)
+        return self.local.check(graph, tests=tests)
+
+
+def _verify_all(sts: list[_Structure], run: Run) -> None:
+    """:func:`_verify_next` for each structure; with a remote executor their checks run first
+    as tasks, all at once (a check the cluster does not answer is done here)."""
+    if run.remote:
+        jobs = [(id(st), st.program, st.options[0][1].graph) for st in sts
+                if st.options and st.tried < run.max_verify]
+        got = run.executor.verify(jobs, run) if jobs else {}
+        for st in sts:
+            if id(st) in got:
+                if not isinstance(st.verifier, _Checked):
+                    st.verifier = _Checked(st.verifier, st.program, run)
+                st.verifier.known[st.options[0][1].graph.structural_hash()] = got[id(st)]
+    for st in sts:
+        _verify_next(st, run)
 
 
 def _verify_next(st: _Structure, run: Run) -> None:

@@ -310,13 +310,30 @@ def measure(opts: list[Option], naive: KernelGraph, runner, target, top: int) ->
     """Time the naive graph and the ``top`` best options with a measuring runner; those options
     are then re-ordered by measured time (in place). Returns measurements by option id, the
     naive graph's under -1."""
-    if not getattr(runner, "measures", False) or top <= 0 or not opts:
+    if not measures(runner) or top <= 0 or not opts:
         return {}
-    nm = runner.run(naive, target)
-    out = {id(o): runner.run(o[1], target) for o in opts[:top]}
+    nm, ms = measure_graphs(runner, naive, [o[1] for o in opts[:top]], target)
+    return apply_measurements(opts, top, nm, ms)
+
+
+def measures(runner) -> bool:
+    """Whether ``runner`` times graphs on hardware (or stands in for it), so superopt measures."""
+    return bool(getattr(runner, "measures", False))
+
+
+def measure_graphs(runner, naive: KernelGraph, graphs: list, target) -> tuple:
+    """(naive's measurement, one per graph, in order): the runner's calls of :func:`measure`,
+    wherever they run (here, or in a GPU task on a cluster: one device times them all)."""
+    return runner.run(naive, target), [runner.run(g, target) for g in graphs]
+
+
+def apply_measurements(opts: list[Option], top: int, naive_m, ms: list) -> dict:
+    """:func:`measure`'s bookkeeping for measurements ``ms`` of ``opts[:top]``: re-order those
+    options by (measured time, predicted time) in place; measurements by option id, -1: naive."""
+    out = {id(o): m for o, m in zip(opts[:top], ms)}
     head = sorted(opts[:top], key=lambda o: (out[id(o)].us, o[0]))
     opts[:top] = head
-    out[-1] = nm
+    out[-1] = naive_m
     return out
 
 
