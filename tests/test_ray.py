@@ -294,3 +294,33 @@ def test_measurements_that_never_finish_time_out(cluster):
     with pytest.raises(ClusterError, match="no GPU measurement finished in 2 s"):
         mp.superopt(p, target="h200", runner=FakeRunner(), progress=False, database=False,
                     executor=RayExecutor(on_task=hang, measure_timeout_s=2))
+
+
+def test_database_ships_as_a_snapshot_and_merges_each_record_once(tmp_path):
+    """The database story of docs/cluster.md without a cluster: a snapshot of the driver's file,
+    used on another machine, answers from it; merging it into that machine's own file adds each
+    record once (a second merge adds nothing)."""
+    def program(n):
+        p = mp.Program(f"p{n}")
+        x = p.input("x", (4, 64))
+        w = p.input("w", (64, n))
+        p.output(mp.rms_norm(x) @ w, name="y")
+        return p
+    first, other = tmp_path / "driver.sqlite", tmp_path / "elsewhere.sqlite"
+    a = mp.superopt(program(32), workers=1, progress=False, database=first)
+    mp.superopt(program(48), workers=1, progress=False, database=other)
+    with ResultsDB(first) as db:
+        copy = db.snapshot(tmp_path / "ship" / "copy.sqlite")
+        with pytest.raises(mp.DatabaseError, match="exists"):
+            db.snapshot(copy)
+    assert rows(copy) == rows(first)
+    again = mp.superopt(program(32), workers=1, progress=False, database=copy)
+    assert again.parts[0].source == "database"
+    assert again.graph.structural_hash() == a.graph.structural_hash()
+    before = rows(other)
+    with ResultsDB(other) as db:
+        assert db.merge(first) == len(rows(first))
+        assert db.merge(copy) == 0 and db.merge(str(first)) == 0
+    assert rows(other) == sorted(before + rows(first))
+    third = mp.superopt(program(32), workers=1, progress=False, database=other)
+    assert third.parts[0].source == "database"

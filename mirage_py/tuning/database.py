@@ -17,6 +17,12 @@ Default file: ``$MIRAGE_PY_DATABASE`` if set (``off``/``0``/empty disables it), 
 ``$XDG_CACHE_HOME/mirage_py/results.sqlite`` (``~/.cache`` when XDG_CACHE_HOME is unset).
 A file that is not SQLite, an SQLite file of another program, or one written by a newer schema
 raises :class:`~mirage_py.errors.DatabaseError` naming the file, never a raw sqlite3 error.
+
+One writer per file on a cluster: ``superopt`` writes only in the driver process (never in Ray
+tasks), and the file should live on the driver's local disk, not a shared file system (SQLite's
+locks are unreliable on NFS). To reuse results on another machine, ship a copy:
+:meth:`ResultsDB.snapshot` writes a consistent single file, :meth:`ResultsDB.merge` adds another
+file's records, each once (docs/cluster.md).
 """
 
 from __future__ import annotations
@@ -320,6 +326,55 @@ class ResultsDB:
         """SQLite's integrity check ("ok" when the file is consistent)."""
         with self._guard("check integrity"):
             return self._connect().execute("PRAGMA integrity_check").fetchone()[0]
+
+    # -- shipping between machines (docs/cluster.md) -------------------------------------------
+    def snapshot(self, path: str) -> str:
+        """A consistent single-file copy of this database at ``path`` (SQLite's online backup,
+        safe while other processes write; a plain ``cp`` can miss the ``-wal`` file): the file
+        to ship to another machine whose runs should reuse these results."""
+        dest = os.path.abspath(os.path.expanduser(str(path)))
+        if dest == self.path:
+            raise DatabaseError(f"{self.path}: cannot snapshot a database onto itself")
+        if os.path.exists(dest):
+            raise DatabaseError(f"{dest} exists; snapshot writes a new file")
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        with self._guard(f"copy it to {dest}"):
+            out = sqlite3.connect(dest)
+            try:
+                self._connect().backup(out)
+            finally:
+                out.close()
+        return dest
+
+    _KEY = ("target", "graph_hash", "graph", "annotations", "predicted_us", "measured_us",
+            "runner", "samples", "chosen", "verification", "tool_version", "created")
+
+    def merge(self, other: "ResultsDB | str") -> int:
+        """Add the records of another results database (a snapshot made elsewhere) that this one
+        lacks, in one transaction; a record already here (same workload and every field but the
+        row id) is not added again, so merging the same file twice adds nothing. Returns the
+        number of records added."""
+        src = other if isinstance(other, ResultsDB) else ResultsDB(os.fspath(other))
+        if src.path == self.path:
+            return 0
+        programs = {w.hash: w for w in src.workloads()}
+        have = {self._record_key(r) for r in self.records()}
+        by_workload: dict[str, list[Record]] = {}
+        for r in src.records():
+            k = self._record_key(r)
+            if k not in have:
+                have.add(k)
+                by_workload.setdefault(r.workload_hash, []).append(r)
+        added = 0
+        for h, recs in by_workload.items():
+            w = programs[h]
+            added += len(self.add((w.hash, w.name, w.program), recs))
+        return added
+
+    @classmethod
+    def _record_key(cls, r: Record) -> tuple:
+        return (r.workload_hash,) + tuple(json.dumps(getattr(r, f), sort_keys=True)
+                                          for f in cls._KEY)
 
 
 def open_database(database: Any = None) -> ResultsDB | None:
