@@ -82,9 +82,11 @@ def _write_outputs(opt, out: str) -> None:
 def _superopt_and_report(program, args):
     import mirage_py as mp
 
+    from .superopt.executors import RayExecutor
     opt = mp.superopt(program, target=args.target, time_budget_s=args.time_budget,
                       workers=args.workers, progress=sys.stderr.isatty(),
-                      database=args.database)
+                      database=args.database,
+                      executor=RayExecutor(args.ray) if getattr(args, "ray", None) else None)
     print(opt.summary())
     if args.out:
         _write_outputs(opt, args.out)
@@ -194,6 +196,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--database", default=None, metavar="PATH",
                        help="results database to reuse and record into (default: "
                             "$MIRAGE_PY_DATABASE, else ~/.cache/mirage_py/results.sqlite)")
+        p.add_argument("--ray", default=None, metavar="ADDRESS",
+                       help="run searches and measurements as tasks of the Ray cluster at "
+                            "ADDRESS (auto, HOST:6379, ray://HOST:10001, local); needs "
+                            "mirage_py[ray], see docs/cluster.md")
 
     d = sub.add_parser("demo", help="superoptimise a built-in benchmark program and print it")
     d.add_argument("name", nargs="?", default="rmsnorm_linear",

@@ -324,3 +324,13 @@ def test_database_ships_as_a_snapshot_and_merges_each_record_once(tmp_path):
     assert rows(other) == sorted(before + rows(first))
     third = mp.superopt(program(32), workers=1, progress=False, database=other)
     assert third.parts[0].source == "database"
+
+
+def test_cli_ray_flag(cluster, capsys, tmp_path):
+    """``mirage-py demo --ray ADDRESS``: the same run on the cluster this process is connected
+    to (the address is used only when it is not connected yet); a bad address is bad input."""
+    from mirage_py.cli import main
+    assert main(["demo", "lora", "--ray", "auto", "--database", str(tmp_path / "r.sqlite")]) == 0
+    assert "lora" in capsys.readouterr().out
+    assert main(["demo", "lora", "--ray", " "]) == 2
+    assert "address" in capsys.readouterr().err
