@@ -334,3 +334,23 @@ def test_cli_ray_flag(cluster, capsys, tmp_path):
     assert "lora" in capsys.readouterr().out
     assert main(["demo", "lora", "--ray", " "]) == 2
     assert "address" in capsys.readouterr().err
+
+
+def test_torch_compile_passes_the_executor_through(cluster):
+    """``mp.compile(..., executor=...)`` hands the executor to superopt: the regions of a
+    PyTorch module are searched as Ray tasks, and the compiled module computes what it did."""
+    torch = pytest.importorskip("torch")
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(64, 32, generator=torch.Generator()
+                                                    .manual_seed(0)) / 8)
+
+        def forward(self, x):
+            return torch.nn.functional.silu(x @ self.w)
+    m, x = Block(), torch.randn(4, 64, generator=torch.Generator().manual_seed(1))
+    ex = RayExecutor()
+    cm = mp.compile(m, (x,), executor=ex, database=False, progress=False)
+    assert any(e["kind"] == "explore" for e in ex.log)
+    torch.testing.assert_close(cm(x), m(x), rtol=2e-2, atol=2e-2)

@@ -127,7 +127,8 @@ def _label(program: Any) -> str:
 
 def _task_info(kind: str, name: str) -> dict:
     from .. import __version__
-    info = {"kind": kind, "name": name, "pid": os.getpid(), "version": __version__}
+    info = {"kind": kind, "name": name, "pid": os.getpid(), "version": __version__,
+            "started": time.time()}
     try:
         import ray
         ctx = ray.get_runtime_context()
@@ -152,7 +153,7 @@ def explore_task(prog_json: dict, target: Any, model: Any, settings: Any,
         hook("explore", info["name"])
         progress = lambda *a, **k: hook("candidate", info["name"])  # noqa: E731
     ex = explore(program, target, model, settings, _deadline_in_task(wall_deadline), 1, progress)
-    return {"explored": ex.to_json(), **info}
+    return {"explored": ex.to_json(), **info, "seconds": time.time() - info["started"]}
 
 
 def verify_task(prog_json: dict, graph_json: dict, seed: int, target: Any,
@@ -168,7 +169,7 @@ def verify_task(prog_json: dict, graph_json: dict, seed: int, target: Any,
         hook("verify", info["name"])
     v = Verifier(program, seed=seed, target=target).check(KernelGraph.from_json(graph_json),
                                                           tests=tests)
-    return {"verification": v, **info}
+    return {"verification": v, **info, "seconds": time.time() - info["started"]}
 
 
 def measure_task(runner: Any, name: str, naive: Any, graphs: list, target: Any,
@@ -179,7 +180,8 @@ def measure_task(runner: Any, name: str, naive: Any, graphs: list, target: Any,
         hook("measure", name)
     info = _task_info("measure", name)
     nm, ms = measure_graphs(runner, naive, graphs, target)
-    return {"naive": nm, "measurements": ms, **info}
+    return {"naive": nm, "measurements": ms, **info,
+            "seconds": time.time() - info["started"]}
 
 
 # ---- Ray --------------------------------------------------------------------------------------
@@ -199,7 +201,8 @@ class RayExecutor(Executor):
     ``init_kwargs``: passed to ``ray.init`` when this executor connects. ``on_task``: a
     function ``on_task(event, name)`` called inside the tasks (``"explore"``, ``"candidate"``,
     ``"verify"``, ``"measure"``; tests use it to find and kill workers). ``log``: one dict per
-    finished task (kind, region name, pid, node, the resources Ray assigned it)."""
+    finished task (kind, region name, pid, node, the resources Ray assigned it, wall-clock start
+    and seconds it ran)."""
 
     name = "ray"
     remote = True
@@ -333,7 +336,8 @@ class RayExecutor(Executor):
                                f"mirage_py {got.get('version')}, this driver {__version__}: "
                                "install the same version on every node")
         self.log.append({k: v for k, v in got.items()
-                         if k in ("kind", "name", "pid", "node", "resources")})
+                         if k in ("kind", "name", "pid", "node", "resources", "started",
+                                  "seconds")})
         return got
 
     def _cancel(self, refs) -> None:
