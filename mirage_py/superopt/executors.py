@@ -307,8 +307,8 @@ class RayExecutor(Executor):
         raise ClusterError(
             f"runner {getattr(runner, 'name', type(runner).__name__)!r} measures on a GPU of type "
             f"{getattr(target, 'name', target)!r}, but the Ray cluster offers no GPU with the "
-            f"resource {res!r} (it has: {self._describe()}); start a GPU node with 'ray start "
-            f"--address HEAD:6379 --num-gpus N --resources '{{\"{res}\": N}}'', or pass "
+            f"resource {res!r} (it has: {self._describe()}); start a GPU node with: ray start "
+            f"--address HEAD:6379 --num-gpus N --resources='{{\"{res}\": N}}' -- or pass "
             "runner=ModelRunner() to rank by the cost model")
 
     # -- tasks ------------------------------------------------------------------------------
@@ -349,10 +349,13 @@ class RayExecutor(Executor):
                 self._ray.cancel(ref, force=True)
             except Exception:  # already finished or gone
                 pass
-        for ref in refs:
+        if not refs:
+            return
+        done, _ = self._ray.wait(refs, num_returns=len(refs), timeout=10)
+        for ref in done:
             try:
-                self._ray.get(ref, timeout=10)
-            except Exception:  # TaskCancelledError, WorkerCrashedError, GetTimeoutError
+                self._ray.get(ref, timeout=0)
+            except Exception:  # TaskCancelledError, WorkerCrashedError
                 pass
 
     def explore(self, jobs: list, run: Any) -> dict:
