@@ -214,10 +214,12 @@ class Searcher:
 
     def search(self, *, max_kernels: int = 3, stats: SearchStats | None = None,
                on_candidate=None, share: tuple[int, int] = (0, 1),
-               patience: int | None = None) -> list[Candidate]:
+               patience: int | None = None, cap: float | None = None) -> list[Candidate]:
         """Branch and bound over kernel sequences (module docstring). ``patience``: give up
         (``stats.gave_up``) once that many block-level states were visited without a single
-        complete candidate -- a deterministic bound on hopeless searches."""
+        complete candidate -- a deterministic bound on hopeless searches. ``cap``: a sequence
+        predicted above it is not extended (a region whose answer must beat what already
+        covers its operators)."""
         stats = stats or SearchStats()
         t0 = time.perf_counter()
         found: list[Candidate] = []
@@ -225,6 +227,7 @@ class Searcher:
         counter = [0]
 
         best = [float("inf")]
+        limit = float("inf") if cap is None else cap
 
         def rec(avail, kernels, done, trace, cost_so_far) -> None:
             if self._expired():
@@ -272,7 +275,7 @@ class Searcher:
             # alternatives remain should verification reject the best) is not extended
             children.sort(key=lambda c: c[:4])
             for _, c_cost, _, grp, plan, kc in children:
-                if c_cost > best[0] * self.bound_slack:
+                if c_cost > best[0] * self.bound_slack or c_cost > limit:
                     continue
                 rec(avail + kc.outputs, kernels + [kc.kernel], done | set(kc.finals),
                     trace + [(plan, grp)], c_cost)
@@ -362,14 +365,15 @@ class Searcher:
 
 def search(program, target: Target, *, max_kernels: int = 3, deadline: float | None = None,
            stats: SearchStats | None = None, on_candidate=None,
-           share: tuple[int, int] = (0, 1), patience: int | None = None) -> list[Candidate]:
+           share: tuple[int, int] = (0, 1), patience: int | None = None,
+           cap: float | None = None) -> list[Candidate]:
     """All complete candidates found for ``program`` (a verifiable subprogram), in the order
     found. ``on_candidate(candidate)`` is called as each is found, so an interrupted or timed-out
     search keeps what it had. ``share=(i, n)`` explores only the first-level plans whose index
-    is i modulo n (one worker's share)."""
+    is i modulo n (one worker's share); ``patience`` and ``cap``: see :meth:`Searcher.search`."""
     return Searcher(program, target, deadline).search(
         max_kernels=max_kernels, stats=stats, on_candidate=on_candidate, share=share,
-        patience=patience)
+        patience=patience, cap=cap)
 
 
 def _kernel_cost(kernel: GraphKernel, avail: list[Avail], target: Target) -> float:

@@ -51,6 +51,10 @@ FLOOR = Settings(max_kernels=1, tune_top=0, tune_rounds=0)
 # their first candidate within 55,000 states, the hopeless ones went on to 230,000); the
 # whole part, which was the only region before regions existed, is searched to the end
 PATIENCE = 100_000
+# ... and one with a break-even cost to beat (``_break_even``) after this many: on the decoder
+# block, one layer or four, such searches found their first candidate under the cap within
+# 26,000 states
+CAPPED_PATIENCE = 40_000
 
 
 @dataclass
@@ -102,6 +106,7 @@ class _Structure:
     naive: tuple | None = None  # (graph, cost)
     floor: RegionResult | None = None  # the quick one-kernel lowering, when it is a floor group
     recorded: bool = False
+    cap: float | None = None  # its search keeps only kernel sequences cheaper than this
 
     @property
     def cost(self) -> float:
@@ -240,8 +245,10 @@ def solve_part(part: Program, run: Run) -> PartResult:
                 for st in opened:
                     st.status = "skipped"
                 continue
-            _explore_all(opened + _speculate(opened, run, cover_candidates, outputs, needed),
-                         run, bar)
+            searching = opened + _speculate(opened, run, cover_candidates, outputs, needed)
+            for st in searching:
+                st.cap = _break_even(st, run, search_sets, regions, cover_candidates)
+            _explore_all(searching, run, bar)
             continue
         # explored: verify the best remaining option
         _verify_all([st for st in todo if st.status == "explored"], run)
@@ -345,6 +352,37 @@ def _speculate(opened: list[_Structure], run: Run, cover_candidates, outputs, ne
     return extra
 
 
+CAP_SLACK = 1.5  # untuned search costs against tuned, verified answers
+
+
+def _break_even(st: _Structure, run: Run, search_sets: list, regions: dict,
+                cover_candidates) -> float | None:
+    """What an answer for a sub-region must beat to be of any use: at each place the structure
+    occurs, the cheapest cover of just that region's operators by what is already verified
+    (the naive operators, the floor, answered regions) -- an answer costing more could always
+    be replaced by that cover, which computes the same operators, reads no more and writes at
+    least the region's outputs. The largest over the places, times ``CAP_SLACK`` (the search
+    ranks untuned kernels, tuning still lowers them); None for the whole part, which is searched
+    to the end as before regions existed."""
+    if st.whole:
+        return None
+    cands, what = cover_candidates()
+    done = [c for c in cands if not c.key.startswith("region:") or
+            run.structures[what[c.key][0].key].status == "verified"]
+    worst = 0.0
+    for ops in search_sets:
+        r = regions[ops]
+        if run.structures[r.key] is not st:
+            continue
+        inside = [CoverCandidate(c.key, c.reads & ops, c.writes, c.cost, c.computes)
+                  for c in done if c.computes and c.computes <= ops]
+        try:
+            worst = max(worst, solve_cover(inside, frozenset(r.outputs), needed=ops).cost)
+        except MirageError:
+            return None  # no cover of it from verified pieces yet: search it unbounded
+    return worst * CAP_SLACK if worst > 0 else None
+
+
 def _source(pieces: list[Piece]) -> str:
     srcs = {x.result.source for x in pieces if x.kind == "region"}
     if not srcs:
@@ -417,7 +455,9 @@ def _explore_all(sts: list[_Structure], run: Run, bar) -> None:
 
 
 def _settings(st: _Structure, run: Run) -> Settings:
-    return run.settings if st.whole else replace(run.settings, patience=PATIENCE)
+    if st.whole:
+        return run.settings
+    return replace(run.settings, patience=CAPPED_PATIENCE if st.cap else PATIENCE, cap=st.cap)
 
 
 def _explored(st: _Structure, ex: Explored, run: Run) -> None:

@@ -49,6 +49,7 @@ class Settings:
     tune_rounds: int = 8
     seed: int = 0
     patience: int | None = None  # states without a candidate before a search gives up
+    cap: float | None = None  # kernel sequences predicted above this are not extended
 
 
 @dataclass
@@ -90,7 +91,8 @@ def explore(program: Program, target, model, settings: Settings, deadline: float
     opts: list = []
     for form in forms(program):
         found, stats = _parallel_search(form, tgt, settings.max_kernels, deadline, workers,
-                                        progress or (lambda *a, **k: None), settings.patience)
+                                        progress or (lambda *a, **k: None), settings.patience,
+                                        settings.cap)
         for f in ("states", "pruned", "plans", "kernels", "candidates", "seconds"):
             setattr(out.stats, f, getattr(out.stats, f) + getattr(stats, f))
         out.stats.timed_out |= stats.timed_out
@@ -116,12 +118,12 @@ def explore(program: Program, target, model, settings: Settings, deadline: float
 # ---- search ---------------------------------------------------------------------------------
 
 def _search_worker(args: tuple) -> None:
-    prog_json, target_name, max_kernels, deadline, share, nshares, q, patience = args
+    prog_json, target_name, max_kernels, deadline, share, nshares, q, patience, cap = args
     program = Program.from_json(prog_json)
     stats = SearchStats()
     try:
         search(program, get_target(target_name), max_kernels=max_kernels, deadline=deadline,
-               stats=stats, share=(share, nshares), patience=patience,
+               stats=stats, share=(share, nshares), patience=patience, cap=cap,
                on_candidate=lambda c: q.put(("cand", json.dumps(
                    {"graph": c.graph.to_json(), "trace": c.trace_json(), "worker": share,
                     "states": stats.states, "pruned": stats.pruned}))))
@@ -132,7 +134,8 @@ def _search_worker(args: tuple) -> None:
 
 def _parallel_search(program: Program, target, max_kernels: int, deadline: float | None,
                      workers: int, progress,
-                     patience: int | None = None) -> tuple[list[Candidate], SearchStats]:
+                     patience: int | None = None,
+                     cap: float | None = None) -> tuple[list[Candidate], SearchStats]:
     stats = SearchStats()
     found: list[Candidate] = []
     if workers <= 1:
@@ -140,13 +143,13 @@ def _parallel_search(program: Program, target, max_kernels: int, deadline: float
             found.append(c)
             progress(found, stats.states, stats.pruned)
         search(program, target, max_kernels=max_kernels, deadline=deadline, stats=stats,
-               on_candidate=keep, patience=patience)
+               on_candidate=keep, patience=patience, cap=cap)
         return found, stats
     ctx = mproc.get_context("fork" if sys.platform != "win32" else "spawn")
     q = ctx.Queue()
     procs = [ctx.Process(target=_search_worker,
                          args=((program.to_json(), target.name, max_kernels, deadline, w, workers,
-                                q, patience),), daemon=True) for w in range(workers)]
+                                q, patience, cap),), daemon=True) for w in range(workers)]
     t0 = time.perf_counter()
     for p in procs:
         p.start()
