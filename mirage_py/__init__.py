@@ -5,8 +5,9 @@ Pipeline (data flows one way): ``lax`` (programs, partition) -> ``generator`` (c
 in ``ugraph`` are the language every stage shares.
 """
 
-from .errors import (DatabaseError, DTypeError, MirageError, OptionError, ProgramError,
-                     SerializationError, ShapeError, TargetError, ValidationError)
+from .errors import (ClusterError, DatabaseError, DTypeError, MirageError, OptionError,
+                     ProgramError, SerializationError, ShapeError, TargetError,
+                     TorchCaptureError, UnsupportedOperatorError, ValidationError)
 from .lax import (Output, Partition, Program, Tensor, abs, batch_norm, cast, causal_mask, clamp,
                   concat, exp, gelu, group_norm, hardtanh, layer_norm, leaky_relu, log,
                   log_softmax, logsumexp, matmul, max, maximum, mean, min, minimum, mish,
@@ -14,7 +15,7 @@ from .lax import (Output, Partition, Program, Tensor, abs, batch_norm, cast, cau
                   sliding_window_mask, softmax, softplus, split, sqrt, square, sum, tanh,
                   transpose, where)
 from .verifier import check_numerics, verify
-from .superopt import OptimizedProgram, load, superopt
+from .superopt import OptimizedProgram, RayExecutor, load, superopt
 from . import regions
 
 
@@ -32,14 +33,16 @@ def compile(module, example_inputs=None, example_kwargs=None, **superopt_options
     return _compile(module, example_inputs, example_kwargs, **superopt_options)
 
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 
-__all__ = ["DatabaseError", "DTypeError", "MirageError", "OptionError", "ProgramError",
-           "SerializationError", "ShapeError", "TargetError", "ValidationError", "Output", "Partition", "Program",
+__all__ = ["ClusterError", "DatabaseError", "DTypeError", "MirageError", "OptionError",
+           "ProgramError", "SerializationError", "ShapeError", "TargetError",
+           "TorchCaptureError", "UnsupportedOperatorError", "ValidationError", "Output",
+           "Partition", "Program",
            "Tensor", "abs", "batch_norm", "cast", "causal_mask", "clamp", "concat", "exp", "gelu",
            "group_norm", "hardtanh", "layer_norm", "leaky_relu", "log", "log_softmax",
            "logsumexp", "matmul", "max", "maximum", "mean", "min", "minimum", "mish",
            "partition", "pow", "relu", "reshape", "rms_norm", "sigmoid", "silu", "slice",
            "sliding_window_mask", "softmax", "softplus", "split", "sqrt", "square", "sum", "tanh",
            "transpose", "where", "verify", "check_numerics", "superopt", "OptimizedProgram",
-           "load", "from_torch", "compile", "__version__"]
+           "load", "RayExecutor", "from_torch", "compile", "__version__"]

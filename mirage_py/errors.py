@@ -77,3 +77,9 @@ class UnsupportedOperatorError(TorchCaptureError, ValueError):
         self.node = node
         self.module = module
         self.location = location
+
+
+class ClusterError(MirageError, RuntimeError):
+    """A Ray cluster that cannot do what a run needs: no connection, no CPUs, no GPU of the
+    target's type for a measuring runner, measurements that never finish, or workers running
+    another version of mirage_py. The message names what is missing and how to add it."""

@@ -29,13 +29,7 @@ import time
 import warnings
 from typing import Any, Callable
 
-from ..errors import MirageError, OptionError
-
-
-class ClusterError(MirageError, RuntimeError):
-    """A Ray cluster that cannot do what a run needs: no connection, no CPUs, no GPU of the
-    target's type for a measuring runner, measurements that never finish, or workers running
-    another version of mirage_py. The message names what is missing and how to add it."""
+from ..errors import ClusterError, MirageError, OptionError
 
 
 class Executor:

@@ -130,6 +130,8 @@ def solve_part(part: Program, run: Run) -> PartResult:
     """The answer for one verifiable part (see the module docstring)."""
     t0 = time.perf_counter()
     tgt, model = run.target, run.model
+    original = part
+    part, shift_check = _max_shifted_part(part, run)
     naive = naive_lowering(part)
     naive_us = model.predict(naive, tgt)
     dag = PartDag(part)
@@ -286,7 +288,7 @@ def solve_part(part: Program, run: Run) -> PartResult:
         not run.interrupted
     stats.interrupted |= run.interrupted
     _record_all(run, [run.structures[k] for k in search_keys])
-    out = PartResult(part, graph, _source(pieces), part_us, naive_us,
+    out = PartResult(original, graph, _source(pieces), part_us, naive_us,
                      stats=stats, candidates=sum(st.explored.candidates for st in explored),
                      verified=sum(st.tried for st in explored), stages=tuple(stages),
                      tune_rounds=sum(st.explored.tune_rounds for st in explored),
@@ -303,15 +305,41 @@ def solve_part(part: Program, run: Run) -> PartResult:
         out.measured_us, out.naive_measured_us, out.origin = r.measured_us, \
             r.naive_measured_us, r.origin
     if chosen_results:  # pre-defined kernels beside them compute their operators exactly
-        out.verification = summed_verification(chosen_results)
-    elif part.verifiable:
+        out.verification = summed_verification(
+            chosen_results + ([_ShiftCheck(shift_check)] if shift_check is not None else []))
+    elif original.verifiable:
         from ..verifier import Verifier
-        out.verification = Verifier(part, seed=run.seed, target=tgt).check(
+        out.verification = Verifier(original, seed=run.seed, target=tgt).check(
             graph, tests=run.verify_tests)
     else:  # the naive lowering of a part that nests exps: the program's own operators
         out.verification = SavedVerification(True, 0.0, 0, 0.0)
     bar.close()
     return out
+
+
+@dataclass
+class _ShiftCheck:
+    """A verification that enters a union bound beside the regions' (``summed_verification``
+    reads ``.verification``)."""
+
+    verification: Any
+
+
+def _max_shifted_part(part: Program, run: Run) -> tuple[Program, Any]:
+    """The part with the row max subtracted inside every exp normalised by a sum
+    (``generator.rewrite.max_shifted``), so that its regions -- an exp and its normalisation
+    may land in different kernels -- never store an unshifted exp; and the verification that
+    it is the same function as ``part`` (its naive lowering checked against ``part``), which
+    joins the regions' union bound. ``part`` itself where there is nothing to shift, where
+    it nests exps (the verifier checks regions only), or should the check fail."""
+    from ..generator.rewrite import max_shifted
+    shifted = max_shifted(part)
+    if shifted is None or part.nested_exp():
+        return part, None
+    from ..verifier import Verifier
+    v = Verifier(part, seed=run.seed, target=run.target).check(naive_lowering(shifted),
+                                                                tests=run.verify_tests)
+    return (shifted, v) if v.equivalent else (part, None)
 
 
 def _speculate(opened: list[_Structure], run: Run, cover_candidates, outputs, needed) -> list:
