@@ -253,10 +253,9 @@ def _factor_degrees(program: Program, e: Tensor, axis: int) -> dict[str, Any]:
     return deg
 
 
-def max_shifted(program: Program) -> Program | None:
-    """``program`` with the row max subtracted inside every exp whose factor cancels from the
-    outputs (see the module docstring), or None when there is no such exp."""
-    chosen: dict[str, int] = {}
+def _shift_choices(program: Program) -> dict[str, tuple[int, dict]]:
+    """The exps to shift: exp digest -> (normalised axis, its degree map)."""
+    chosen: dict[str, tuple[int, dict]] = {}
     for e in program.nodes():
         if e.op != "exp":
             continue
@@ -271,8 +270,30 @@ def max_shifted(program: Program) -> Program | None:
                 continue
             deg = _factor_degrees(program, e, axis)
             if all(deg.get(t.digest) is None for t in program.output_tensors.values()):
-                chosen[e.digest] = axis
+                chosen[e.digest] = (axis, deg)
                 break
+    return chosen
+
+
+def shift_clusters(program: Program) -> list[frozenset]:
+    """For each exp :func:`max_shifted` shifts, the operators its factor reaches: the exp, every
+    node of nonzero degree in it, and the nodes where the degree returns to 0 (the values the
+    rest of the program reads). Shifting the exp changes nothing outside, so the program and
+    its shifted form are equal if each cluster, as a program of its own (what it reads as
+    inputs), equals its shifted form -- a check that never meets a nested exp."""
+    out = []
+    for d, (_, deg) in _shift_choices(program).items():
+        dep = {k for k, v in deg.items() if isinstance(v, tuple)} | {d}
+        frontier = {t.digest for t in program.nodes()
+                    if t.digest not in dep and any(i.digest in dep for i in t.inputs)}
+        out.append(frozenset(dep | frontier))
+    return out
+
+
+def max_shifted(program: Program) -> Program | None:
+    """``program`` with the row max subtracted inside every exp whose factor cancels from the
+    outputs (see the module docstring), or None when there is no such exp."""
+    chosen = {d: axis for d, (axis, _) in _shift_choices(program).items()}
     if not chosen:
         return None
     memo: dict[str, Tensor] = {}

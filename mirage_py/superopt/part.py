@@ -288,6 +288,9 @@ def solve_part(part: Program, run: Run) -> PartResult:
         not run.interrupted
     stats.interrupted |= run.interrupted
     _record_all(run, [run.structures[k] for k in search_keys])
+    if part is not original:  # report against the program as written
+        naive = naive_lowering(original)
+        naive_us = model.predict(naive, tgt)
     out = PartResult(original, graph, _source(pieces), part_us, naive_us,
                      stats=stats, candidates=sum(st.explored.candidates for st in explored),
                      verified=sum(st.tried for st in explored), stages=tuple(stages),
@@ -329,17 +332,28 @@ def _max_shifted_part(part: Program, run: Run) -> tuple[Program, Any]:
     """The part with the row max subtracted inside every exp normalised by a sum
     (``generator.rewrite.max_shifted``), so that its regions -- an exp and its normalisation
     may land in different kernels -- never store an unshifted exp; and the verification that
-    it is the same function as ``part`` (its naive lowering checked against ``part``), which
-    joins the regions' union bound. ``part`` itself where there is nothing to shift, where
-    it nests exps (the verifier checks regions only), or should the check fail."""
-    from ..generator.rewrite import max_shifted
+    it is the same function as ``part``, which joins the regions' union bound: each shifted
+    exp's cluster (``rewrite.shift_clusters``: what its factor reaches, a program of its own
+    that never nests exps, even where the part does) checked against its shifted form. ``part``
+    itself where there is nothing to shift or a check fails."""
+    from ..generator.rewrite import max_shifted, shift_clusters
     shifted = max_shifted(part)
-    if shifted is None or part.nested_exp():
+    if shifted is None:
         return part, None
     from ..verifier import Verifier
-    v = Verifier(part, seed=run.seed, target=run.target).check(naive_lowering(shifted),
-                                                                tests=run.verify_tests)
-    return (shifted, v) if v.equivalent else (part, None)
+    dag = PartDag(part)
+    checks = []
+    for ops in shift_clusters(part):
+        cluster = extract(dag, ops).program
+        local = max_shifted(cluster)
+        if local is None or cluster.nested_exp():
+            return part, None
+        v = Verifier(cluster, seed=run.seed, target=run.target).check(
+            naive_lowering(local), tests=run.verify_tests)
+        if not v.equivalent:
+            return part, None
+        checks.append(_ShiftCheck(v))
+    return shifted, summed_verification(checks)
 
 
 def _speculate(opened: list[_Structure], run: Run, cover_candidates, outputs, needed) -> list:
