@@ -16,6 +16,7 @@ from benchmarks.programs import NAMES, get_inputs
 from mirage_py.codegen_cuda import emit_cuda
 from mirage_py.codegen_cuda.emulator import EmulatedGraph, build_emulator
 from mirage_py.ugraph import naive_lowering
+from marks import sample
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 
@@ -57,7 +58,7 @@ def test_small_graph_matches_interpreter(name, emulators):
             assert _rel(out[k], ref[k]) <= 1e-3, (name, order, k, _rel(out[k], ref[k]))
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", sample(NAMES))
 def test_fixture_matches_interpreter(name, emulators):
     srcs, libs = emulators
     g = hand_built(name, 1)

@@ -24,6 +24,7 @@ from benchmarks.programs import NAMES, get_inputs, get_program
 from mirage_py.ugraph import naive_lowering, run
 from mirage_py.verifier import Verifier
 from mirage_py.verifier.mutate import mutants
+from marks import sample
 
 fixtures = pytest.importorskip("benchmarks.fixtures",
                                reason="benchmarks/fixtures.py (hand-built μGraphs) is not there")
@@ -44,7 +45,7 @@ class Bench:
         self.verifier = Verifier(self.program, cache_bytes=4 << 30)
 
 
-@pytest.fixture(scope="module", params=NAMES)
+@pytest.fixture(scope="module", params=sample(NAMES))
 def bench(request):
     # module scope + params: pytest runs every test of one benchmark before the next, so the
     # cached field inputs (up to 3 GB for exp_matmul) are dropped between benchmarks
