@@ -197,6 +197,41 @@ def test_split_reduction_with_combine_kernel():
         np.testing.assert_allclose(c.graph.run(x)["out0"], ref, rtol=1e-9)
 
 
+def test_next_kernel_bound_keeps_the_answers_and_prunes():
+    """A sequence that leaves outputs unfinished is charged one more launch and memory round
+    trip before it is compared with the cap and the best candidate: sound under the model (any
+    graph-defined kernel costs that much), so a capped search finds the same candidates under
+    the cap as one without the bound, visiting no more states."""
+    p = mp.Program("attn")
+    Q = p.input("Q", (1, 16, 64))
+    K = p.input("K", (1, 64, 2048))
+    V = p.input("V", (1, 2048, 64))
+    E = mp.exp(Q @ K)
+    p.output(E / mp.sum(E, axis=-1, keepdims=True) @ V)
+    sub = mp.partition(p, uninterpreted=True)[0]
+    cost = lambda g: estimate_us(g, H100)  # noqa: E731
+    free = Searcher(sub, H100)
+    free.next_kernel_us = 0.0
+    st_free = SearchStats()
+    all_found = free.search(stats=st_free)
+    two = sorted(cost(c.graph) for c in all_found if c.graph.num_kernels == 2)
+    assert two, "no split-K + combine candidate"
+    cap = two[0] * 1.01  # the best two-kernel answer just fits
+    runs = []
+    for nk in (0.0, None):
+        s = Searcher(sub, H100)
+        if nk is not None:
+            s.next_kernel_us = nk
+        st = SearchStats()
+        got = s.search(stats=st, cap=cap)
+        runs.append((st.states, sorted(c.graph.structural_hash() for c in got
+                                       if cost(c.graph) <= cap)))
+    (states_without, under_without), (states_with, under_with) = runs
+    assert under_with == under_without and under_with
+    assert states_with <= states_without
+    assert Searcher(sub, H100).next_kernel_us == H100.launch_us + H100.mem_latency_us
+
+
 def test_trace_replays_to_the_same_graph_and_tuning_never_worsens():
     p = mp.Program("mm")
     A = p.input("A", (64, 1024))

@@ -179,6 +179,9 @@ class Searcher:
         self.bound_slack = bound_slack
         self.target = target
         self.deadline = deadline
+        # what any further graph-defined kernel costs at least under the analytic model: its
+        # launch and one memory round trip (every wave waits for its loads)
+        self.next_kernel_us = target.launch_us + target.mem_latency_us
         self.labels = infer_labels(program)
         exprs = ae.of_program(program, self.labels)
         outs = program.output_tensors
@@ -274,8 +277,11 @@ class Searcher:
             # sequence already slower than the best complete one (with some slack, so that
             # alternatives remain should verification reject the best) is not extended
             children.sort(key=lambda c: c[:4])
-            for _, c_cost, _, grp, plan, kc in children:
-                if c_cost > best[0] * self.bound_slack or c_cost > limit:
+            for unfinished, c_cost, _, grp, plan, kc in children:
+                # a sequence that leaves outputs unfinished needs one more kernel at least
+                floor = c_cost + (self.next_kernel_us if not done | set(kc.finals) >=
+                                  self.outputs else 0.0)
+                if floor > best[0] * self.bound_slack or floor > limit:
                     continue
                 rec(avail + kc.outputs, kernels + [kc.kernel], done | set(kc.finals),
                     trace + [(plan, grp)], c_cost)
