@@ -209,6 +209,28 @@ def test_decoder_block_fuses_into_few_kernels_and_mixes_kernel_kinds():
     assert opt.estimated_time_us <= part.floor_us
 
 
+def test_sub_region_kernel_bound_loses_nothing_on_a_decoder_block(monkeypatch):
+    """Regions smaller than their part are searched for answers of at most two kernels (one,
+    or a split reduction and its combine); with three allowed the cover is no cheaper, and a
+    long-KV attention, searched as a whole part, still gets its split-KV form."""
+    part_mod = sys.modules["mirage_py.superopt.part"]
+    comp = decoder_block(b=1, kv=128, d=128, heads=2, f=256)
+    got = {}
+    for k in (2, 3):
+        monkeypatch.setattr(part_mod, "SUB_REGION_KERNELS", k)
+        opt = mp.superopt(comp.program, workers=2, progress=False, database=False)
+        check_answer(opt, comp.reference, comp.inputs(0))
+        got[k] = opt.estimated_time_us
+    assert got[2] <= got[3] * (1 + 1e-9)
+    monkeypatch.setattr(part_mod, "SUB_REGION_KERNELS", 2)
+    p = mp.Program("long_kv")
+    q, kk, v = p.input("Q", (8, 1, 64)), p.input("K", (8, 64, 8192)), p.input("V", (8, 8192, 64))
+    e = mp.exp(q @ kk)
+    p.output(e / mp.sum(e, axis=-1, keepdims=True) @ v)
+    opt = mp.superopt(p, workers=2, progress=False, database=False)
+    assert opt.num_kernels == 2 and opt.parts[0].verification.equivalent
+
+
 def test_mixed_answer_runs_in_the_emulator():
     """A cover with a pre-defined kernel next to graph-defined ones: the CUDA of the assembled
     graph, run in the CPU emulator, equals the interpreter."""

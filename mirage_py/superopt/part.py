@@ -55,6 +55,11 @@ PATIENCE = 100_000
 # block, one layer or four, such searches found their first candidate under the cap within
 # 26,000 states
 CAPPED_PATIENCE = 40_000
+# a region smaller than its part is searched for answers of at most this many kernels: one
+# kernel, or a split reduction and its combine (flash-decoding); longer sequences of a
+# sub-region mostly pass program values between kernels, which the cover composes from smaller
+# regions anyway
+SUB_REGION_KERNELS = 2
 
 
 @dataclass
@@ -499,7 +504,8 @@ def _explore_all(sts: list[_Structure], run: Run, bar) -> None:
 def _settings(st: _Structure, run: Run) -> Settings:
     if st.whole:
         return run.settings
-    return replace(run.settings, patience=CAPPED_PATIENCE if st.cap else PATIENCE, cap=st.cap)
+    return replace(run.settings, patience=CAPPED_PATIENCE if st.cap else PATIENCE, cap=st.cap,
+                   max_kernels=min(run.settings.max_kernels, SUB_REGION_KERNELS))
 
 
 def _explored(st: _Structure, ex: Explored, run: Run) -> None:
