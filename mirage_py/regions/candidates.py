@@ -131,6 +131,10 @@ def search_regions(dag: PartDag, max_anchors: int = MAX_ANCHORS,
     anchors = [k for k, a in enumerate(ats) if a.anchor is not None]
     # anchors are neighbours when glue alone joins them, or they read a common value
     near: dict[int, set[int]] = {k: set() for k in anchors}
+    readers: dict[str, set[int]] = {}  # value -> the anchors' atoms that read it
+    for k in anchors:
+        for v in reads[k]:
+            readers.setdefault(v, set()).add(k)
     for k in anchors:
         stack, seen = list(nbrs[k]), {k}
         while stack:
@@ -142,20 +146,41 @@ def search_regions(dag: PartDag, max_anchors: int = MAX_ANCHORS,
                 near[k].add(j)
             elif not ats[j].barrier:
                 stack.extend(nbrs[j])
-        near[k] |= {j for j in anchors if j != k and reads[k] & reads[j]}
+        near[k] |= set().union(*(readers[v] for v in reads[k])) - {k}
+    anchor_atom = {ats[k].anchor: k for k in anchors}
+
+    def closed(s: frozenset) -> frozenset | None:
+        """``s`` with every anchor its hull holds (any region with the anchors ``s`` holds
+        those too); None past ``max_anchors``. Far-apart anchors -- joined by the residual
+        stream's glue across layers -- stop here at once instead of being grown further."""
+        while len(s) <= max_anchors:
+            hull = dag.hull(set().union(*(ats[k].ops for k in s)))
+            more = frozenset(anchor_atom[d] for d in hull if d in anchor_atom) | s
+            if more == s:
+                return s
+            s = more
+        return None
+
     found: dict[frozenset, None] = {}
     seen_sets: set[frozenset] = set()
     frontier = [frozenset([k]) for k in anchors]
-    while frontier:  # connected sets of anchors, grown one neighbour at a time
+    while frontier:  # closed sets of anchors, grown one neighbour at a time
         nxt = []
         for s in frontier:
-            if s in seen_sets or len(s) > max_anchors:
+            if s in seen_sets:
                 continue
             seen_sets.add(s)
+            c = closed(s)
+            if c is None:
+                continue
+            if c != s:
+                nxt.append(c)
+                continue
             for ops in _variants(dag, ats, nbrs, s, max_variants):
                 if len(ops) <= max_ops:
                     found.setdefault(ops)
-            nxt.extend(s | {j} for k in s for j in near[k] if j not in s)
+            if len(s) < max_anchors:
+                nxt.extend(s | {j} for k in s for j in near[k] if j not in s)
         frontier = nxt
     every = frozenset(dag.by_digest)
     # a row max that only shifts exps (the max-shifted form of a softmax) does not count: the

@@ -61,39 +61,51 @@ class PartDag:
         for name, t in part.output_tensors.items():
             self.output_names.setdefault(t.digest, []).append(name)
         self.input_names = {t.digest: t.name for t in part.inputs}
+        self._operands: dict[str, list[str]] = {
+            t.digest: list(dict.fromkeys(x.digest for x in t.inputs if x.digest in self.by_digest))
+            for t in self.nodes}
 
     def operands(self, d: str) -> list[str]:
         """Digests of the operator nodes ``d`` reads (inputs and constants left out)."""
-        return list(dict.fromkeys(x.digest for x in self.by_digest[d].inputs
-                                  if x.digest in self.by_digest))
+        return list(self._operands[d])
 
     def reads(self, d: str) -> list[Tensor]:
         """The non-constant values ``d`` reads (part inputs, masks and operator results)."""
         return list({x.digest: x for x in self.by_digest[d].inputs if x.op != "const"}.values())
 
     # -- closures ---------------------------------------------------------------------------
-    def descendants(self, ds: set[str]) -> set[str]:
+    def descendants(self, ds: set[str], upto: int | None = None) -> set[str]:
+        """The operators reachable from ``ds`` (those at positions up to ``upto`` only)."""
         out, stack = set(), list(ds)
+        pos = self.pos
         while stack:
             for c in self.consumers.get(stack.pop(), ()):
-                if c not in out:
+                if c not in out and (upto is None or pos[c] <= upto):
                     out.add(c)
                     stack.append(c)
         return out
 
-    def ancestors(self, ds: set[str]) -> set[str]:
+    def ancestors(self, ds: set[str], downto: int | None = None) -> set[str]:
+        """The operators ``ds`` depend on (those at positions from ``downto`` on only)."""
         out, stack = set(), list(ds)
+        pos, operands = self.pos, self._operands
         while stack:
-            for p in self.operands(stack.pop()):
-                if p not in out:
+            for p in operands.get(stack.pop(), ()):
+                if p not in out and (downto is None or pos[p] >= downto):
                     out.add(p)
                     stack.append(p)
         return out
 
     def hull(self, ops: set[str]) -> frozenset[str]:
         """The smallest convex superset: ``ops`` plus every node on a path between two of them
-        (a region that leaves and re-enters could not run as one step)."""
-        return frozenset(ops | (self.descendants(ops) & self.ancestors(ops)))
+        (a region that leaves and re-enters could not run as one step). Such a node lies
+        between the first and the last of ``ops`` in the part's (topological) order, so the
+        walks stay in that window: a region's hull costs its window, not the part."""
+        if not ops:
+            return frozenset()
+        ps = [self.pos[d] for d in ops]
+        lo, hi = min(ps), max(ps)
+        return frozenset(ops | (self.descendants(ops, hi) & self.ancestors(ops, lo)))
 
     def is_convex(self, ops: set[str]) -> bool:
         return self.hull(ops) == ops
