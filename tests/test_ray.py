@@ -128,6 +128,8 @@ def test_multi_region_program_same_answer_as_local(cluster):
     assert local.parts[0].searched > 20
     same_answer(on_ray, local)
     assert sum(e["kind"] == "explore" for e in ex.log) == local.parts[0].searched
+    # sub-regions are tuned by tasks of their own, only those the cover wanted
+    assert 0 < sum(e["kind"] == "tune" for e in ex.log) < local.parts[0].searched
     assert any(e["kind"] == "verify" for e in ex.log)
     assert len({e["pid"] for e in ex.log}) >= 2  # more than one worker process did the work
 

@@ -231,6 +231,47 @@ def test_sub_region_kernel_bound_loses_nothing_on_a_decoder_block(monkeypatch):
     assert opt.num_kernels == 2 and opt.parts[0].verification.equivalent
 
 
+def test_deferred_tuning_gives_the_eager_options():
+    """A search whose tuning is deferred, shipped as JSON (as to a worker) and tuned later, ends
+    with exactly the options of a search tuned at once."""
+    import json
+    from dataclasses import replace
+    from benchmarks.programs import get_program
+    from mirage_py.superopt.search import (Explored, Settings, default_model, explore,
+                                           tune_pending)
+    prog = part_of(get_program("rmsnorm_linear", 1))
+    model, s = default_model(), Settings()
+    eager = explore(prog, "h100", model, s, None)
+    lazy = explore(prog, "h100", model, replace(s, defer_tuning=True), None)
+    assert lazy.pending and lazy.tune_evaluations == 0
+    lazy = tune_pending(Explored.from_json(json.loads(json.dumps(lazy.to_json()))), "h100",
+                        model, s, None)
+
+    def key(ex):
+        return [(round(o[0], 9), o[1].graph.structural_hash(), o[1].stages_full(), o[2])
+                for o in ex.options]
+    assert key(lazy) == key(eager) and not lazy.pending
+    assert lazy.tune_evaluations == eager.tune_evaluations > 0
+
+
+def test_sub_regions_are_tuned_only_when_the_cover_wants_them(monkeypatch):
+    """Deferred tuning of sub-regions: the same cover as tuning every searched structure at
+    once, with fewer tuner evaluations."""
+    part_mod = sys.modules["mirage_py.superopt.part"]
+    comp = decoder_block(b=1, kv=128, d=128, heads=2, f=256)
+    runs = {}
+    for lazy in (True, False):
+        if not lazy:
+            eager = part_mod._settings
+            monkeypatch.setattr(part_mod, "_settings", lambda st, run: __import__(
+                "dataclasses").replace(eager(st, run), defer_tuning=False))
+        opt = mp.superopt(comp.program, workers=2, progress=False, database=False)
+        check_answer(opt, comp.reference, comp.inputs(0))
+        runs[lazy] = (opt.estimated_time_us, sum(r.tune_evaluations for r in opt.parts))
+    assert runs[True][0] == pytest.approx(runs[False][0], rel=1e-9)
+    assert 0 < runs[True][1] < runs[False][1]
+
+
 def test_mixed_answer_runs_in_the_emulator():
     """A cover with a pre-defined kernel next to graph-defined ones: the CUDA of the assembled
     graph, run in the CPU emulator, equals the interpreter."""

@@ -56,8 +56,10 @@ class Executor:
         """Raise if ``runner``'s measurements cannot run here."""
 
     def explore(self, jobs: list, run: Any) -> dict:
-        """``jobs``: (key, Program, Settings); returns {key: Explored} for the searches that
-        finished (all, unless interrupted: then ``run.interrupted`` is set)."""
+        """``jobs``: (key, Program, Settings, Explored or None); returns {key: Explored} for the
+        jobs that finished (all, unless interrupted: then ``run.interrupted`` is set). A job
+        with an Explored tunes what its search left to tune (``search.tune_pending``) instead
+        of searching."""
         raise NotImplementedError
 
     def verify(self, jobs: list, run: Any) -> dict:
@@ -136,17 +138,24 @@ def _task_info(kind: str, name: str) -> dict:
 # ---- the tasks (plain functions; RayExecutor.start wraps them with ray.remote) --------------
 
 def explore_task(prog_json: dict, target: Any, model: Any, settings: Any,
-                 wall_deadline: float | None, hook: Callable | None = None) -> dict:
-    """One region search (search, forms, tuning) in a worker: the JSON of its Explored."""
+                 wall_deadline: float | None, prior_json: dict | None = None,
+                 hook: Callable | None = None) -> dict:
+    """One region search (search, forms, tuning) in a worker, or with ``prior_json`` (an
+    Explored whose tuning was deferred) that tuning: the JSON of its Explored."""
     from ..lax.program import Program
-    from .search import explore
+    from .search import Explored, explore, tune_pending
     program = Program.from_json(prog_json)
-    info = _task_info("explore", _label(program))
+    kind = "explore" if prior_json is None else "tune"
+    info = _task_info(kind, _label(program))
     progress = None
     if hook is not None:
-        hook("explore", info["name"])
+        hook(kind, info["name"])
         progress = lambda *a, **k: hook("candidate", info["name"])  # noqa: E731
-    ex = explore(program, target, model, settings, _deadline_in_task(wall_deadline), 1, progress)
+    deadline = _deadline_in_task(wall_deadline)
+    if prior_json is not None:
+        ex = tune_pending(Explored.from_json(prior_json), target, model, settings, deadline)
+    else:
+        ex = explore(program, target, model, settings, deadline, 1, progress)
     return {"explored": ex.to_json(), **info, "seconds": time.time() - info["started"]}
 
 
@@ -193,10 +202,10 @@ class RayExecutor(Executor):
     resource name a measurement requests (default ``gpu_<target>``, :func:`gpu_resource`).
     ``measure_cpus``: CPUs a measurement task holds besides its GPU (compilation runs there).
     ``init_kwargs``: passed to ``ray.init`` when this executor connects. ``on_task``: a
-    function ``on_task(event, name)`` called inside the tasks (``"explore"``, ``"candidate"``,
-    ``"verify"``, ``"measure"``; tests use it to find and kill workers). ``log``: one dict per
-    finished task (kind, region name, pid, node, the resources Ray assigned it, wall-clock start
-    and seconds it ran)."""
+    function ``on_task(event, name)`` called inside the tasks (``"explore"``, ``"tune"``,
+    ``"candidate"``, ``"verify"``, ``"measure"``; tests use it to find and kill workers).
+    ``log``: one dict per finished task (kind, region name, pid, node, the resources Ray
+    assigned it, wall-clock start and seconds it ran)."""
 
     name = "ray"
     remote = True
@@ -367,9 +376,10 @@ class RayExecutor(Executor):
         try:
             while pending or running:
                 while pending and len(running) < run.workers and not run.expired():
-                    key, program, settings = pending.pop(0)
+                    key, program, settings, prior = pending.pop(0)
                     ref = self._submit("explore", program.to_json(), target, model, settings,
-                                       wall, num_cpus=1)
+                                       wall, None if prior is None else prior.to_json(),
+                                       num_cpus=1)
                     running[ref] = (key, _label(program))
                 if not running:
                     break

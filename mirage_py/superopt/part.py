@@ -42,7 +42,7 @@ from ..ugraph.lower import naive_lowering
 from .executors import _label
 from .result import Piece, PartResult, RegionResult, summed_verification
 from .search import (Explored, Settings, SavedVerification, _Progress, apply_measurements,
-                     explore, measure, measures, record, stored_answer)
+                     explore, measure, measures, record, stored_answer, tune_pending)
 
 FLOOR_SECONDS = 1.0  # the floor's quick searches, all groups of a part together
 FLOOR = Settings(max_kernels=1, tune_top=0, tune_rounds=0)
@@ -60,6 +60,12 @@ CAPPED_PATIENCE = 40_000
 # sub-region mostly pass program values between kernels, which the cover composes from smaller
 # regions anyway
 SUB_REGION_KERNELS = 2
+# what tuning can at most gain over a structure's untuned cost (the largest gain seen: 1.89x, a
+# decoder block's attention region; gqa's whole part 1.73x). A sub-region's structures are
+# tuned only once the cover wants them: until then they enter the cover at their best untuned
+# cost over this, never below their lower bound; and a sub-region's search keeps kernel
+# sequences up to its break-even cost times this (``_break_even``)
+TUNE_SLACK = 2.0
 
 
 @dataclass
@@ -118,7 +124,11 @@ class _Structure:
         if self.status == "verified":
             return self.result.estimated_us
         if self.status == "explored":
-            return self.options[0][0] if self.options else math.inf
+            if not self.options:
+                return math.inf
+            if self.explored is not None and self.explored.pending:  # not tuned yet
+                return max(self.lb, self.options[0][0] / TUNE_SLACK)
+            return self.options[0][0]
         if self.status == "open":
             return self.lb
         return math.inf
@@ -257,7 +267,17 @@ def solve_part(part: Program, run: Run) -> PartResult:
                 st.cap = _break_even(st, run, search_sets, regions, cover_candidates)
             _explore_all(searching, run, bar)
             continue
-        # explored: verify the best remaining option
+        # explored: tune those whose tuning waits for the cover to want them, then verify the
+        # best remaining option (the next round, at its tuned cost, if it still is picked)
+        untuned = [st for st in todo if st.status == "explored" and st.explored.pending]
+        if untuned:
+            if run.expired():  # no time left to tune: their untuned options stand
+                for st in untuned:
+                    st.explored.pending = []
+                    _measured(st, run)
+            else:
+                _explore_all(untuned, run, bar)
+            continue
         _verify_all([st for st in todo if st.status == "explored"], run)
 
     # 4. the answer
@@ -399,16 +419,13 @@ def _speculate(opened: list[_Structure], run: Run, cover_candidates, outputs, ne
     return extra
 
 
-CAP_SLACK = 1.5  # untuned search costs against tuned, verified answers
-
-
 def _break_even(st: _Structure, run: Run, search_sets: list, regions: dict,
                 cover_candidates) -> float | None:
     """What an answer for a sub-region must beat to be of any use: at each place the structure
     occurs, the cheapest cover of just that region's operators by what is already verified
     (the naive operators, the floor, answered regions) -- an answer costing more could always
     be replaced by that cover, which computes the same operators, reads no more and writes at
-    least the region's outputs. The largest over the places, times ``CAP_SLACK`` (the search
+    least the region's outputs. The largest over the places, times ``TUNE_SLACK`` (the search
     ranks untuned kernels, tuning still lowers them); None for the whole part, which is searched
     to the end as before regions existed."""
     if st.whole:
@@ -427,7 +444,7 @@ def _break_even(st: _Structure, run: Run, search_sets: list, regions: dict,
             worst = max(worst, solve_cover(inside, frozenset(r.outputs), needed=ops).cost)
         except MirageError:
             return None  # no cover of it from verified pieces yet: search it unbounded
-    return worst * CAP_SLACK if worst > 0 else None
+    return worst * TUNE_SLACK if worst > 0 else None
 
 
 def _source(pieces: list[Piece]) -> str:
@@ -464,25 +481,29 @@ def _naive(st: _Structure, run: Run) -> tuple:
 
 
 def _explore_all(sts: list[_Structure], run: Run, bar) -> None:
-    """Search the structures, each in one process: a region's answer never depends on how many
+    """Search the structures -- or, for those searched already, tune what their search left to
+    tune (``_prior``) -- each in one process: a region's answer never depends on how many
     workers there are (a search whose plans were shared among processes would prune
     differently). With one worker they run here, one after another; with more, each in a worker
     process of its own, ``run.workers`` at a time; with a remote executor, each as a task of its
-    own on the cluster, ``run.workers`` in flight (then measured there too)."""
+    own on the cluster, ``run.workers`` in flight (then measured there too). A structure whose
+    job does not come back is skipped (a search) or keeps its untuned options (a tuning)."""
     if run.remote:
-        got = run.executor.explore([(id(st), st.program, _settings(st, run)) for st in sts],
-                                   run)
+        got = run.executor.explore([(id(st), st.program, _settings(st, run), _prior(st))
+                                    for st in sts], run)
         for st in sts:
-            if id(st) in got:
-                _explored(st, got[id(st)], run)
-            else:
-                st.status = "skipped"
-        _measure_all([st for st in sts if id(st) in got], run)
+            _landed(st, got.get(id(st)), run)
+        _measure_all([st for st in sts if id(st) in got and not st.explored.pending], run)
         return
     if run.workers <= 1:
         for st in sts:
             if run.expired():
-                st.status = "skipped"
+                _landed(st, None, run)
+                continue
+            prior = _prior(st)
+            if prior is not None:
+                _landed(st, tune_pending(prior, run.target, run.model, _settings(st, run),
+                                         run.search_deadline), run)
                 continue
             prog = _Progress(f"search {len(sts)}", run.progress and bar.bar is None,
                              run.model, run.target)
@@ -491,21 +512,35 @@ def _explore_all(sts: list[_Structure], run: Run, bar) -> None:
                              run.search_deadline, 1, prog)
             finally:
                 prog.close()
-            _explored(st, ex, run)
+            _landed(st, ex, run)
         return
     got = _run_jobs(sts, run)
     for st in sts:
-        if id(st) in got:
-            _explored(st, got[id(st)], run)
-        else:
-            st.status = "skipped"
+        _landed(st, got.get(id(st)), run)
+
+
+def _prior(st: _Structure) -> Explored | None:
+    """The search whose deferred tuning is the structure's next job (None: search it)."""
+    return st.explored if st.explored is not None and st.explored.pending else None
+
+
+def _landed(st: _Structure, ex: Explored | None, run: Run) -> None:
+    """A job's result for ``st`` (None: it did not come back)."""
+    if ex is not None:
+        _explored(st, ex, run)
+    elif _prior(st) is not None:  # the tuning was lost: keep the untuned options
+        st.explored.pending = []
+        _measured(st, run)
+    else:
+        st.status = "skipped"
 
 
 def _settings(st: _Structure, run: Run) -> Settings:
     if st.whole:
         return run.settings
     return replace(run.settings, patience=CAPPED_PATIENCE if st.cap else PATIENCE, cap=st.cap,
-                   max_kernels=min(run.settings.max_kernels, SUB_REGION_KERNELS))
+                   max_kernels=min(run.settings.max_kernels, SUB_REGION_KERNELS),
+                   defer_tuning=True)
 
 
 def _explored(st: _Structure, ex: Explored, run: Run) -> None:
@@ -513,10 +548,18 @@ def _explored(st: _Structure, ex: Explored, run: Run) -> None:
     st.options = list(ex.options)
     if ex.stats.interrupted:
         run.interrupted = True
-    if st.options and measures(run.runner) and not run.remote:  # remote: _measure_all
+    if not ex.pending and not run.remote:  # remote: _measure_all
+        _measured(st, run)
+    st.status = "explored" if st.options else "failed"
+
+
+def _measured(st: _Structure, run: Run) -> None:
+    """Time the structure's best options (tuned, or for good untuned) with a measuring runner
+    (a remote executor's are timed by :func:`_measure_all`)."""
+    st.options = list(st.explored.options)
+    if st.options and measures(run.runner) and not run.remote:
         st.measured = measure(st.options, _naive(st, run)[0], run.runner, run.target,
                               run.measure_top)
-    st.status = "explored" if st.options else "failed"
 
 
 def _measure_all(sts: list[_Structure], run: Run) -> None:
@@ -644,12 +687,18 @@ def _record_all(run: Run, sts: list[_Structure]) -> None:
 
 # ---- several searches at once -------------------------------------------------------------
 
-def _job(key: int, prog_json: dict, settings: Settings, run: Run, q) -> None:
+def _job(key: int, prog_json: dict, settings: Settings, run: Run, q,
+         prior_json: dict | None = None) -> None:
     try:
-        ex = explore(Program.from_json(prog_json), run.target, run.model, settings,
-                     run.search_deadline, 1)
-    except KeyboardInterrupt:
-        ex = Explored()
+        if prior_json is not None:
+            ex = tune_pending(Explored.from_json(prior_json), run.target, run.model, settings,
+                              run.search_deadline)
+        else:
+            ex = explore(Program.from_json(prog_json), run.target, run.model, settings,
+                         run.search_deadline, 1)
+    except KeyboardInterrupt:  # a search keeps nothing, a tuning its untuned options
+        ex = Explored.from_json(prior_json) if prior_json is not None else Explored()
+        ex.pending = []
         ex.stats.interrupted = True
     q.put((key, json.dumps(ex.to_json())))
 
@@ -671,8 +720,11 @@ def _run_jobs(sts: list[_Structure], run: Run) -> dict[int, Explored]:
         while pending or running:
             while pending and len(running) < run.workers and not run.expired():
                 st = pending.pop(0)
+                prior = _prior(st)
                 p = ctx.Process(target=_job, args=(id(st), st.program.to_json(),
-                                                   _settings(st, run), run, q), daemon=True)
+                                                   _settings(st, run), run, q,
+                                                   None if prior is None else prior.to_json()),
+                                daemon=True)
                 p.start()
                 running[id(st)] = p
             if not running:

@@ -50,6 +50,7 @@ class Settings:
     seed: int = 0
     patience: int | None = None  # states without a candidate before a search gives up
     cap: float | None = None  # kernel sequences predicted above this are not extended
+    defer_tuning: bool = False  # keep the structures to tune for :func:`tune_pending`
 
 
 @dataclass
@@ -63,20 +64,23 @@ class Explored:
     best_untuned_us: float | None = None
     tune_rounds: int = 0
     tune_evaluations: int = 0
+    # deferred tuning (``Settings.defer_tuning``): per form, the form's program and the
+    # structures :func:`tuning_choice` picked, as JSON -- what :func:`tune_pending` tunes
+    pending: list = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {"options": [[o[0], o[1].graph.to_json(), list(o[1].stages), o[2],
                              None if o[3] is None else o[3].to_json()] for o in self.options],
                 "stats": self.stats.__dict__, "candidates": self.candidates,
                 "best_untuned_us": self.best_untuned_us, "tune_rounds": self.tune_rounds,
-                "tune_evaluations": self.tune_evaluations}
+                "tune_evaluations": self.tune_evaluations, "pending": self.pending}
 
     @classmethod
     def from_json(cls, d: dict) -> "Explored":
         opts = [(o[0], AnnotatedGraph(KernelGraph.from_json(o[1]), tuple(o[2])), o[3],
                  None if o[4] is None else Schedule.from_json(o[4])) for o in d["options"]]
         return cls(opts, SearchStats(**d["stats"]), d["candidates"], d["best_untuned_us"],
-                   d["tune_rounds"], d["tune_evaluations"])
+                   d["tune_rounds"], d["tune_evaluations"], d.get("pending", []))
 
 
 def explore(program: Program, target, model, settings: Settings, deadline: float | None,
@@ -102,17 +106,48 @@ def explore(program: Program, target, model, settings: Settings, deadline: float
         out.candidates += len(ranked)
         if ranked and (out.best_untuned_us is None or ranked[0][0] < out.best_untuned_us):
             out.best_untuned_us = ranked[0][0]
-        opts += _tune(out, form, ranked, tgt, model, settings, deadline)
+        picks = tuning_choice(ranked, settings.tune_top) \
+            if settings.tune_top > 0 and settings.tune_rounds > 0 else []
+        if settings.defer_tuning:
+            if picks:
+                out.pending.append([form.to_json(), [[c.graph.to_json(), c.trace_json()]
+                                                     for c in picks]])
+        else:
+            opts += _tune(out, form, picks, tgt, model, settings, deadline)
+        opts += [(cost, AnnotatedGraph(c.graph), cost, None) for cost, c in ranked]
         if out.stats.interrupted:
             break
+    out.options = _best_options(opts)
+    return out
+
+
+def tune_pending(ex: Explored, target, model, settings: Settings,
+                 deadline: float | None) -> Explored:
+    """Tune what :func:`explore` with ``defer_tuning`` left to tune: the same structures, seed
+    and rounds as an eager explore, so the options come out the same (up to the deadline)."""
+    tgt = get_target(target)
+    opts = list(ex.options)
+    for form_json, picks in ex.pending:
+        form = Program.from_json(form_json)
+        cands = [Candidate(KernelGraph.from_json(g), trace_from_json(t)) for g, t in picks]
+        opts += _tune(ex, form, cands, tgt, model, settings, deadline)
+        if ex.stats.interrupted:
+            break
+    ex.pending = []
+    ex.options = _best_options(opts)
+    return ex
+
+
+def _best_options(opts: list) -> list:
+    """The cheapest option of each (structure, stages), ranked by (predicted time, structural
+    hash, stages)."""
     best: dict[str, tuple] = {}
     for o in opts:
         key = o[1].graph.structural_hash() + str(o[1].stages_full())
         if key not in best or o[0] < best[key][0]:
             best[key] = o
-    out.options = sorted(best.values(), key=lambda o: (o[0], o[1].graph.structural_hash(),
-                                                        o[1].stages_full()))
-    return out
+    return sorted(best.values(), key=lambda o: (o[0], o[1].graph.structural_hash(),
+                                                 o[1].stages_full()))
 
 
 # ---- search ---------------------------------------------------------------------------------
@@ -277,36 +312,25 @@ def tuning_choice(ranked: list[tuple[float, Candidate]], top: int) -> list[Candi
     return picked
 
 
-def _tune(out: Explored, program: Program, ranked, target, model, settings: Settings,
+def _tune(out: Explored, program: Program, picks: list, target, model, settings: Settings,
           deadline: float | None) -> list[Option]:
-    """Tune the ``tune_top`` structures chosen by :func:`tuning_choice` for
-    ``tune_rounds`` generations; the options -- tuned bests, then the untuned rest -- ranked by
-    (predicted time, structural hash, stages)."""
-    task = None
-    if ranked and settings.tune_top > 0 and settings.tune_rounds > 0:
-        task = make_task(program.name, program, target,
-                         tuning_choice(ranked, settings.tune_top), model, seed=settings.seed)
-        try:
-            log = TaskScheduler([task], rounds=settings.tune_rounds, deadline=deadline).run()
-            out.tune_rounds += log.rounds[0]
-        except KeyboardInterrupt:  # Ctrl-C while tuning: keep what the tuner has
-            out.stats.interrupted = True
-    opts: dict[str, tuple] = {}
-
-    def add(cost: float, ag: AnnotatedGraph, untuned: float, sch) -> None:
-        key = ag.graph.structural_hash() + str(ag.stages_full())
-        if key not in opts or cost < opts[key][0]:
-            opts[key] = (cost, ag, untuned, sch)
-    if task is not None:
-        for tuner in task.tuners:
-            out.tune_evaluations += len(tuner.seen)
-            for ev in tuner.top(2):
-                sch = None if ev.schedule == tuner.base else ev.schedule
-                add(ev.cost, ev.graph, tuner.base_cost, sch)
-    for cost, c in ranked:
-        add(cost, AnnotatedGraph(c.graph), cost, None)
-    return sorted(opts.values(), key=lambda o: (o[0], o[1].graph.structural_hash(),
-                                                 o[1].stages_full()))
+    """Tune ``picks`` (the structures :func:`tuning_choice` chose) for ``tune_rounds``
+    generations: the two best schedules of each, as options."""
+    if not picks:
+        return []
+    task = make_task(program.name, program, target, picks, model, seed=settings.seed)
+    try:
+        log = TaskScheduler([task], rounds=settings.tune_rounds, deadline=deadline).run()
+        out.tune_rounds += log.rounds[0]
+    except KeyboardInterrupt:  # Ctrl-C while tuning: keep what the tuner has
+        out.stats.interrupted = True
+    opts = []
+    for tuner in task.tuners:
+        out.tune_evaluations += len(tuner.seen)
+        for ev in tuner.top(2):
+            sch = None if ev.schedule == tuner.base else ev.schedule
+            opts.append((ev.cost, ev.graph, tuner.base_cost, sch))
+    return opts
 
 
 def measure(opts: list[Option], naive: KernelGraph, runner, target, top: int) -> dict:
