@@ -12,7 +12,8 @@ next matmul -- and that overlap is what joins them.
 an operator, an edge, or a value they both read, as the gate and up projections share X), made
 convex, and free of operators no graph-defined kernel computes (transpose). The whole
 part is one more when it has at most ``whole_anchors`` anchors: that is the search the nine
-benchmarks always had.
+benchmarks always had. A row max that only shifts exps (softmax made safe) counts toward
+neither limit: a region is as large as its unshifted form.
 
 *Floor groups* are a disjoint, rule-based grouping (what a fusing compiler does without search):
 every anchor starts a group, an elementwise operator joins the group of its latest-produced
@@ -148,12 +149,18 @@ def search_regions(dag: PartDag, max_anchors: int = MAX_ANCHORS,
                 stack.extend(nbrs[j])
         near[k] |= set().union(*(readers[v] for v in reads[k])) - {k}
     anchor_atom = {ats[k].anchor: k for k in anchors}
+    # a row max that only shifts exps (the max-shifted form of a softmax) does not count toward
+    # the limits: a region is as large as its unshifted form, which is what the search sees
+    counts = {k: 0 if _shifts_only(dag, ats[k].anchor) else 1 for k in anchors}
+
+    def size(s: frozenset) -> int:
+        return sum(counts[k] for k in s)
 
     def closed(s: frozenset) -> frozenset | None:
         """``s`` with every anchor its hull holds (any region with the anchors ``s`` holds
         those too); None past ``max_anchors``. Far-apart anchors -- joined by the residual
         stream's glue across layers -- stop here at once instead of being grown further."""
-        while len(s) <= max_anchors:
+        while size(s) <= max_anchors:
             hull = dag.hull(set().union(*(ats[k].ops for k in s)))
             more = frozenset(anchor_atom[d] for d in hull if d in anchor_atom) | s
             if more == s:
@@ -179,14 +186,12 @@ def search_regions(dag: PartDag, max_anchors: int = MAX_ANCHORS,
             for ops in _variants(dag, ats, nbrs, s, max_variants):
                 if len(ops) <= max_ops:
                     found.setdefault(ops)
-            if len(s) < max_anchors:
+            if size(s) < max_anchors or any(counts[j] == 0 for k in s for j in near[k]
+                                            if j not in s):
                 nxt.extend(s | {j} for k in s for j in near[k] if j not in s)
         frontier = nxt
     every = frozenset(dag.by_digest)
-    # a row max that only shifts exps (the max-shifted form of a softmax) does not count: the
-    # part's search is that of its unshifted form, which the benchmarks always had
-    counted = [k for k in anchors if not _shifts_only(dag, ats[k].anchor)]
-    if every and len(counted) <= whole_anchors and len(every) <= max_ops:
+    if every and size(frozenset(anchors)) <= whole_anchors and len(every) <= max_ops:
         found.setdefault(every)
     return sorted(found, key=lambda r: (sum(is_anchor(dag.by_digest[d]) for d in r), len(r),
                                         min(dag.pos[d] for d in r)))
