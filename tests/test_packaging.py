@@ -107,7 +107,7 @@ def test_wheel_holds_every_module_the_examples_and_package_data(wheel):
     assert want - names == set(), sorted(want - names)
     for f in ("mirage_py/examples/programs.py", "mirage_py/examples/fixtures.py",
               "mirage_py/examples/bench.py", "mirage_py/examples/torch_baselines.py",
-              "mirage_py/codegen_cuda/emulator.h"):
+              "mirage_py/codegen_cuda/emulator.h", "mirage_py/codegen_cuda/prelude.cuh"):
         assert f in names, f
     assert not any(n.startswith(("benchmarks/", "tests/")) for n in names)
     entry = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))

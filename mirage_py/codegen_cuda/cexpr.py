@@ -10,7 +10,7 @@ import numpy as np
 
 from ..lax.ops import EXACT_POW, OPS
 
-# storage type of each device dtype in the emitted code (see prelude.py)
+# storage type of each device dtype in the emitted code (see prelude.cuh)
 CTYPES = {"float16": "fp16_t", "bfloat16": "bf16_t", "float32": "float"}
 
 # element-wise operators as CUDA expressions of float operands ({0}, {1}, {2}); every operand is

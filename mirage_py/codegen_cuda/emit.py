@@ -3,7 +3,7 @@
 Layout of the .cu text::
 
     banner: the μGraph it came from, the target, the workspace plan
-    prelude: storage types, conversions, element-wise functions, tile matmul (prelude.py)
+    prelude: storage types, conversions, element-wise functions, tile matmul (prelude.cuh)
     one __global__ per kernel node, in graph order (graph-defined: block_kernel.py;
                                                    pre-defined: kernel_ops.py)
     host section (skipped by NVRTC and the emulator): C API + launcher (host.py)

@@ -7,7 +7,8 @@ because they hold the tensor's device address.
 * :func:`emulated` packs the geometry in the layout the CPU emulator's ``mp_tensor_map``
   reads (``emulator.h``).
 
-The C++ launcher of an exported extension encodes its maps itself (``prelude.HOST_TMA``).
+The C++ launcher of an exported extension encodes its maps itself (``mp_encode_tensor_map`` in
+prelude.cuh).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """How a tile matmul runs on tensor cores: the warp tiling and the operand type.
 
-``tile_mma`` (prelude.py) computes ``C (+)= A @ B`` for tiles in shared memory with
+``tile_mma`` (prelude.cuh) computes ``C (+)= A @ B`` for tiles in shared memory with
 ``mma.sync.m16n8k16`` (fp16 or bf16 operands, fp32 accumulation). Its output is cut into
 16 x 8 tiles; a warp owns a *unit* of one 16-row tile by ``ng`` consecutive 8-column tiles, loads
 the unit's A fragment once per k step and reuses it for the ``ng`` column tiles. ``ng`` is the
@@ -14,7 +14,7 @@ FlashAttention-style kernels apply to probabilities before the second matmul. Te
 whole warps: a block whose thread count is not a multiple of 32 keeps the fp32 FMA tile matmul.
 On sm_90a a tile matmul can run as Hopper's warpgroup MMA instead (``wgmma.mma_async``
 m64nNk16, operands read from shared memory through matrix descriptors; ``tile_wgmma`` in
-prelude.py) where it pays (:func:`wgmma_config`): each warpgroup of four warps takes whole
+prelude.cuh) where it pays (:func:`wgmma_config`): each warpgroup of four warps takes whole
 64-row blocks of the output with all its columns, which is exactly the ``mma.sync`` tiling with
 units of 16 x N (``ng = N / 8``), so the register fragments, epilogues and the code compiled for
 other architectures (the same template falls back to ``mma.sync``) are unchanged.
@@ -49,7 +49,7 @@ class MmaConfig:
         return batch * -(-m // MMA_M) * (-(-n // MMA_N) // self.ng)
 
     def rounds(self, batch: int, m: int, n: int) -> int:
-        """Units per warp (``MmaTiling::ROUNDS`` in prelude.py)."""
+        """Units per warp (``MmaTiling::ROUNDS`` in prelude.cuh)."""
         return -(-self.units(batch, m, n) // self.warps)
 
     def register_floats(self, batch: int, m: int, n: int) -> int:
@@ -112,7 +112,7 @@ def wgmma_config(batch: int, m: int, n: int, k: int, threads: int, dtype_a: str,
 def ldmatrix_operands(m: int, k: int, n: int, dtype_a: str, dtype_b: str,
                       cfg: MmaConfig) -> tuple[bool, bool]:
     """Does ``tile_mma`` read A / B with ldmatrix? Only tiles stored in the operand type whose
-    sizes are whole fragments (the same test as ``LDSM_A`` / ``LDSM_B`` in prelude.py)."""
+    sizes are whole fragments (the same test as ``LDSM_A`` / ``LDSM_B`` in prelude.cuh)."""
     ctype = {"float16": "fp16_t", "bfloat16": "bf16_t"}
     a = ctype.get(dtype_a) == cfg.etype and m % MMA_M == 0 and k % MMA_K == 0
     b = ctype.get(dtype_b) == cfg.etype and n % MMA_N == 0 and k % MMA_K == 0
@@ -134,7 +134,7 @@ class RegisterAccumulator:
 
     @property
     def tiling(self) -> str:
-        """The template arguments of ``MmaTiling`` (prelude.py)."""
+        """The template arguments of ``MmaTiling`` (prelude.cuh)."""
         return f"{self.batch}, {self.m}, {self.n}, {self.k}, {self.cfg.warps}, {self.cfg.ng}"
 
     @property
