@@ -65,10 +65,15 @@ def test_against_pytorch_modules():
 
 @pytest.mark.parametrize("number", [30, 45, 55, 84])
 def test_superopt_fuses_and_verifies(number):
+    """Fused, verified, equal to NumPy, and no slower (predicted) and in no more kernels than
+    the committed table's answer (which has each of these in one kernel but 45: a library
+    matmul beside one graph-defined kernel is cheaper there under the model)."""
     pb = next(p for p in kb.PROBLEMS if p.number == number)
     row = kb.run_problem(pb, time_budget_s=20, workers=1)
-    assert row["expressible"] and row["verified"] and row["fused"], row
-    assert row["kernels"] == 1 and row["matches_numpy"], row
+    assert row["expressible"] and row["verified"] and row["fused"] and row["matches_numpy"], row
+    committed = next(r for r in json.loads(RESULTS.read_text()) if r["number"] == number)
+    assert row["kernels"] <= committed["kernels"] <= 2, (row, committed)
+    assert row["estimated_us"] <= committed["estimated_us"] * (1 + 1e-6), (row, committed)
 
 
 def test_the_committed_table():
