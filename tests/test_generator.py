@@ -180,14 +180,20 @@ def test_search_every_candidate_is_valid_and_correct():
         _check(p, c.graph)
 
 
-def test_split_reduction_with_combine_kernel():
-    """A softmax-weighted sum over a long axis: the search finds split-K + combine."""
+def _long_softmax_sum() -> mp.Program:
+    """A softmax-weighted sum over a long axis (attention for 16 queries over 2048 keys)."""
     p = mp.Program("attn")
     Q = p.input("Q", (1, 16, 64))
     K = p.input("K", (1, 64, 2048))
     V = p.input("V", (1, 2048, 64))
     E = mp.exp(Q @ K)
     p.output(E / mp.sum(E, axis=-1, keepdims=True) @ V)
+    return p
+
+
+def test_split_reduction_with_combine_kernel():
+    """A softmax-weighted sum over a long axis: the search finds split-K + combine."""
+    p = _long_softmax_sum()
     sub, ranked = _best(p)
     two = [c for c in ranked if c.graph.num_kernels == 2]
     assert two, "no split-K + combine candidate"
@@ -202,12 +208,7 @@ def test_next_kernel_bound_keeps_the_answers_and_prunes():
     trip before it is compared with the cap and the best candidate: sound under the model (any
     graph-defined kernel costs that much), so a capped search finds the same candidates under
     the cap as one without the bound, visiting no more states."""
-    p = mp.Program("attn")
-    Q = p.input("Q", (1, 16, 64))
-    K = p.input("K", (1, 64, 2048))
-    V = p.input("V", (1, 2048, 64))
-    E = mp.exp(Q @ K)
-    p.output(E / mp.sum(E, axis=-1, keepdims=True) @ V)
+    p = _long_softmax_sum()
     sub = mp.partition(p, uninterpreted=True)[0]
     cost = lambda g: estimate_us(g, H100)  # noqa: E731
     free = Searcher(sub, H100)
