@@ -160,8 +160,9 @@ def _brute_force(cands, outputs, needed):
 
 @pytest.mark.parametrize("seed", range(12))
 def test_cover_is_optimal_on_random_chains(seed):
-    """Random DAGs of 6 values, candidates = each op plus random convex windows: both solvers
-    find the brute-force optimum, and the chosen set runs in the order given."""
+    """Random DAGs of 6 values, candidates = each op plus random convex windows (some with a
+    twin of another cost): both solvers find the brute-force optimum, and the chosen set runs in
+    the order given."""
     rng = random.Random(seed)
     n = 6
     preds = {i: [j for j in range(i) if rng.random() < 0.4] or ([i - 1] if i else []) for i in
@@ -176,6 +177,9 @@ def test_cover_is_optimal_on_random_chains(seed):
         writes = frozenset(i for i in ops if i == n - 1 or
                            any(i in preds[u] for u in range(n) if u not in ops))
         cands.append(Candidate(f"r{k}", reads, writes, rng.uniform(2, 6), ops))
+    # twins (same reads, writes and operators, another cost): only the cheaper can be chosen
+    cands += [Candidate(c.key + "'", c.reads, c.writes, rng.uniform(2, 6), c.ops)
+              for c in cands[n:n + 4]]
     outputs, needed = frozenset([n - 1]), frozenset(range(n))
     best = _brute_force(cands, outputs, needed)
     for solver in ("highs", "z3"):

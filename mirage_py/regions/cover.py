@@ -89,6 +89,15 @@ def solve_cover(cands: list[Candidate], outputs: frozenset, *, needed: frozenset
     cands = [c for c in cands if math.isfinite(c.cost)]
     if len({c.key for c in cands}) != len(cands):
         raise CoverError("cover: candidate keys are not unique")
+    # of candidates that read, write and compute the same, only the cheapest (the first of
+    # equals) can be in a cheapest cover: the others leave the program (stacked layers repeat
+    # every region at every layer, and a region often has the floor's or an operator's twin)
+    best: dict = {}
+    for c in cands:
+        sig = (c.reads, c.writes, c.computes)
+        if sig not in best or c.cost < best[sig].cost:
+            best[sig] = c
+    cands = [c for c in cands if best[(c.reads, c.writes, c.computes)] is c]
     if solver not in ("highs", "z3"):
         raise MirageError(f"cover: unknown solver {solver!r}; choose 'highs' or 'z3'")
     writers: dict = {}
