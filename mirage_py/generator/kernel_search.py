@@ -277,10 +277,10 @@ class Searcher:
             # sequence already slower than the best complete one (with some slack, so that
             # alternatives remain should verification reject the best) is not extended
             children.sort(key=lambda c: c[:4])
-            for unfinished, c_cost, _, grp, plan, kc in children:
+            for _, c_cost, _, grp, plan, kc in children:
                 # a sequence that leaves outputs unfinished needs one more kernel at least
-                floor = c_cost + (self.next_kernel_us if not done | set(kc.finals) >=
-                                  self.outputs else 0.0)
+                finished = (done | set(kc.finals)) >= self.outputs
+                floor = c_cost + (0.0 if finished else self.next_kernel_us)
                 if floor > best[0] * self.bound_slack or floor > limit:
                     continue
                 rec(avail + kc.outputs, kernels + [kc.kernel], done | set(kc.finals),

@@ -143,7 +143,7 @@ def explore_task(prog_json: dict, target: Any, model: Any, settings: Any,
     """One region search (search, forms, tuning) in a worker, or with ``prior_json`` (an
     Explored whose tuning was deferred) that tuning: the JSON of its Explored."""
     from ..lax.program import Program
-    from .search import Explored, explore, tune_pending
+    from .search import Explored, explore_or_tune
     program = Program.from_json(prog_json)
     kind = "explore" if prior_json is None else "tune"
     info = _task_info(kind, _label(program))
@@ -151,11 +151,9 @@ def explore_task(prog_json: dict, target: Any, model: Any, settings: Any,
     if hook is not None:
         hook(kind, info["name"])
         progress = lambda *a, **k: hook("candidate", info["name"])  # noqa: E731
-    deadline = _deadline_in_task(wall_deadline)
-    if prior_json is not None:
-        ex = tune_pending(Explored.from_json(prior_json), target, model, settings, deadline)
-    else:
-        ex = explore(program, target, model, settings, deadline, 1, progress)
+    ex = explore_or_tune(program, target, model, settings, _deadline_in_task(wall_deadline),
+                         None if prior_json is None else Explored.from_json(prior_json),
+                         progress)
     return {"explored": ex.to_json(), **info, "seconds": time.time() - info["started"]}
 
 

@@ -44,7 +44,7 @@ from ..ugraph.lower import naive_lowering
 from .executors import _label
 from .result import Piece, PartResult, RegionResult, summed_verification
 from .search import (Explored, Settings, SavedVerification, _Progress, apply_measurements,
-                     explore, measure, measures, record, stored_answer, tune_pending)
+                     explore, explore_or_tune, measure, measures, record, stored_answer)
 
 FLOOR_SECONDS = 1.0  # the floor's quick searches, all groups of a part together
 FLOOR = Settings(max_kernels=1, tune_top=0, tune_rounds=0)
@@ -502,16 +502,11 @@ def _explore_all(sts: list[_Structure], run: Run, bar) -> None:
             if run.expired():
                 _landed(st, None, run)
                 continue
-            prior = _prior(st)
-            if prior is not None:
-                _landed(st, tune_pending(prior, run.target, run.model, _settings(st, run),
-                                         run.search_deadline), run)
-                continue
             prog = _Progress(f"search {len(sts)}", run.progress and bar.bar is None,
                              run.model, run.target)
             try:
-                ex = explore(st.program, run.target, run.model, _settings(st, run),
-                             run.search_deadline, 1, prog)
+                ex = explore_or_tune(st.program, run.target, run.model, _settings(st, run),
+                                     run.search_deadline, _prior(st), prog)
             finally:
                 prog.close()
             _landed(st, ex, run)
@@ -692,12 +687,9 @@ def _record_all(run: Run, sts: list[_Structure]) -> None:
 def _job(key: int, prog_json: dict, settings: Settings, run: Run, q,
          prior_json: dict | None = None) -> None:
     try:
-        if prior_json is not None:
-            ex = tune_pending(Explored.from_json(prior_json), run.target, run.model, settings,
-                              run.search_deadline)
-        else:
-            ex = explore(Program.from_json(prog_json), run.target, run.model, settings,
-                         run.search_deadline, 1)
+        ex = explore_or_tune(Program.from_json(prog_json), run.target, run.model, settings,
+                             run.search_deadline,
+                             None if prior_json is None else Explored.from_json(prior_json))
     except KeyboardInterrupt:  # a search keeps nothing, a tuning its untuned options
         ex = Explored.from_json(prior_json) if prior_json is not None else Explored()
         ex.pending = []

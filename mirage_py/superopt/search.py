@@ -121,6 +121,17 @@ def explore(program: Program, target, model, settings: Settings, deadline: float
     return out
 
 
+def explore_or_tune(program: Program, target, model, settings: Settings,
+                    deadline: float | None, prior: Explored | None = None,
+                    progress=None) -> Explored:
+    """One job of the region layer, wherever it runs: tune what ``prior`` (a search whose
+    tuning was deferred) left to tune, or else search ``program`` (:func:`explore`, one
+    process)."""
+    if prior is not None:
+        return tune_pending(prior, target, model, settings, deadline)
+    return explore(program, target, model, settings, deadline, 1, progress)
+
+
 def tune_pending(ex: Explored, target, model, settings: Settings,
                  deadline: float | None) -> Explored:
     """Tune what :func:`explore` with ``defer_tuning`` left to tune: the same structures, seed
