@@ -279,3 +279,58 @@ def test_operator_costs_and_masks():
     c = kernel_costs(masked, "h100")[0]
     assert c.bytes == exp.bytes  # the mask adds no traffic
     assert c.simt_flops == exp.simt_flops * 3  # 2 per element for the mask, 1 for the where
+
+
+# ---- the lower bound -----------------------------------------------------------------------
+
+def _boundary(d: int = 512, f: int = 1408) -> "object":
+    """A decoder layer boundary: down projection, residual add, the next RMSNorm and query
+    projection. The query's row statistic needs all of Wd (f x d) in one block."""
+    import mirage_py as mp
+    p = mp.Program("boundary")
+    h, wd = p.input("H", (1, f)), p.input("Wd", (f, d))
+    r, wq = p.input("R", (1, d)), p.input("Wq", (d, 256))
+    x = h @ wd + r
+    p.output(x, "X")
+    p.output(mp.rms_norm(x) @ wq, "Q")
+    return p
+
+
+def test_lower_bound_holds_for_every_candidate_the_search_finds():
+    """Every candidate of one, two or three kernels costs at least the bound for its kernel
+    count, under the model superopt ranks with (the layout planner's shared memory): on the
+    layer boundary the one-kernel bound is the read cone's (all of Wd in one block at one
+    SM's pull), far above launch + latency, and the one-kernel answers really cost that."""
+    from mirage_py.examples import get_program
+    from mirage_py.generator.kernel_search import search
+    from mirage_py.superopt.search import default_model
+    from mirage_py.cost_model import lower_bound_us
+    import time
+    model = default_model()
+    per_sm = 4.0 * H100.mem_bw / H100.sm_count
+    wd_us = 1e6 * 1408 * 512 * 2 / per_sm
+    one = lower_bound_us(_boundary(), H100, kernels=1)
+    assert one >= H100.launch_us + wd_us  # ~18 us, where launch + latency is 3
+    assert lower_bound_us(_boundary(), H100) == lower_bound_us(_boundary(), H100, kernels=2)
+    checked = {1: 0, 2: 0}
+    for prog, mk in [(_boundary(), 2), (_boundary(256, 512), 2), (get_program("gqa"), 1),
+                     (get_program("mqa"), 2), (get_program("rmsnorm_linear"), 1),
+                     (get_program("ntrans"), 2)]:
+        found = search(prog, H100, max_kernels=mk, deadline=time.perf_counter() + 20)
+        assert found, prog.name
+        if prog.name == "gqa":  # one kernel: each block reads a head's whole K and V
+            assert lower_bound_us(prog, H100, kernels=1) > lower_bound_us(prog, H100, kernels=2)
+        bound = lower_bound_us(prog, H100)
+        for c in found:
+            k = c.graph.num_kernels
+            cost = model.predict(c.graph, H100)
+            assert cost >= lower_bound_us(prog, H100, kernels=k) - 1e-9, (prog.name, k)
+            assert cost >= bound - 1e-9
+            checked[min(k, 2)] += 1
+    assert checked[1] and checked[2]
+
+
+def test_lower_bound_kernels_must_be_positive():
+    from mirage_py.cost_model import lower_bound_us
+    with pytest.raises(MirageError, match="0 kernels"):
+        lower_bound_us(_boundary(), H100, kernels=0)

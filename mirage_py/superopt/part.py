@@ -6,8 +6,10 @@
    search regions (:func:`regions.search_regions`), each one structure searched at most once
    per run (regions with the same canonical program -- identical layers -- share the search).
 2. **Lazy, exact selection.** An unsearched region enters the cover at a *lower bound* of what
-   any answer for it can cost under the model (``lower_bound``: one launch, one memory round
-   trip, its inputs read and outputs written once). The cheapest cover is solved; the regions
+   any answer for it can cost under the model (``lower_bound``, the analytic model's
+   :func:`~mirage_py.cost_model.lower_bound_us`: launches, memory round trips, its inputs read
+   and outputs written once, and for one kernel an output element's read cone loaded by one
+   block). The cheapest cover is solved; the regions
    in it that are unsearched get searched (several at once in worker processes), those searched
    but untuned get tuned (a sub-region's search defers its tuning; until tuned it enters at its
    best untuned cost / ``TUNE_SLACK``), those tuned but unverified get their best option
