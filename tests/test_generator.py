@@ -10,6 +10,7 @@ import pytest
 import mirage_py as mp
 from mirage_py.cost_model import estimate_us
 from mirage_py.generator import absexpr as ae
+from mirage_py.generator.block_search import kernels_for_plan
 from mirage_py.generator.kernel_search import Searcher, SearchStats, search
 from mirage_py.generator.labels import infer_labels
 from mirage_py.targets import get_target
@@ -325,3 +326,68 @@ def test_batch_labels_get_one_entry_per_block():
     assert rows not in batch_labels(s.avail0)
     cand = search(get_program("mha", 8), get_target("h100"), max_kernels=1)
     assert cand and all(len(c.graph.ops) == 1 for c in cand)
+
+
+# ---- later kernels see the outputs still to compute --------------------------------------------
+
+def _layer_boundary(f: int = 1408, d: int = 512, heads: int = 8, hd: int = 64) -> mp.Program:
+    """A decoder layer boundary: the MLP's gate x up product, down projection and residual
+    add (the residual stream ``H``, an output), then the next layer's RMSNorm and query
+    projection (``Q``). ``d`` is parallel for H and reduced for Q."""
+    p = mp.Program("layer_boundary")
+    g, u = p.input("G", (1, f)), p.input("U", (1, f))
+    wd, r = p.input("Wd", (f, d)), p.input("R", (1, d))
+    gamma, wq = p.input("gamma", (d,)), p.input("Wq", (heads, d, hd))
+    h = (mp.silu(g) * u) @ wd + r
+    p.output(h, "H")
+    p.output((mp.rms_norm(h, eps=1e-6) * gamma) @ wq, "Q")
+    return p
+
+
+def test_label_classes_follow_the_outputs_left():
+    lab = infer_labels(_layer_boundary())
+    d = lab.outputs["H"][-1]
+    assert d in lab.parallel and d not in lab.reduced  # both outputs: d is H's dim
+    par, red = lab.classes({"Q"})
+    assert d in red and d not in par  # Q alone reduces d (its norm and its projection)
+    assert lab.classes({"H", "Q"}) == (lab.parallel, lab.reduced)
+
+
+def test_a_finished_output_stands_for_what_it_was_computed_from():
+    """Once H is saved, Q needs gamma and Wq besides it, not G, U, Wd or R: the second kernel
+    loads H and reduces over d, where it used to recompute H from the whole down-projection
+    weight in every block (26 us). The two-kernel answer now costs what its two pieces cost
+    searched alone, and it computes the program (the verifier's check)."""
+    from mirage_py.verifier import Verifier
+    prog = _layer_boundary()
+    s = Searcher(prog, H100)
+    h_first = [kc for plan in s.plans(s.avail0)
+               for kc in kernels_for_plan(plan, s.avail0, s.ctx, H100, [0]) if kc.finals == ["H"]]
+    assert h_first
+    after = s.usable(s.avail0 + h_first[0].outputs, {"H"})
+    assert {a.name for a in after} == {"gamma", "Wq"} | {o.name for o in h_first[0].outputs}
+    best = {}
+    for name, p in [("both", prog), ("H", _sub(prog, "H")), ("Q", _q_from_h())]:
+        found = search(p, H100, max_kernels=2 if name == "both" else 1,
+                       deadline=time.perf_counter() + 60)
+        assert found, name
+        best[name] = min(found, key=lambda c: estimate_us(c.graph, H100))
+    cost = {k: estimate_us(c.graph, H100) for k, c in best.items()}
+    assert cost["both"] <= cost["H"] + cost["Q"] + 1e-9
+    assert best["both"].graph.num_kernels == 2
+    assert Verifier(prog, seed=0, target=H100).check(best["both"].graph).equivalent
+
+
+def _sub(prog: mp.Program, name: str) -> mp.Program:
+    p = mp.Program(f"{prog.name}_{name}")
+    g, u = p.input("G", (1, 1408)), p.input("U", (1, 1408))
+    wd, r = p.input("Wd", (1408, 512)), p.input("R", (1, 512))
+    p.output((mp.silu(g) * u) @ wd + r, name)
+    return p
+
+
+def _q_from_h() -> mp.Program:
+    p = mp.Program("q_from_h")
+    h, gamma, wq = p.input("H", (1, 512)), p.input("gamma", (512,)), p.input("Wq", (8, 512, 64))
+    p.output((mp.rms_norm(h, eps=1e-6) * gamma) @ wq, "Q")
+    return p

@@ -207,10 +207,41 @@ class Searcher:
             dims = self.labels.node_components[t.digest]
             self.avail0.append(Avail(f"mask{k}", t.shape, t.dtype, exprs[t.digest], dims,
                                      (t.attr("offset"), t.attr("window"))))
+        # what a kernel output holds, when it is one of the program's values
+        self._node_of = {}
+        for t in program.nodes():
+            if t.op not in ("input", "const", "mask"):
+                self._node_of.setdefault(exprs[t.digest], t)
+        self._inputs = {t.name for t in program.inputs}
 
-    def plans(self, avail: list[Avail]) -> list[Plan]:
-        return plans_for(avail, self.labels.reduced | _split_labels(avail), self.labels.parallel,
-                         self.target)
+    def usable(self, avail: list[Avail], done) -> list[Avail]:
+        """``avail`` without the program inputs that the outputs still to compute reach only
+        through values an earlier kernel saved (a finished residual stream ``h`` stands for the
+        down projection's weight when only ``rms_norm(h) @ W`` is left): the next kernel loads
+        ``h`` instead of recomputing it, and its block search does not grow values from
+        inputs it no longer needs."""
+        if len(avail) == len(self.avail0):
+            return avail
+        cut = {self._node_of[a.expr].digest for a in avail
+               if a.name not in self._inputs and a.shift is None and a.expr in self._node_of}
+        need: set = set()
+        seen: set = set()
+        stack = [t for n, t in self.program.output_tensors.items() if n not in done]
+        while stack:
+            t = stack.pop()
+            if t.digest in seen or t.digest in cut:
+                continue
+            seen.add(t.digest)
+            if t.op == "input":
+                need.add(t.name)
+            stack.extend(t.inputs)
+        return [a for a in avail if a.name not in self._inputs or a.name in need]
+
+    def plans(self, avail: list[Avail], done: frozenset = frozenset()) -> list[Plan]:
+        """Grid / loop plans for the next kernel, with ``done`` outputs finished already: the
+        labels are classed by the outputs still to compute (``Labels.classes``)."""
+        parallel, reduced = self.labels.classes(self.outputs - done)
+        return plans_for(avail, reduced | _split_labels(avail), parallel, self.target)
 
     def _expired(self) -> bool:
         return self.deadline is not None and time.perf_counter() > self.deadline
@@ -252,13 +283,14 @@ class Searcher:
                 return
             if len(kernels) >= max_kernels:
                 return
+            avail = self.usable(avail, done)
             # partials relative to their split's maximum differ from plain ones (``shift``)
             key = frozenset((a.expr, a.dims, a.shift) for a in avail)
             if key in seen_states:
                 return
             seen_states.add(key)
             children = []
-            for idx, plan in enumerate(self.plans(avail)):
+            for idx, plan in enumerate(self.plans(avail, frozenset(done))):
                 if not kernels and idx % share[1] != share[0]:
                     continue
                 if self._expired():
@@ -303,6 +335,7 @@ class Searcher:
         done: set[str] = set()
         counter = [0]
         for plan, grp in trace:
+            avail = self.usable(avail, done)
             kcs = kernels_for_plan(plan, avail, self.ctx, self.target, counter)
             if grp >= len(kcs):
                 return None
@@ -310,7 +343,7 @@ class Searcher:
             kernels.append(kc.kernel)
             avail = avail + kc.outputs
             done |= set(kc.finals)
-        return avail, kernels, done
+        return self.usable(avail, done), kernels, done
 
     def replay(self, trace: tuple) -> KernelGraph | None:
         """Rebuild the kernel graph a trace describes (None if a step no longer applies)."""

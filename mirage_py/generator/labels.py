@@ -68,6 +68,20 @@ class Labels:
     node_components: dict = None  # type: ignore[assignment]
     # component label tuples the program splits a dim into or merges dims from
     reshapes: frozenset = frozenset()
+    # output name -> the atomic labels of its dims (``parallel`` is their union)
+    output_atoms: dict = None  # type: ignore[assignment]
+    # every label some operator reduces, parallel for an output or not
+    reduced_any: frozenset = frozenset()
+
+    def classes(self, outputs) -> tuple[frozenset, frozenset]:
+        """(parallel, reduced) labels as seen by the given outputs alone -- what a kernel that
+        is left to finish just those may treat as a grid dim and loop over: a label parallel
+        for an output already finished (a residual stream ``h``) and reduced for one still to
+        come (``rms_norm(h) @ W``) is reduced from then on."""
+        if self.output_atoms is None or set(outputs) >= set(self.output_atoms):
+            return self.parallel, self.reduced
+        par = frozenset(a for o in outputs for a in self.output_atoms[o])
+        return par, self.reduced_any - par
 
 
 def infer_labels(program) -> Labels:
@@ -183,7 +197,10 @@ def infer_labels(program) -> Labels:
     label_sizes = {name(k): sizes[k] for k in sizes}
     parallel = frozenset(name(a) for o in program.outputs for k in dims[o.tensor.digest]
                          if k is not None for a in atoms(k))
-    reduced = frozenset(name(a) for k in reduced_ids for a in atoms(k)) - parallel
+    reduced_any = frozenset(name(a) for k in reduced_ids for a in atoms(k))
+    reduced = reduced_any - parallel
+    output_atoms = {o.name: frozenset(name(a) for k in dims[o.tensor.digest] if k is not None
+                                      for a in atoms(k)) for o in program.outputs}
     node_dims = {d: tuple(name(k) for k in ks) for d, ks in dims.items()}
     node_components = {t.digest: tuple(components(k, n) for k, n in zip(dims[t.digest], t.shape))
                        for t in program.nodes()}
@@ -191,7 +208,7 @@ def infer_labels(program) -> Labels:
     concats = {tuple(name(k) for k in parts): name(b) for parts, b in concat_ids}
     reshapes = frozenset(tuple(name(a) for a in atoms(k)) for k in comp)
     return Labels(inputs, outputs, label_sizes, parallel, reduced, node_dims, slices, concats,
-                  node_components, reshapes)
+                  node_components, reshapes, output_atoms, reduced_any)
 
 
 def _groups(a: tuple[int, ...], b: tuple[int, ...]) -> list[tuple[list[int], list[int]]] | None:
