@@ -207,11 +207,13 @@ class Searcher:
             dims = self.labels.node_components[t.digest]
             self.avail0.append(Avail(f"mask{k}", t.shape, t.dtype, exprs[t.digest], dims,
                                      (t.attr("offset"), t.attr("window"))))
-        # what a kernel output holds, when it is one of the program's values
+        # what a kernel output holds, when it is one of the program's values: the same abstract
+        # expression over the same dim labels (the algebra alone is index-free)
         self._node_of = {}
         for t in program.nodes():
             if t.op not in ("input", "const", "mask"):
-                self._node_of.setdefault(exprs[t.digest], t)
+                self._node_of.setdefault((exprs[t.digest], self.labels.node_components[t.digest]),
+                                         t)
         self._inputs = {t.name for t in program.inputs}
 
     def usable(self, avail: list[Avail], done) -> list[Avail]:
@@ -222,8 +224,9 @@ class Searcher:
         inputs it no longer needs."""
         if len(avail) == len(self.avail0):
             return avail
-        cut = {self._node_of[a.expr].digest for a in avail
-               if a.name not in self._inputs and a.shift is None and a.expr in self._node_of}
+        cut = {self._node_of[a.expr, a.dims].digest for a in avail
+               if a.name not in self._inputs and a.shift is None and
+               (a.expr, a.dims) in self._node_of}
         need: set = set()
         seen: set = set()
         stack = [t for n, t in self.program.output_tensors.items() if n not in done]
