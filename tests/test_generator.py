@@ -372,6 +372,12 @@ def test_a_finished_output_stands_for_what_it_was_computed_from():
                        deadline=time.perf_counter() + 60)
         assert found, name
         best[name] = min(found, key=lambda c: estimate_us(c.graph, H100))
+    # every candidate's trace rebuilds it, by the search's replay and by the tuner's
+    from mirage_py.tuning import Replayer
+    rep = Replayer(Searcher(prog, H100))
+    for c in search(prog, H100, max_kernels=2, deadline=time.perf_counter() + 60):
+        assert s.replay(c.trace).structural_hash() == c.graph.structural_hash()
+        assert rep.graph(c.trace).structural_hash() == c.graph.structural_hash()
     cost = {k: estimate_us(c.graph, H100) for k, c in best.items()}
     assert cost["both"] <= cost["H"] + cost["Q"] + 1e-9
     assert best["both"].graph.num_kernels == 2

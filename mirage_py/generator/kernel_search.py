@@ -330,21 +330,28 @@ class Searcher:
         stats.seconds = time.perf_counter() - t0
         return found
 
+    def step(self, avail: list[Avail], done, plan: Plan, grp: int, counter: list[int]):
+        """One decision of a trace at the state (``avail``, ``done``), as the search took it:
+        (the tensors available after it, the kernel it adds), or None if it no longer applies."""
+        avail = self.usable(avail, done)
+        kcs = kernels_for_plan(plan, avail, self.ctx, self.target, counter)
+        if grp >= len(kcs):
+            return None
+        return avail + kcs[grp].outputs, kcs[grp]
+
     def _run(self, trace: tuple) -> tuple[list[Avail], list[GraphKernel], set[str]] | None:
-        """Apply the steps of ``trace``: the tensors then available, the kernels, the outputs
-        finished (None if a step no longer applies)."""
+        """Apply the steps of ``trace``: the tensors then available (to the next step), the
+        kernels, the outputs finished (None if a step no longer applies)."""
         avail = list(self.avail0)
         kernels: list[GraphKernel] = []
         done: set[str] = set()
         counter = [0]
         for plan, grp in trace:
-            avail = self.usable(avail, done)
-            kcs = kernels_for_plan(plan, avail, self.ctx, self.target, counter)
-            if grp >= len(kcs):
+            got = self.step(avail, done, plan, grp, counter)
+            if got is None:
                 return None
-            kc = kcs[grp]
+            avail, kc = got
             kernels.append(kc.kernel)
-            avail = avail + kc.outputs
             done |= set(kc.finals)
         return self.usable(avail, done), kernels, done
 

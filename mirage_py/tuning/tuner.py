@@ -27,7 +27,6 @@ from dataclasses import dataclass
 
 from ..cost_model import DEFAULT_STAGES
 from ..errors import MirageError
-from ..generator.block_search import kernels_for_plan
 from ..generator.kernel_search import Candidate, Searcher, assemble
 from ..targets import Target
 from ..ugraph.graph import KernelGraph
@@ -53,18 +52,18 @@ class Replayer:
             avail, count, kernels, done = prev
             plan, grp = prefix[-1]
             counter = [count]
-            s = self.searcher
-            kcs = kernels_for_plan(plan, list(avail), s.ctx, s.target, counter)
-            if grp < len(kcs):
-                kc = kcs[grp]
-                st = (avail + tuple(kc.outputs), counter[0], kernels + (kc.kernel,),
+            got = self.searcher.step(list(avail), done, plan, grp, counter)
+            if got is not None:
+                after, kc = got
+                st = (tuple(after), counter[0], kernels + (kc.kernel,),
                       done | frozenset(kc.finals))
         self._memo[prefix] = st
         return st
 
     def avail_before(self, trace: tuple, step: int):
+        """The tensors step ``step`` of ``trace`` plans with (``Searcher.usable``)."""
         st = self._state(tuple(trace[:step]))
-        return None if st is None else list(st[0])
+        return None if st is None else self.searcher.usable(list(st[0]), st[3])
 
     def intermediates(self, trace: tuple) -> list[str]:
         """Names of the complete intermediates ``trace`` saves (not split-reduction partials,
