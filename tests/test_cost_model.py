@@ -334,3 +334,54 @@ def test_lower_bound_kernels_must_be_positive():
     from mirage_py.cost_model import lower_bound_us
     with pytest.raises(MirageError, match="0 kernels"):
         lower_bound_us(_boundary(), H100, kernels=0)
+
+
+def _random_chain(seed: int):
+    """A random chain at sizes where read cones matter: a matmul, element-wise operators, maybe
+    a row norm or a softmax, maybe a second matmul, maybe a row sum, one or two outputs."""
+    import mirage_py as mp
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    m, k, n, q = (int(rng.choice(c)) for c in ([1, 8, 16], [256, 512, 1024],
+                                                 [256, 512, 1024], [64, 128, 256]))
+    p = mp.Program(f"chain{seed}")
+    x, w1 = p.input("X", (m, k)), p.input("W1", (k, n))
+    h = x @ w1
+    for op in rng.choice(["silu", "exp", "square", "add", "mul"], size=int(rng.integers(0, 3))):
+        h = {"silu": mp.silu, "exp": lambda t: mp.exp(t * 0.01), "square": mp.square,
+             "add": lambda t: t + 1.0, "mul": lambda t: t * 0.5}[str(op)](h)
+    shape = rng.integers(0, 3)
+    if shape == 1:
+        h = mp.rms_norm(h)
+    elif shape == 2:
+        h = mp.softmax(h, axis=-1)
+    if rng.random() < 0.5:
+        p.output(h, "H")
+    if rng.random() < 0.7:
+        h = h @ p.input("W2", (n, q))
+    if rng.random() < 0.3:
+        h = mp.sum(h, axis=-1, keepdims=True)
+    p.output(h, "Y")
+    return p
+
+
+def test_lower_bound_holds_on_random_chains():
+    """Random matmul chains with norms and softmaxes at real sizes: no candidate of one or two
+    kernels the search finds costs less than the bound for its kernel count (and the read cone
+    is what sets the one-kernel bound for some of them)."""
+    import time
+    from mirage_py.cost_model import lower_bound_us
+    from mirage_py.generator.kernel_search import search
+    from mirage_py.superopt.search import default_model
+    model = default_model()
+    checked, cone_bound = 0, 0
+    for seed in range(8):
+        prog = _random_chain(seed)
+        one = lower_bound_us(prog, H100, kernels=1)
+        cone_bound += one > H100.launch_us + H100.mem_latency_us + 0.5
+        for c in search(prog, H100, max_kernels=2, deadline=time.perf_counter() + 4):
+            cost = model.predict(c.graph, H100)
+            assert cost >= lower_bound_us(prog, H100, kernels=c.graph.num_kernels) - 1e-9, seed
+            assert cost >= lower_bound_us(prog, H100) - 1e-9, seed
+            checked += 1
+    assert checked >= 8 and cone_bound >= 2
