@@ -89,3 +89,21 @@ def test_no_dependence_outside_the_cone(program):
         masks = cone_masks(program, out)
         for name, m in got.items():
             assert name in masks and not (m & ~masks[name]).any(), (out, name)
+
+
+def test_too_large_to_walk_is_no_information():
+    """Above MAX_ELEMENTS in one tensor the walk is not taken: no cone (0 bytes), so the cost
+    model's lower bound falls back to launches, round trips and bytes."""
+    from mirage_py.cost_model import lower_bound_us
+    from mirage_py.lax import cone
+    p = mp.Program("big_scores")
+    q, k = p.input("Q", (32, 4096, 64)), p.input("K", (32, 64, 4096))
+    p.output(mp.sum(q @ k, axis=-1, keepdims=True), "S")
+    assert p.output_tensors["S"].shape == (32, 4096, 1)
+    assert cone_bytes(p) == 0
+    assert lower_bound_us(p, "h100", kernels=1) > 0
+    small = mp.Program("small_scores")
+    q, k = small.input("Q", (2, 64, 64)), small.input("K", (2, 64, 64))
+    small.output(mp.sum(q @ k, axis=-1, keepdims=True), "S")
+    assert max(t.size for t in small.nodes()) <= cone.MAX_ELEMENTS
+    assert cone_bytes(small) == 2 * (64 + 64 * 64)  # a row of Q, all of K

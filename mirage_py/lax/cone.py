@@ -102,9 +102,17 @@ def read_cone(program, output: str, index: tuple[int, ...] | None = None) -> dic
     return {n: int(np.count_nonzero(m)) for n, m in cone_masks(program, output, index).items()}
 
 
+# the walk keeps a boolean array per tensor: above this many elements in one tensor (a
+# 4096-token prefill's 32 x 4096 x 4096 attention scores) it is not taken
+MAX_ELEMENTS = 1 << 24
+
+
 def cone_bytes(program) -> int:
     """The most bytes of inputs one output element depends on, over the program's outputs (each
-    output's last element)."""
+    output's last element); 0 -- no information -- for a program with a tensor of more than
+    ``MAX_ELEMENTS`` elements."""
+    if any(t.size > MAX_ELEMENTS for t in program.nodes()):
+        return 0
     dtypes = {t.name: t.dtype for t in program.inputs}
     best = 0
     for name in program.output_tensors:
