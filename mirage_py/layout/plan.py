@@ -15,7 +15,8 @@ from .schedule import LOAD, BlockSchedule, schedule_block
 from .smem import SmemPlan, plan_shared_memory
 from .swizzle import Swizzle
 from .tile_swizzle import plan_swizzles
-from .tensors import DevicePlan, plan_device_memory
+from .device import plan_device_memory
+from .tensors import DevicePlan
 from .tma import TmaCopy, plan_tma, plan_tma_once, tma_alignment
 
 

@@ -1,4 +1,4 @@
-"""Device tensor layouts and the workspace plan of a kernel graph.
+"""Device tensor layouts of a kernel graph (:mod:`.device` plans them and the workspace).
 
 Graph inputs and outputs are row-major with the innermost dim contiguous. Intermediates (tensors
 that are neither graph inputs nor graph outputs) nest their dims in the order
@@ -8,8 +8,9 @@ the row (the innermost dim of size > 1, when a dim above it exists) starts on a 
 so that kernels may load rows with 16-byte vector accesses. Graph inputs and outputs are the
 caller's dense arrays (rows there are 16-byte aligned whenever the row length allows).
 
-The workspace places each intermediate at a 256-byte aligned offset; an intermediate whose last
-reader has run gives its space to tensors produced later (launches on one stream run in order).
+The workspace (:func:`.device.plan_device_memory`) places each intermediate at a 256-byte
+aligned offset; an intermediate whose last reader has run gives its space to tensors produced
+later (launches on one stream run in order).
 """
 
 from __future__ import annotations
@@ -17,8 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..lax.ops import DTYPES
-from ..ugraph.graph import KernelGraph
-from .intervals import Buffer, align_up, first_fit
+from .intervals import align_up
 
 ROW_ALIGN = 16  # bytes
 WORKSPACE_ALIGN = 256  # bytes
@@ -96,32 +96,3 @@ class DevicePlan:
 
     def is_intermediate(self, name: str) -> bool:
         return name in self.workspace
-
-
-def plan_device_memory(graph: KernelGraph, infos: dict | None = None) -> DevicePlan:
-    """Layouts and workspace. With ``infos`` (validate()'s BlockInfo per graph kernel) each
-    intermediate's dim order is chosen for the tiles its kernels move (:mod:`.innermost`);
-    without, intermediates are row-major."""
-    from .innermost import choose_orders  # a sibling that builds on this module
-    tensors = graph.tensors()
-    inputs = {t.name for t in graph.inputs}
-    outputs = set(graph.outputs)
-    orders = choose_orders(graph, infos) if infos is not None else {}
-    layouts: dict[str, TensorLayout] = {}
-    for name, t in tensors.items():
-        if name in inputs or name in outputs:
-            layouts[name] = dense_layout(name, t.shape, t.dtype)
-        else:
-            layouts[name] = padded_layout(name, t.shape, t.dtype, orders.get(name))
-    # live range of an intermediate: from the launch producing it to its last reader
-    last: dict[str, int] = {}
-    first: dict[str, int] = {}
-    for k, op in enumerate(graph.ops):
-        for n in op.inputs:
-            last[n] = k
-        for t in op.outputs:
-            first[t.name] = k
-    bufs = [Buffer(n, layouts[n].nbytes, first[n], max(first[n], last.get(n, first[n])))
-            for n in first if n not in outputs]
-    offsets, total = first_fit(bufs, WORKSPACE_ALIGN)
-    return DevicePlan(layouts, offsets, total)
