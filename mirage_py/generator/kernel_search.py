@@ -222,11 +222,11 @@ class Searcher:
         down projection's weight when only ``rms_norm(h) @ W`` is left): the next kernel loads
         ``h`` instead of recomputing it, and its block search does not grow values from
         inputs it no longer needs."""
-        if len(avail) == len(self.avail0):
-            return avail
         cut = {self._node_of[a.expr, a.dims].digest for a in avail
-               if a.name not in self._inputs and a.shift is None and
+               if a.name not in self._inputs and a.mask is None and a.shift is None and
                (a.expr, a.dims) in self._node_of}
+        if not cut:
+            return avail
         need: set = set()
         seen: set = set()
         stack = [t for n, t in self.program.output_tensors.items() if n not in done]
