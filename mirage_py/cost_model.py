@@ -430,14 +430,15 @@ def lower_bound_us(program: Any, target: Any = "h100", kernels: int | None = Non
     nbytes += sum(_size(o.shape) * DTYPES[o.dtype] for o in
                   {o.tensor.digest: o for o in program.outputs}.values())
     mem = 1e6 * nbytes / t.mem_bw
-    if kernels is None or kernels == 1:
-        per_sm_bw = SM_BW_FACTOR * t.mem_bw / t.sm_count
-        one = t.launch_us + max(t.mem_latency_us, mem, 1e6 * cone_bytes(program) / per_sm_bw)
-        if kernels == 1:
-            return one
-    k = kernels or 2
-    more = k * t.launch_us + max(k * t.mem_latency_us, mem)
-    return more if kernels else min(one, more)
+
+    def several(k: int) -> float:
+        return k * t.launch_us + max(k * t.mem_latency_us, mem)
+
+    if kernels is not None and kernels > 1:
+        return several(kernels)
+    per_sm_bw = SM_BW_FACTOR * t.mem_bw / t.sm_count
+    one = t.launch_us + max(t.mem_latency_us, mem, 1e6 * cone_bytes(program) / per_sm_bw)
+    return one if kernels == 1 else min(one, several(2))
 
 
 class AnalyticModel:

@@ -185,6 +185,7 @@ class Searcher:
         self.labels = infer_labels(program)
         exprs = ae.of_program(program, self.labels)
         outs = program.output_tensors
+        self._output_nodes = outs
         self.outputs = set(outs)
         self.ctx = Context(
             oracle=ae.Oracle([exprs[t.digest] for t in outs.values()]),
@@ -229,7 +230,7 @@ class Searcher:
             return avail
         need: set = set()
         seen: set = set()
-        stack = [t for n, t in self.program.output_tensors.items() if n not in done]
+        stack = [t for n, t in self._output_nodes.items() if n not in done]
         while stack:
             t = stack.pop()
             if t.digest in seen or t.digest in cut:
