@@ -395,3 +395,43 @@ def test_a_finished_output_stands_for_what_it_was_computed_from():
     assert best["both"].graph.num_kernels == 2
     assert Verifier(prog, seed=0, target=H100).check(best["both"].graph).equivalent
 
+
+
+# ---- the last kernel's plans ---------------------------------------------------------------
+
+def _mlp_into_norm() -> mp.Program:
+    """A decoder layer's SwiGLU MLP, its residual add and the next layer's RMSNorm at batch 1:
+    no graph-defined kernel sequence of two computes the normalised row (its grid would have to
+    split the dim its sum runs over), which the search used to learn from 147 plans (35 now)."""
+    p = mp.Program("mlp_into_norm")
+    x = p.input("X", (1, 512))
+    wg, wu = p.input("Wg", (512, 1408)), p.input("Wu", (512, 1408))
+    wd, r = p.input("Wd", (1408, 512)), p.input("R", (1, 512))
+    gamma = p.input("gamma", (512,))
+    h = (mp.silu(x @ wg) * (x @ wu)) @ wd + r
+    p.output(h, "H")
+    p.output(mp.rms_norm(h, eps=1e-6) * gamma, "N")
+    return p
+
+
+@pytest.mark.parametrize("make, kernels", [
+    (_layer_boundary, 2), (_mlp_into_norm, 2), (_long_softmax_sum, 2), (_long_softmax_sum, 1)],
+    ids=["layer_boundary", "mlp_into_norm", "softmax_sum_2", "softmax_sum_1"])
+def test_last_kernel_tries_only_plans_that_place_its_outputs(make, kernels):
+    """The kernel that ends a sequence must finish every output left, and a final output's
+    tiles are placed by the grid: every label the grid splits is the outer label of one of the
+    output's dims. Plans that split anything else are not tried there; the candidates are the
+    same as when every plan is tried, found by visiting fewer plans."""
+    prog = mp.partition(make(), uninterpreted=True)[0]
+    runs = []
+    for fit in (True, False):
+        s = Searcher(prog, H100)
+        s.last_plans_fit_outputs = fit
+        st = SearchStats()
+        got = s.search(max_kernels=kernels, stats=st)
+        runs.append((st.plans, sorted(c.graph.structural_hash() for c in got)))
+    (plans_fit, found_fit), (plans_all, found_all) = runs
+    assert found_fit == found_all
+    assert plans_fit < plans_all
+    if make is _mlp_into_norm:
+        assert not found_fit and plans_fit <= plans_all / 2

@@ -173,6 +173,11 @@ def trace_from_json(doc: list) -> tuple:
 class Searcher:
     """The search space of one program on one target: its oracle, labels and templates."""
 
+    # the last kernel of a sequence only tries plans whose grid can place the outputs it must
+    # finish (``search``); False tries every plan there too (the same candidates, slower: the
+    # tests compare the two)
+    last_plans_fit_outputs = True
+
     def __init__(self, program, target: Target, deadline: float | None = None,
                  bound_slack: float = 1.5):
         self.program = program
@@ -294,8 +299,18 @@ class Searcher:
                 return
             seen_states.add(key)
             children = []
+            # the last kernel must finish every output left, and a final output's tiles are
+            # placed by the grid: each label the grid splits must be the outer label of one of
+            # its dims (``block_search.save_layout``), so other plans cannot end the sequence
+            fits = None
+            if len(kernels) == max_kernels - 1 and self.last_plans_fit_outputs:
+                fits = frozenset.intersection(*(frozenset(self.ctx.target_labels[o])
+                                                for o in self.outputs - done))
             for idx, plan in enumerate(self.plans(avail, frozenset(done))):
                 if not kernels and idx % share[1] != share[0]:
+                    continue
+                if fits is not None and any(lbl not in fits for lbl, n in plan.grid
+                                            if lbl is not None and n > 1):
                     continue
                 if self._expired():
                     stats.timed_out = True

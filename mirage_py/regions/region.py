@@ -96,16 +96,38 @@ class PartDag:
                     stack.append(p)
         return out
 
+    @cached_property
+    def _reach(self) -> tuple[list[int], list[int]]:
+        """Per operator position: the positions of its descendants and of its ancestors, as
+        bit sets (Python ints), built once in one pass each way."""
+        n = len(self.nodes)
+        down, up = [0] * n, [0] * n
+        for i in range(n - 1, -1, -1):
+            for c in self.consumers.get(self.nodes[i].digest, ()):
+                j = self.pos[c]
+                down[i] |= down[j] | (1 << j)
+        for i in range(n):
+            for p in self._operands[self.nodes[i].digest]:
+                j = self.pos[p]
+                up[i] |= up[j] | (1 << j)
+        return down, up
+
     def hull(self, ops: set[str]) -> frozenset[str]:
         """The smallest convex superset: ``ops`` plus every node on a path between two of them
-        (a region that leaves and re-enters could not run as one step). Such a node lies
-        between the first and the last of ``ops`` in the part's (topological) order, so the
-        walks stay in that window: a region's hull costs its window, not the part."""
-        if not ops:
-            return frozenset()
-        ps = [self.pos[d] for d in ops]
-        lo, hi = min(ps), max(ps)
-        return frozenset(ops | (self.descendants(ops, hi) & self.ancestors(ops, lo)))
+        (a region that leaves and re-enters could not run as one step): a descendant of one
+        of them and an ancestor of one of them."""
+        down, up = self._reach
+        below = above = 0
+        for d in ops:
+            below |= down[self.pos[d]]
+            above |= up[self.pos[d]]
+        between = below & above
+        out = set(ops)
+        while between:
+            low = between & -between
+            out.add(self.nodes[low.bit_length() - 1].digest)
+            between ^= low
+        return frozenset(out)
 
     def is_convex(self, ops: set[str]) -> bool:
         return self.hull(ops) == ops
@@ -145,6 +167,10 @@ class Region:
     anchors: int
     whole: bool = False  # the whole part
     tags: frozenset = field(default_factory=frozenset)  # "floor", "search", "op"
+    # each of ``ops`` (part digests) -> its node's digest in ``program``: the same for the
+    # operators of two regions with one program (identical layers), so what is known about a
+    # region's operators can be compared across its places
+    local: dict = field(default_factory=dict, repr=False)
 
     @cached_property
     def key(self) -> str:
@@ -198,7 +224,7 @@ def extract(dag: PartDag, ops: frozenset, tags: frozenset = frozenset()) -> Regi
         prog.output(built[d], f"y{j}")
     return Region(frozenset(ops), tuple(t.digest for t in inputs), tuple(written), prog,
                   sum(is_anchor(dag.by_digest[d]) for d in ops), inside == set(dag.by_digest),
-                  tags)
+                  tags, {d: built[d].digest for d in ops})
 
 
 def canonical(program: Program) -> Program:

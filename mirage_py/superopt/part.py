@@ -244,16 +244,17 @@ def solve_part(part: Program, run: Run) -> PartResult:
     # 3. the cover, lazily: search what it wants, verify what it picks, until it settles
     while True:
         cands, what = cover_candidates()
-        cover = solve_cover(cands, outputs, needed=needed)
+        # a quick cover decides what to search next; the loop ends on a proven cheapest one
+        cover = solve_cover(cands, outputs, needed=needed, exact=False)
         solves += 1
         solve_s += cover.seconds
+        todo = _wanted(cover, what, run)
+        if not todo and not cover.proven:
+            cover = solve_cover(cands, outputs, needed=needed)
+            solves += 1
+            solve_s += cover.seconds
+            todo = _wanted(cover, what, run)
         bar.update(sum(run.structures[k].status != "open" for k in search_keys), cover.cost)
-        todo = []
-        for k in cover.chosen:
-            if k.startswith("region:"):
-                st = run.structures[what[k][0].key]
-                if st.status != "verified" and st not in todo:
-                    todo.append(st)
         if not todo:
             break
         opened = [st for st in todo if st.status == "open"]
@@ -349,6 +350,17 @@ def solve_part(part: Program, run: Run) -> PartResult:
     return out
 
 
+def _wanted(cover: Cover, what: dict, run: Run) -> list[_Structure]:
+    """The structures of the cover's regions that are not verified answers yet."""
+    todo: list[_Structure] = []
+    for k in cover.chosen:
+        if k.startswith("region:"):
+            st = run.structures[what[k][0].key]
+            if st.status != "verified" and st not in todo:
+                todo.append(st)
+    return todo
+
+
 @dataclass
 class _ShiftCheck:
     """A verification that enters a union bound beside the regions' (``summed_verification``
@@ -399,15 +411,10 @@ def _speculate(opened: list[_Structure], run: Run, cover_candidates, outputs, ne
         while len(opened) + len(extra) < run.workers:
             cands, what = cover_candidates()
             try:
-                cover = solve_cover(cands, outputs, needed=needed)
+                cover = solve_cover(cands, outputs, needed=needed, exact=False)
             except MirageError:
                 break
-            more = []
-            for k in cover.chosen:
-                if k.startswith("region:"):
-                    st = run.structures[what[k][0].key]
-                    if st.status == "open" and st not in more:
-                        more.append(st)
+            more = [st for st in _wanted(cover, what, run) if st.status == "open"]
             if not more:
                 break
             for st in more[:run.workers - len(opened) - len(extra)]:
@@ -438,16 +445,25 @@ def _break_even(st: _Structure, run: Run, search_sets: list, regions: dict,
     done = [c for c in cands if not c.key.startswith("region:") or
             run.structures[what[c.key][0].key].status == "verified"]
     worst = 0.0
+    solved: dict = {}  # places with the same pieces in the region's own terms cost the same
     for ops in search_sets:
         r = regions[ops]
         if run.structures[r.key] is not st:
             continue
         inside = [CoverCandidate(c.key, c.reads & ops, c.writes, c.cost, c.computes)
                   for c in done if c.computes and c.computes <= ops]
-        try:
-            worst = max(worst, solve_cover(inside, frozenset(r.outputs), needed=ops).cost)
-        except MirageError:
-            return None  # no cover of it from verified pieces yet: search it unbounded
+        loc = r.local
+        sig = frozenset((c.cost, frozenset(loc[v] for v in c.reads),
+                         frozenset(loc[v] for v in c.writes),
+                         frozenset(loc[d] for d in c.computes)) for c in inside)
+        if sig not in solved:
+            try:
+                # a quick cover costs at least the cheapest: the cap only gets looser
+                solved[sig] = solve_cover(inside, frozenset(r.outputs), needed=ops,
+                                          exact=False).cost
+            except MirageError:
+                return None  # no cover of it from verified pieces yet: search it unbounded
+        worst = max(worst, solved[sig])
     return worst * TUNE_SLACK if worst > 0 else None
 
 
