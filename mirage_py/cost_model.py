@@ -456,10 +456,10 @@ class AnalyticModel:
     def kernel_costs(self, graph: Any, target: Any) -> list[KernelCost]:
         return kernel_costs(graph, target, self.smem_planner)
 
-    def lower_bound(self, program: Any, target: Any) -> float:
-        """What any graph-defined kernel graph computing ``program`` costs at least: see
-        :func:`lower_bound_us`."""
-        return lower_bound_us(program, target)
+    def lower_bound(self, program: Any, target: Any, kernels: int | None = None) -> float:
+        """What any graph-defined kernel graph computing ``program`` (with ``kernels``
+        kernels; None: any number) costs at least: see :func:`lower_bound_us`."""
+        return lower_bound_us(program, target, kernels)
 
 
 class RandomModel:

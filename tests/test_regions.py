@@ -305,6 +305,42 @@ def test_deferred_tuning_gives_the_eager_options():
     assert lazy.tune_evaluations == eager.tune_evaluations > 0
 
 
+def test_an_untuned_structure_enters_no_lower_than_its_tuned_options_can_cost():
+    """Until tuned, a sub-region's structure enters the cover at the least, over its options,
+    of (untuned cost / TUNE_SLACK, what any graph of the option's kernel count costs):
+    tuning moves part counts and schedules, never the kernels, so no tuned option falls below
+    its kernel count's bound -- and the floor is never above the best tuned option."""
+    from dataclasses import replace
+    from mirage_py.superopt.search import Settings, default_model, explore, tune_pending
+    part_mod = sys.modules["mirage_py.superopt.part"]
+    p = mp.Program("boundary")
+    g, u = p.input("G", (1, 1408)), p.input("U", (1, 1408))
+    wd, r = p.input("Wd", (1408, 512)), p.input("R", (1, 512))
+    gamma, wq = p.input("gamma", (512,)), p.input("Wq", (512, 512))
+    h = (mp.silu(g) * u) @ wd + r
+    p.output(h, "H")
+    p.output((mp.rms_norm(h, eps=1e-6) * gamma) @ wq, "Q")
+    prog = canonical(p)
+    model = default_model()
+    settings = Settings(max_kernels=2, defer_tuning=True)
+    ex = explore(prog, "h100", model, settings, None)
+    assert ex.pending
+
+    class FakeRun:
+        target, runner, remote = "h100", None, False
+        model = default_model()
+    st = part_mod._Structure(prog, part_mod.lower_bound(model, prog, "h100"))
+    part_mod._explored(st, ex, FakeRun())
+    untuned = {o[1].graph.structural_hash(): o[1].graph.num_kernels for o in st.options}
+    assert 2 in untuned.values()
+    assert st.tuned_floor > min(o[0] for o in st.options) / part_mod.TUNE_SLACK  # it binds
+    tuned = tune_pending(ex, "h100", model, replace(settings, defer_tuning=False), None)
+    for cost, ag, *_ in tuned.options:
+        k = ag.graph.num_kernels
+        assert cost >= part_mod.lower_bound(model, prog, "h100", k) - 1e-9
+    assert min(o[0] for o in tuned.options) >= st.tuned_floor - 1e-9
+
+
 def test_sub_regions_are_tuned_only_when_the_cover_wants_them(monkeypatch):
     """Deferred tuning of sub-regions: the same cover as tuning every searched structure at
     once, with fewer tuner evaluations."""

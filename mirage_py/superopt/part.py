@@ -122,6 +122,7 @@ class _Structure:
     floor: RegionResult | None = None  # the quick one-kernel lowering, when it is a floor group
     recorded: bool = False
     cap: float | None = None  # its search keeps only kernel sequences cheaper than this
+    tuned_floor: float = 0.0  # what its options can cost at least once tuned (``_explored``)
 
     @property
     def cost(self) -> float:
@@ -131,18 +132,20 @@ class _Structure:
             if not self.options:
                 return math.inf
             if self.explored is not None and self.explored.pending:  # not tuned yet
-                return max(self.lb, self.options[0][0] / TUNE_SLACK)
+                return max(self.lb, self.tuned_floor)
             return self.options[0][0]
         if self.status == "open":
             return self.lb
         return math.inf
 
 
-def lower_bound(model, program: Program, target) -> float:
-    """What any kernel graph for ``program`` costs at least under ``model`` (0 when the model
-    does not say)."""
+def lower_bound(model, program: Program, target, kernels: int | None = None) -> float:
+    """What any kernel graph for ``program`` (of ``kernels`` graph-defined kernels; None: any)
+    costs at least under ``model`` (0 when the model does not say)."""
     f = getattr(model, "lower_bound", None)
-    return float(f(program, target)) if f is not None else 0.0
+    if f is None:
+        return 0.0
+    return float(f(program, target) if kernels is None else f(program, target, kernels))
 
 
 def solve_part(part: Program, run: Run) -> PartResult:
@@ -160,10 +163,16 @@ def solve_part(part: Program, run: Run) -> PartResult:
     op_kernels = dict(zip((t.digest for t in lowered), naive.ops))
     tensors = naive.tensors()
     op_cost = {}
+    priced: dict = {}  # operators alike but for tensor names (identical layers) cost the same
     for d, k in op_kernels.items():
-        g = KernelGraph("op", tuple(tensors[n] for n in dict.fromkeys(k.inputs)), (k,),
-                        (k.output.name,))
-        op_cost[d] = model.predict(g, tgt)
+        ins = list(dict.fromkeys(k.inputs))
+        sig = (k.op, k.attrs, k.output.shape, k.output.dtype,
+               tuple((tensors[n].shape, tensors[n].dtype) for n in ins),
+               tuple(ins.index(o) if isinstance(o, str) else o for o in k.operands))
+        if sig not in priced:
+            g = KernelGraph("op", tuple(tensors[n] for n in ins), (k,), (k.output.name,))
+            priced[sig] = model.predict(g, tgt)
+        op_cost[d] = priced[sig]
     inner = set(dag.by_digest)
     values = inner | set(dag.masks)  # what a pre-defined kernel may read from another
 
@@ -384,16 +393,19 @@ def _max_shifted_part(part: Program, run: Run) -> tuple[Program, Any]:
     from ..verifier import Verifier
     dag = PartDag(part)
     checks = []
+    done: dict = {}  # clusters with one canonical program (identical layers) are checked once
     for ops in shift_clusters(part):
-        cluster = extract(dag, ops).program
-        local = max_shifted(cluster)
-        if local is None or cluster.nested_exp():
+        region = extract(dag, ops)
+        if region.key not in done:
+            cluster = region.program
+            local = max_shifted(cluster)
+            if local is None or cluster.nested_exp():
+                return part, None
+            done[region.key] = Verifier(cluster, seed=run.seed, target=run.target).check(
+                naive_lowering(local), tests=run.verify_tests)
+        if not done[region.key].equivalent:
             return part, None
-        v = Verifier(cluster, seed=run.seed, target=run.target).check(
-            naive_lowering(local), tests=run.verify_tests)
-        if not v.equivalent:
-            return part, None
-        checks.append(_ShiftCheck(v))
+        checks.append(_ShiftCheck(done[region.key]))
     return shifted, summed_verification(checks)
 
 
@@ -561,6 +573,19 @@ def _settings(st: _Structure, run: Run) -> Settings:
 def _explored(st: _Structure, ex: Explored, run: Run) -> None:
     st.explored = ex
     st.options = list(ex.options)
+    if ex.pending:
+        # until tuned, an option enters at its untuned cost / TUNE_SLACK, but never below what
+        # any graph of its kernel count costs (tuning moves part counts and schedules, never
+        # the kernels): a two-kernel option untuned at 8.1 us enters at two launches' 6.0 us,
+        # not 4.1
+        floors: dict[int, float] = {}
+        best = math.inf
+        for cost, ag, *_ in st.options:
+            k = ag.graph.num_kernels
+            if k not in floors:
+                floors[k] = lower_bound(run.model, st.program, run.target, k)
+            best = min(best, max(cost / TUNE_SLACK, floors[k]))
+        st.tuned_floor = best
     if ex.stats.interrupted:
         run.interrupted = True
     if not ex.pending and not run.remote:  # remote: _measure_all
@@ -725,7 +750,9 @@ def _run_jobs(sts: list[_Structure], run: Run) -> dict[int, Explored]:
     returns what arrived (all of it, unless interrupted)."""
     ctx = mproc.get_context("fork" if sys.platform != "win32" else "spawn")
     q = ctx.Queue()
-    pending = list(sts)
+    # the largest programs first (their jobs tend to take longest): the round ends sooner than
+    # when a long job starts last and one worker waits on it
+    pending = sorted(sts, key=lambda st: -len(st.program.nodes()))
     running: dict[int, Any] = {}
     out: dict[int, Explored] = {}
     try:
