@@ -9,15 +9,18 @@
    any answer for it can cost under the model (``lower_bound``, the analytic model's
    :func:`~mirage_py.cost_model.lower_bound_us`: launches, memory round trips, its inputs read
    and outputs written once, and for one kernel an output element's read cone loaded by one
-   block). The cheapest cover is solved; the regions
-   in it that are unsearched get searched (several at once in worker processes), those searched
-   but untuned get tuned (a sub-region's search defers its tuning; until tuned it enters at its
-   best untuned cost / ``TUNE_SLACK``), those tuned but unverified get their best option
-   verified (the next one if it fails), and the cover is solved again, until every piece of the
-   cover is a verified answer. A region left unsearched (or untuned) then could not have made
-   the cover cheaper even at its lower bound (or optimistic cost), so the answer is the
-   cheapest cover by every region's best verified answer: exact under the cost model (given
-   that tuning gains at most ``TUNE_SLACK``), without searching or tuning every region.
+   block). The cheapest cover is solved; the regions in it that are unsearched get searched
+   (several at once in worker processes), those searched but untuned get tuned (a sub-region's
+   search defers its tuning; until tuned an option enters at its untuned cost /
+   ``TUNE_SLACK``, never below what any graph of its kernel count costs), those tuned but
+   unverified get their best option verified (the next one if it fails), and the cover is
+   solved again, until every piece of the cover is a verified answer. The rounds decide on
+   quick covers (``exact=False``: the cheapest where that is proven cheaply, else a good one);
+   the loop ends only on a proven cheapest one. A region left unsearched (or untuned) then
+   could not have made the cover cheaper even at its lower bound (or optimistic cost), so
+   the answer is the cheapest cover by every region's best verified answer: exact under the
+   cost model (given that tuning gains at most ``TUNE_SLACK``), without searching or tuning
+   every region.
 3. **Anytime.** After every step the best verified cover so far is known. When the search
    budget runs out or Ctrl-C arrives, no more regions are searched (those not searched leave the
    cover) and the loop finishes with verification only.
