@@ -341,6 +341,31 @@ def test_an_untuned_structure_enters_no_lower_than_its_tuned_options_can_cost():
     assert min(o[0] for o in tuned.options) >= st.tuned_floor - 1e-9
 
 
+def test_two_kernel_regions_are_searched_after_the_others():
+    """A region whose bound is two kernels' (one kernel would load the whole down-projection
+    weight in a block) is flagged, and waits while the cover wants other unsearched regions;
+    a norm and its projection, which one kernel computes, is not."""
+    part_mod = sys.modules["mirage_py.superopt.part"]
+    from mirage_py.cost_model import lower_bound_us
+    from mirage_py.superopt.search import default_model
+    boundary = mp.Program("boundary")
+    g, u = boundary.input("G", (1, 1408)), boundary.input("U", (1, 1408))
+    wd, r = boundary.input("Wd", (1408, 512)), boundary.input("R", (1, 512))
+    gamma, wq = boundary.input("gamma", (512,)), boundary.input("Wq", (512, 512))
+    h = (mp.silu(g) * u) @ wd + r
+    boundary.output(h, "H")
+    boundary.output((mp.rms_norm(h, eps=1e-6) * gamma) @ wq, "Q")
+    norm = mp.Program("norm")
+    x, w = norm.input("X", (1, 512)), norm.input("W", (512, 512))
+    norm.output(mp.rms_norm(x, eps=1e-6) @ w, "Y")
+    model = default_model()
+    st = part_mod._structure(canonical(boundary), model, "h100")
+    assert st.two_kernels
+    assert lower_bound_us(canonical(boundary), "h100", 1) > st.lb == pytest.approx(
+        lower_bound_us(canonical(boundary), "h100", 2))
+    assert not part_mod._structure(canonical(norm), model, "h100").two_kernels
+
+
 def test_sub_regions_are_tuned_only_when_the_cover_wants_them(monkeypatch):
     """Deferred tuning of sub-regions: the same cover as tuning every searched structure at
     once, with fewer tuner evaluations."""

@@ -126,6 +126,7 @@ class _Structure:
     recorded: bool = False
     cap: float | None = None  # its search keeps only kernel sequences cheaper than this
     tuned_floor: float = 0.0  # what its options can cost at least once tuned (``_explored``)
+    two_kernels: bool = False  # its lower bound is two kernels' (one kernel costs more)
 
     @property
     def cost(self) -> float:
@@ -149,6 +150,14 @@ def lower_bound(model, program: Program, target, kernels: int | None = None) -> 
     if f is None:
         return 0.0
     return float(f(program, target) if kernels is None else f(program, target, kernels))
+
+
+def _structure(program: Program, model, target) -> _Structure:
+    """A new structure with its lower bound, and whether that bound is two kernels' (one
+    kernel would load more in a block than two kernels cost: a layer boundary's down
+    projection and the next RMSNorm)."""
+    lb = lower_bound(model, program, target)
+    return _Structure(program, lb, two_kernels=0 < lower_bound(model, program, target, 2) <= lb)
 
 
 def solve_part(part: Program, run: Run) -> PartResult:
@@ -203,7 +212,7 @@ def solve_part(part: Program, run: Run) -> PartResult:
     search_sets = [g for g in search_sets if regions[g].program.verifiable]
     for r in regions.values():
         if r.key not in run.structures:
-            run.structures[r.key] = _Structure(r.program, lower_bound(model, r.program, tgt))
+            run.structures[r.key] = _structure(r.program, model, tgt)
         run.structures[r.key].whole |= r.whole
     uses: dict[str, int] = {}
     for ops in set(search_sets) | set(floor_sets):
@@ -279,6 +288,13 @@ def solve_part(part: Program, run: Run) -> PartResult:
                 for st in opened:
                     st.status = "skipped"
                 continue
+            # regions whose bound is two kernels' (one kernel would load too much in a block)
+            # wait while others the cover wants are searched: their answers mostly pass
+            # program values between the kernels, which the cover composes from smaller
+            # regions, and once those are known the cover often stops wanting them
+            first = [st for st in opened if not st.two_kernels]
+            if first:
+                opened = first
             searching = opened + _speculate(opened, run, cover_candidates, outputs, needed)
             for st in searching:
                 st.cap = _break_even(st, run, search_sets, regions, cover_candidates)
