@@ -130,7 +130,7 @@ def run_case(label: str, build, goals: dict, workers: int | None,
     return row
 
 
-def stacked_ratio(workers: int | None, reps: int = 5, quick: bool = False) -> dict:
+def stacked_ratio(workers: int | None, reps: int = 7, quick: bool = False) -> dict:
     """Four stacked decode layers against one: ``reps`` alternating runs in this (warm)
     process, the ratio of the median search times. Single runs on a shared 2-core VM vary by
     +-25% (a plain Python loop does), so one run of each says little."""
@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--workers", type=int, default=None, help="default: superopt's")
     ap.add_argument("--out", default=str(RESULTS), help="results folder")
     ap.add_argument("--no-save", action="store_true")
-    ap.add_argument("--reps", type=int, default=5,
+    ap.add_argument("--reps", type=int, default=7,
                     help="alternating one- / four-layer runs for the search-time ratio (0: none)")
     ap.add_argument("--table-only", action="store_true",
                     help="rewrite the .md from the saved .json (no search)")

@@ -305,6 +305,19 @@ def test_deferred_tuning_gives_the_eager_options():
     assert lazy.tune_evaluations == eager.tune_evaluations > 0
 
 
+def _layer_boundary() -> mp.Program:
+    """A decoder layer boundary as the region layer sees it (canonical): the MLP's down
+    projection and residual add, then the next layer's RMSNorm and query projection."""
+    p = mp.Program("boundary")
+    g, u = p.input("G", (1, 1408)), p.input("U", (1, 1408))
+    wd, r = p.input("Wd", (1408, 512)), p.input("R", (1, 512))
+    gamma, wq = p.input("gamma", (512,)), p.input("Wq", (512, 512))
+    h = (mp.silu(g) * u) @ wd + r
+    p.output(h, "H")
+    p.output((mp.rms_norm(h, eps=1e-6) * gamma) @ wq, "Q")
+    return canonical(p)
+
+
 def test_an_untuned_structure_enters_no_lower_than_its_tuned_options_can_cost():
     """Until tuned, a sub-region's structure enters the cover at the least, over its options,
     of (untuned cost / TUNE_SLACK, what any graph of the option's kernel count costs):
@@ -313,14 +326,7 @@ def test_an_untuned_structure_enters_no_lower_than_its_tuned_options_can_cost():
     from dataclasses import replace
     from mirage_py.superopt.search import Settings, default_model, explore, tune_pending
     part_mod = sys.modules["mirage_py.superopt.part"]
-    p = mp.Program("boundary")
-    g, u = p.input("G", (1, 1408)), p.input("U", (1, 1408))
-    wd, r = p.input("Wd", (1408, 512)), p.input("R", (1, 512))
-    gamma, wq = p.input("gamma", (512,)), p.input("Wq", (512, 512))
-    h = (mp.silu(g) * u) @ wd + r
-    p.output(h, "H")
-    p.output((mp.rms_norm(h, eps=1e-6) * gamma) @ wq, "Q")
-    prog = canonical(p)
+    prog = _layer_boundary()
     model = default_model()
     settings = Settings(max_kernels=2, defer_tuning=True)
     ex = explore(prog, "h100", model, settings, None)
@@ -348,21 +354,15 @@ def test_two_kernel_regions_are_searched_after_the_others():
     part_mod = sys.modules["mirage_py.superopt.part"]
     from mirage_py.cost_model import lower_bound_us
     from mirage_py.superopt.search import default_model
-    boundary = mp.Program("boundary")
-    g, u = boundary.input("G", (1, 1408)), boundary.input("U", (1, 1408))
-    wd, r = boundary.input("Wd", (1408, 512)), boundary.input("R", (1, 512))
-    gamma, wq = boundary.input("gamma", (512,)), boundary.input("Wq", (512, 512))
-    h = (mp.silu(g) * u) @ wd + r
-    boundary.output(h, "H")
-    boundary.output((mp.rms_norm(h, eps=1e-6) * gamma) @ wq, "Q")
+    boundary = _layer_boundary()
     norm = mp.Program("norm")
     x, w = norm.input("X", (1, 512)), norm.input("W", (512, 512))
     norm.output(mp.rms_norm(x, eps=1e-6) @ w, "Y")
     model = default_model()
-    st = part_mod._structure(canonical(boundary), model, "h100")
+    st = part_mod._structure(boundary, model, "h100")
     assert st.two_kernels
-    assert lower_bound_us(canonical(boundary), "h100", 1) > st.lb == pytest.approx(
-        lower_bound_us(canonical(boundary), "h100", 2))
+    assert lower_bound_us(boundary, "h100", 1) > st.lb == pytest.approx(
+        lower_bound_us(boundary, "h100", 2))
     assert not part_mod._structure(canonical(norm), model, "h100").two_kernels
 
 

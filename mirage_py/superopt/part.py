@@ -296,8 +296,11 @@ def solve_part(part: Program, run: Run) -> PartResult:
             if first:
                 opened = first
             searching = opened + _speculate(opened, run, cover_candidates, outputs, needed)
+            cands, what = cover_candidates()
+            verified = [c for c in cands if not c.key.startswith("region:") or
+                        run.structures[what[c.key][0].key].status == "verified"]
             for st in searching:
-                st.cap = _break_even(st, run, search_sets, regions, cover_candidates)
+                st.cap = _break_even(st, run, search_sets, regions, verified)
             _explore_all(searching, run, bar)
             continue
         # explored: tune those whose tuning waits for the cover to want them, then verify the
@@ -462,19 +465,17 @@ def _speculate(opened: list[_Structure], run: Run, cover_candidates, outputs, ne
 
 
 def _break_even(st: _Structure, run: Run, search_sets: list, regions: dict,
-                cover_candidates) -> float | None:
+                done: list) -> float | None:
     """What an answer for a sub-region must beat to be of any use: at each place the structure
     occurs, the cheapest cover of just that region's operators by what is already verified
     (the naive operators, the floor, answered regions) -- an answer costing more could always
     be replaced by that cover, which computes the same operators, reads no more and writes at
     least the region's outputs. The largest over the places, times ``TUNE_SLACK`` (the search
     ranks untuned kernels, tuning still lowers them); None for the whole part, which is searched
-    to the end as before regions existed."""
+    to the end as before regions existed. ``done``: the cover candidates that are verified
+    answers (every one but the regions not answered yet)."""
     if st.whole:
         return None
-    cands, what = cover_candidates()
-    done = [c for c in cands if not c.key.startswith("region:") or
-            run.structures[what[c.key][0].key].status == "verified"]
     worst = 0.0
     solved: dict = {}  # places with the same pieces in the region's own terms cost the same
     for ops in search_sets:
