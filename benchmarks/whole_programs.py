@@ -144,7 +144,10 @@ def stacked_ratio(workers: int | None, reps: int = 7, quick: bool = False) -> di
             mp.superopt(p, workers=workers, progress=False, database=False)
             times[n].append(round(time.perf_counter() - t0, 2))
     one, four = statistics.median(times[1]), statistics.median(times[4])
-    return {"one_s": times[1], "four_s": times[4], "ratio": four / one}
+    # the machine's speed drifts between runs: a four-layer run against the one-layer run just
+    # before it cancels the drift, the ratio of the medians does not
+    pairs = statistics.median(b / a for a, b in zip(times[1], times[4]))
+    return {"one_s": times[1], "four_s": times[4], "ratio": four / one, "paired": pairs}
 
 
 def _table(rows: list[dict], ratio: dict | None) -> str:
@@ -165,10 +168,13 @@ def _table(rows: list[dict], ratio: dict | None) -> str:
     if ratio is not None:
         r = ratio
         lines.append("")
-        lines.append(f"Four stacked layers searched in {r['ratio']:.2f}x the time of one "
-                     f"(goal <= 1.3x: {'met' if r['ratio'] <= 1.3 else 'missed'}): the ratio "
-                     f"of the medians of {len(r['one_s'])} alternating runs in one warm process "
-                     f"(one layer {r['one_s']} s, four layers {r['four_s']} s). Identical layers "
+        paired = r.get("paired", r["ratio"])
+        lines.append(f"Four stacked layers searched in {r['ratio']:.2f}x the time of one, the "
+                     f"ratio of the medians of {len(r['one_s'])} alternating runs in one warm "
+                     f"process, {paired:.2f}x the median of each four-layer run over the "
+                     f"one-layer run before it (goal <= 1.3x: "
+                     f"{'met' if max(r['ratio'], paired) <= 1.3 else 'met by one measure' if min(r['ratio'], paired) <= 1.3 else 'missed'}; "
+                     f"one layer {r['one_s']} s, four layers {r['four_s']} s). Identical layers "
                      "share their regions' searches (one structure each); the regions that "
                      "straddle two layers are structures a single layer does not have, searched "
                      "once for all the boundaries.")
