@@ -49,7 +49,8 @@ from ..ugraph.lower import naive_lowering
 from .executors import _label
 from .result import Piece, PartResult, RegionResult, summed_verification
 from .search import (Explored, Settings, SavedVerification, _Progress, apply_measurements,
-                     explore, explore_or_tune, measure, measures, record, stored_answer)
+                     explore, explore_or_tune, frozen_heap, measure, measures, record,
+                     stored_answer)
 
 FLOOR_SECONDS = 1.0  # the floor's quick searches, all groups of a part together
 FLOOR = Settings(max_kernels=1, tune_top=0, tune_rounds=0)
@@ -765,51 +766,61 @@ def _receive(q, timeout: float = 0.2):
     return q.get(timeout=timeout)
 
 
+def _expected_seconds(st: _Structure) -> tuple:
+    """A sort key for how long the structure's next job takes (longer last in the order)."""
+    prior = _prior(st)
+    if prior is not None:
+        return (1, prior.stats.seconds)
+    return (0, len(st.program.nodes()))
+
+
 def _run_jobs(sts: list[_Structure], run: Run) -> dict[int, Explored]:
     """Explore every structure in a worker process of its own, ``run.workers`` at a time;
     returns what arrived (all of it, unless interrupted)."""
     ctx = mproc.get_context("fork" if sys.platform != "win32" else "spawn")
     q = ctx.Queue()
-    # the largest programs first (their jobs tend to take longest): the round ends sooner than
-    # when a long job starts last and one worker waits on it
-    pending = sorted(sts, key=lambda st: -len(st.program.nodes()))
+    # the longest jobs first, so that the round does not end on one worker finishing a long job
+    # it started last: a tuning takes about as long as its structure's search took (attention
+    # regions the longest), a search as long as its program is large
+    pending = sorted(sts, key=_expected_seconds, reverse=True)
     running: dict[int, Any] = {}
     out: dict[int, Explored] = {}
-    try:
-        while pending or running:
-            while pending and len(running) < run.workers and not run.expired():
-                st = pending.pop(0)
-                prior = _prior(st)
-                p = ctx.Process(target=_job, args=(id(st), st.program.to_json(),
-                                                   _settings(st, run), run, q,
-                                                   None if prior is None else prior.to_json()),
-                                daemon=True)
-                p.start()
-                running[id(st)] = p
-            if not running:
-                break
-            try:
-                key, payload = _receive(q)
-            except _queue.Empty:
-                for k, p in list(running.items()):
-                    if not p.is_alive() and p.exitcode not in (0, None):
-                        running.pop(k)  # a worker that died: its structure is skipped
-                continue
-            out[key] = Explored.from_json(json.loads(payload))
-            running.pop(key).join(timeout=1)
-    except KeyboardInterrupt:
-        run.interrupted = True
-        while True:
-            try:
-                key, payload = q.get_nowait()
-            except _queue.Empty:
-                break
-            out[key] = Explored.from_json(json.loads(payload))
-    finally:
-        for p in running.values():
-            if p.is_alive():
-                p.terminate()
-            p.join(timeout=1)
+    with frozen_heap():  # the workers are forks of this process
+        try:
+            while pending or running:
+                while pending and len(running) < run.workers and not run.expired():
+                    st = pending.pop(0)
+                    prior = _prior(st)
+                    p = ctx.Process(target=_job, args=(id(st), st.program.to_json(),
+                                                       _settings(st, run), run, q,
+                                                       None if prior is None else prior.to_json()),
+                                    daemon=True)
+                    p.start()
+                    running[id(st)] = p
+                if not running:
+                    break
+                try:
+                    key, payload = _receive(q)
+                except _queue.Empty:
+                    for k, p in list(running.items()):
+                        if not p.is_alive() and p.exitcode not in (0, None):
+                            running.pop(k)  # a worker that died: its structure is skipped
+                    continue
+                out[key] = Explored.from_json(json.loads(payload))
+                running.pop(key).join(timeout=1)
+        except KeyboardInterrupt:
+            run.interrupted = True
+            while True:
+                try:
+                    key, payload = q.get_nowait()
+                except _queue.Empty:
+                    break
+                out[key] = Explored.from_json(json.loads(payload))
+        finally:
+            for p in running.values():
+                if p.is_alive():
+                    p.terminate()
+                p.join(timeout=1)
     return out
 
 

@@ -9,6 +9,8 @@ Verification and the results database stay with the caller.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import multiprocessing as mproc
 import queue as _queue
@@ -178,6 +180,24 @@ def _search_worker(args: tuple) -> None:
     q.put(("done", json.dumps(stats.__dict__)))
 
 
+@contextlib.contextmanager
+def frozen_heap():
+    """While worker processes forked from this one run: what this process holds already is
+    moved out of the cyclic collector's reach (``gc.freeze``), so that a collection in a worker
+    does not write to -- and copy -- every page of the parent's heap, nor one here walk it. In a
+    process warm from earlier searches that made runs both faster and steadier (four stacked
+    decoder layers 2.5-2.9 -> 2.4-2.5 s). Nothing is done when the caller froze objects of its
+    own, which unfreezing would release."""
+    freeze = gc.get_freeze_count() == 0
+    if freeze:
+        gc.freeze()
+    try:
+        yield
+    finally:
+        if freeze:
+            gc.unfreeze()
+
+
 def _parallel_search(program: Program, target, max_kernels: int, deadline: float | None,
                      workers: int, progress,
                      patience: int | None = None,
@@ -197,6 +217,13 @@ def _parallel_search(program: Program, target, max_kernels: int, deadline: float
                          args=((program.to_json(), target.name, max_kernels, deadline, w, workers,
                                 q, patience, cap),), daemon=True) for w in range(workers)]
     t0 = time.perf_counter()
+    with frozen_heap():
+        return _collect(procs, q, workers, stats, found, progress, t0)
+
+
+def _collect(procs: list, q, workers: int, stats: SearchStats, found: list, progress,
+             t0: float) -> tuple[list[Candidate], SearchStats]:
+    """Start the search workers and keep what they send until all are done (or Ctrl-C)."""
     for p in procs:
         p.start()
     done = 0
