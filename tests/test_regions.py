@@ -134,6 +134,15 @@ def test_identical_layers_give_identical_region_keys():
     assert shared
     for regs in shared:
         assert len({frozenset(reg.local.values()) for reg in regs}) == 1
+        # built once: the places of a structure share one program (``PartDag.programs``)
+        assert all(reg.program is regs[0].program for reg in regs)
+    # and sharing changes nothing: a part that builds every region's program anew gets the
+    # same keys, programs and operator names
+    fresh = PartDag(two)
+    fresh.programs = type("Never", (dict,), {"get": lambda self, k, d=None: None})()
+    for r in search_regions(d2):
+        a, b = extract(d2, r), extract(fresh, r)
+        assert (a.key, a.local, a.inputs, a.outputs) == (b.key, b.local, b.inputs, b.outputs)
     # and the canonical program does not depend on names
     a = mp.Program("a")
     x, w = a.input("x", (4, 64)), a.input("w", (64, 32))

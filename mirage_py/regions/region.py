@@ -20,6 +20,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any
 
 from ..lax import ops as _ops
 from ..lax.program import Program
@@ -61,6 +62,10 @@ class PartDag:
         for name, t in part.output_tensors.items():
             self.output_names.setdefault(t.digest, []).append(name)
         self.input_names = {t.digest: t.name for t in part.inputs}
+        # region extraction's memory (``extract``): structural node numbers, and the program
+        # of each region structure met so far
+        self.node_ids: dict[tuple, int] = {}
+        self.programs: dict[tuple, tuple] = {}
         self._operands: dict[str, list[str]] = {
             t.digest: list(dict.fromkeys(x.digest for x in t.inputs if x.digest in self.by_digest))
             for t in self.nodes}
@@ -213,18 +218,36 @@ def extract(dag: PartDag, ops: frozenset, tags: frozenset = frozenset()) -> Regi
                 stack.extend(reversed(t.inputs))
             else:
                 inputs.append(t)
-    prog = Program("region")
-    built: dict[str, Tensor] = {}
-    for i, t in enumerate(inputs):
-        built[t.digest] = prog.input(f"r{i}", t.shape, t.dtype)
-    for t in sorted((dag.by_digest[d] for d in ops), key=lambda t: dag.pos[t.digest]):
-        args = tuple(i if i.op in ("const", "mask") else built[i.digest] for i in t.inputs)
-        built[t.digest] = Tensor(t.op, args, t.attr_dict, t.shape, t.dtype)
-    for j, d in enumerate(written):
-        prog.output(built[d], f"y{j}")
+    # the program is the same for every region with the same structure (identical layers): a
+    # node is known by its operator, attributes, shape, dtype and operands (an input by its
+    # place), numbered once per part, and such regions share the program built for the first
+    ids = dag.node_ids
+    name: dict[str, Any] = {t.digest: ("r", i) for i, t in enumerate(inputs)}
+    order = sorted(ops, key=dag.pos.get)
+    for d in order:
+        t = dag.by_digest[d]
+        node = (t.op, t.attrs, t.shape, t.dtype,
+                tuple(x.digest if x.op in ("const", "mask") else name[x.digest]
+                      for x in t.inputs))
+        name[d] = ids.setdefault(node, len(ids))
+    sig = (tuple(name[d] for d in written), tuple((t.shape, t.dtype) for t in inputs))
+    shared = dag.programs.get(sig)
+    if shared is None:
+        prog = Program("region")
+        built: dict[str, Tensor] = {}
+        for i, t in enumerate(inputs):
+            built[t.digest] = prog.input(f"r{i}", t.shape, t.dtype)
+        for d in order:
+            t = dag.by_digest[d]
+            args = tuple(i if i.op in ("const", "mask") else built[i.digest] for i in t.inputs)
+            built[d] = Tensor(t.op, args, t.attr_dict, t.shape, t.dtype)
+        for j, d in enumerate(written):
+            prog.output(built[d], f"y{j}")
+        shared = dag.programs[sig] = (prog, {name[d]: built[d].digest for d in ops})
+    prog, digests = shared
     return Region(frozenset(ops), tuple(t.digest for t in inputs), tuple(written), prog,
                   sum(is_anchor(dag.by_digest[d]) for d in ops), inside == set(dag.by_digest),
-                  tags, {d: built[d].digest for d in ops})
+                  tags, {d: digests[name[d]] for d in ops})
 
 
 def canonical(program: Program) -> Program:
