@@ -192,6 +192,8 @@ class Searcher:
         outs = program.output_tensors
         self._output_nodes = outs
         self.outputs = set(outs)
+        # per output, the labels a grid may split in the kernel that finishes it (``search``)
+        self._placing = {n: frozenset(lbls) for n, lbls in self.labels.outputs.items()}
         self.ctx = Context(
             oracle=ae.Oracle([exprs[t.digest] for t in outs.values()]),
             templates=templates_of(program, exprs),
@@ -304,8 +306,7 @@ class Searcher:
             # its dims (``block_search.save_layout``), so other plans cannot end the sequence
             fits = None
             if len(kernels) == max_kernels - 1 and self.last_plans_fit_outputs:
-                fits = frozenset.intersection(*(frozenset(self.ctx.target_labels[o])
-                                                for o in self.outputs - done))
+                fits = frozenset.intersection(*(self._placing[o] for o in self.outputs - done))
             for idx, plan in enumerate(self.plans(avail, frozenset(done))):
                 if not kernels and idx % share[1] != share[0]:
                     continue
