@@ -16,7 +16,8 @@ Pre-defined kernel operator (a library kernel, assumed to keep the whole GPU bus
     t = launch_us + max(bytes / mem_bw, tc_flops / tc_rate, simt_flops / fp32_rate)
 
 with ``bytes`` every operand read once plus the output written once, and a matmul's flops padded
-to the tensor-core MMA shape (m to 16, n to 8, k to 16), so a GEMV with 2 rows is charged 16.
+to the tensor-core MMA shape (m to 16, n to 8, k to 16), so a GEMV with 2 rows is charged 16;
+a TF32 or float32 matmul is priced by its math as in graph-defined kernels (below).
 
 Graph-defined kernel: ``B`` blocks of ``T`` threads, ``F`` loop iterations, ``s`` pipeline stages
 (the ``stages`` annotation, at most ``F``; ``DEFAULT_STAGES`` = 2 when absent), one block's live
@@ -41,8 +42,10 @@ latency-bound, so the search's branch and bound would drop looped structures tha
   (``parts`` times the output, 4 bytes each) and a later kernel combines them: that *combine
   step* is its own kernel (a launch, reading the partials back, the adds), so it is charged
   exactly like any other kernel and shows in the total.
-* **flops**: tile matmuls on tensor cores, ``2 m n k`` per tile and iteration with m, n, k padded
-  to the MMA shape; elementwise, reduction, accumulator and fused thread-graph operators on CUDA
+* **flops**: tile matmuls by their math (lax/precision.py, :func:`matmul_work`): 16-bit ones on
+  tensor cores, ``2 m n k`` per tile and iteration with m, n, k padded to the MMA shape; TF32
+  ones padded to theirs (k to 8) at the TF32 rate (``tf32_flops``); float32 ones on CUDA cores,
+  ``2 m n k`` at ``FMA_MATMUL_EFFICIENCY`` of the fp32 rate; elementwise, reduction, accumulator and fused thread-graph operators on CUDA
   cores, the operator's ``cost`` per element (the op table: one for +, exp, max, ...; the
   operations of its CUDA expression for composite rows such as silu 3, mish 7), charged in steps
   of ``T`` elements (a 64-element tile on 256 threads costs 256: idle threads are not free). An
@@ -101,6 +104,7 @@ from typing import Any, Protocol
 from .errors import MirageError
 from .lax.cone import cone_bytes
 from .lax.ops import DTYPES, OPS
+from .lax.precision import MatmulMath, fma_micro_tile, op_math
 from .targets import Target, get_target
 from .ugraph.graph import (Accum, BlockOp, Fused, GraphKernel, InputIter, KernelGraph, KernelOp,
                            MaskIter)
@@ -114,6 +118,11 @@ REGS_BASE, REGS_PER_TILE_FLOAT = 40, 2  # with register tiles (see estimated_reg
 TC_WARPS = 8  # resident warps per SM that keep its tensor cores busy
 SIMT_WARPS = 16  # resident warps per SM that keep its CUDA cores busy
 MMA = (16, 8, 16)  # m, n, k of the fp16/bf16 tensor-core MMA (sm_80, sm_90)
+MMA_TF32 = (16, 8, 8)  # m, n, k of the TF32 tensor-core MMA
+# float32 matmuls on CUDA cores reach this fraction of the fp32 FMA peak: the register-blocked
+# tile FMA of a generated kernel (each thread a micro-tile of outputs, operands from shared
+# memory) and the pre-defined kernel alike. An assumption until a GPU measures it.
+FMA_MATMUL_EFFICIENCY = 0.5
 DEFAULT_STAGES = 2  # a graph-defined kernel without a stages annotation is double-buffered
 
 
@@ -168,6 +177,26 @@ def _pad(x: int, m: int) -> int:
 
 def _mma_flops(m: int, n: int, k: int, batch: int = 1) -> float:
     return 2.0 * batch * _pad(m, MMA[0]) * _pad(n, MMA[1]) * _pad(k, MMA[2])
+
+
+def matmul_work(math: MatmulMath, m: int, n: int, k: int, batch: int, t: Target,
+                threads: int = 0) -> tuple[float, float]:
+    """(tensor-core flops at the 16-bit rate, CUDA-core operations) of one (batch of) (m, k) @
+    (k, n) matmul multiplied as ``math`` (lax/precision.py): 16-bit MMAs padded to their shape;
+    TF32 MMAs padded to theirs and scaled by the 16-bit over the TF32 rate, so one tensor-core
+    term prices both; float32 FMA as ``2 m n k`` operations over ``FMA_MATMUL_EFFICIENCY`` --
+    in a block of ``threads``, in steps of ``threads`` micro-tiles (``fma_micro_tile``: a block
+    tile of fewer outputs than threads leaves the rest idle, as ``tile_fma`` does)."""
+    if math is MatmulMath.FP32:
+        if threads:
+            tm, tn = fma_micro_tile(batch, m, n, threads)
+            units = _steps(batch * (m // tm) * (n // tn), threads)
+            return 0.0, 2.0 * units * tm * tn * k / FMA_MATMUL_EFFICIENCY
+        return 0.0, 2.0 * batch * m * n * k / FMA_MATMUL_EFFICIENCY
+    if math is MatmulMath.TF32:
+        flops = 2.0 * batch * _pad(m, MMA_TF32[0]) * _pad(n, MMA_TF32[1]) * _pad(k, MMA_TF32[2])
+        return flops * t.tc_flops / t.tf32_flops, 0.0
+    return _mma_flops(m, n, k, batch), 0.0
 
 
 def _steps(elements: int, threads: int) -> int:
@@ -238,9 +267,10 @@ def _op_cost(op: KernelOp, tensors: dict, t: Target, inter: set[str]) -> KernelC
         ib += op.output.size * DTYPES[op.output.dtype]
     tc = simt = 0.0
     if op.op == "matmul":
-        a = tensors[op.inputs[0]]
+        a, b = tensors[op.inputs[0]], tensors[op.inputs[1]]
         out = op.output.shape
-        tc = _mma_flops(out[-2], out[-1], a.shape[-1], _size(out[:-2]))
+        tc, simt = matmul_work(op_math(op.attrs, a.dtype, b.dtype), out[-2], out[-1],
+                               a.shape[-1], _size(out[:-2]), t)
     else:
         per = OPS[op.op].cost if op.op in OPS else 1
         simt = float(sum(_size(tensors[n].shape) for n in op.inputs) or op.output.size) * per
@@ -288,7 +318,10 @@ def _graph_kernel_cost(op: GraphKernel, info, tensors: dict, t: Target, stages: 
         elif isinstance(n, BlockOp):
             if n.op == "matmul":
                 a, o = shapes[n.operands[0]], shapes[n.out]
-                tc += _mma_flops(o[-2], o[-1], a[-1], _size(o[:-2])) * reps * B
+                mma, fma = matmul_work(op_math(n.attrs, *(info.dtypes[x] for x in n.operands)),
+                                       o[-2], o[-1], a[-1], _size(o[:-2]), t, T)
+                tc += mma * reps * B
+                simt += fma * reps * B
                 mm_outs.add(n.out)
             else:
                 src_shapes = [shapes[x] for x in n.operands if isinstance(x, str)]

@@ -4,6 +4,8 @@ Bandwidth and tensor-core figures are given twice: the datasheet value and the v
 practice (a large device-to-device copy reached about 3.0 TB/s on an H100 and 4.3 TB/s on an H200;
 a large bf16 matmul about 790 TFLOP/s on both), which is what a cost model should believe. The A100
 figures are those of the 80 GB SXM part (datasheet 2.04 TB/s, 312 TFLOP/s dense fp16/bf16).
+TF32 tensor cores run at half the 16-bit rate (datasheets: 156 TFLOP/s dense on an A100, 495 on an
+H100 SXM); ``tf32_flops`` takes the same 80-90% of it that the 16-bit figures see in practice.
 
 Per-SM limits (threads, blocks, registers, shared memory) are those of the CUDA occupancy
 calculator for compute capability 8.0 and 9.0. ``smem_reserved_per_block`` is the shared memory
@@ -36,6 +38,7 @@ class Target:
     tc_flops_datasheet: float  # dense fp16/bf16 tensor-core FLOP/s
     tc_flops: float  # measured large-matmul FLOP/s
     fp32_flops: float  # CUDA-core fp32 FLOP/s
+    tf32_flops: float  # dense TF32 tensor-core FLOP/s, measured-practice value
     launch_us: float  # cost of one kernel launch on a stream, microseconds
     max_threads: int = 1024  # threads per block
     max_grid: tuple[int, int, int] = (2**31 - 1, 65535, 65535)
@@ -62,19 +65,19 @@ TARGETS: dict[str, Target] = {
         name="a100", arch="sm_80", sm_count=108, smem_per_block=163 * KB, smem_per_sm=164 * KB,
         regs_per_sm=65536, l2_bytes=40 * 1024 * KB,
         mem_bw_datasheet=2.039e12, mem_bw=1.75e12,
-        tc_flops_datasheet=312e12, tc_flops=280e12, fp32_flops=19.5e12,
+        tc_flops_datasheet=312e12, tc_flops=280e12, fp32_flops=19.5e12, tf32_flops=140e12,
         launch_us=3.0, mem_latency_us=0.6, clock_ghz=1.41),
     "h100": Target(
         name="h100", arch="sm_90", sm_count=132, smem_per_block=227 * KB, smem_per_sm=228 * KB,
         regs_per_sm=65536, l2_bytes=50 * 1024 * KB,
         mem_bw_datasheet=3.35e12, mem_bw=3.0e12,
-        tc_flops_datasheet=989e12, tc_flops=790e12, fp32_flops=67e12,
+        tc_flops_datasheet=989e12, tc_flops=790e12, fp32_flops=67e12, tf32_flops=395e12,
         launch_us=2.5, mem_latency_us=0.5, clock_ghz=1.98),
     "h200": Target(
         name="h200", arch="sm_90", sm_count=132, smem_per_block=227 * KB, smem_per_sm=228 * KB,
         regs_per_sm=65536, l2_bytes=50 * 1024 * KB,
         mem_bw_datasheet=4.8e12, mem_bw=4.3e12,
-        tc_flops_datasheet=989e12, tc_flops=790e12, fp32_flops=67e12,
+        tc_flops_datasheet=989e12, tc_flops=790e12, fp32_flops=67e12, tf32_flops=395e12,
         launch_us=2.5, mem_latency_us=0.5, clock_ghz=1.98),
 }
 

@@ -20,6 +20,9 @@ from mirage_py.codegen_cuda import emit_cuda
 from mirage_py.codegen_cuda.emit import translation_unit
 from mirage_py.codegen_cuda.emulator import EmulatedGraph, build_emulator, build_emulator_code
 from mirage_py.layout.mma import mma_config
+from mirage_py.lax.precision import MatmulMath, operand_math
+
+F16 = MatmulMath.FP16
 from mirage_py.codegen_cuda.prelude import PRELUDE
 from mirage_py.ugraph import (Accum, BlockGraph, BlockOp, DTensor, GraphKernel, InputIter,
                               KernelGraph, OutputSaver, naive_lowering)
@@ -123,12 +126,15 @@ def test_a_wrong_fragment_layout_is_caught(swap, built):
 
 
 def test_mma_config_tiles_the_output():
-    c = mma_config(1, 32, 32, 128, "float16", "float16")
+    c = mma_config(1, 32, 32, 128, MatmulMath.FP16)
     assert (c.warps, c.ng, c.etype) == (4, 2, "fp16_t") and c.units(1, 32, 32) == 4
-    assert mma_config(1, 16, 64, 64, "float16", "float16").ng == 4
-    assert mma_config(1, 8, 8, 128, "float16", "bfloat16").etype == "bf16_t"
-    assert mma_config(1, 8, 24, 128, "float32", "float16").ng == 1  # 3 column tiles
-    assert mma_config(1, 16, 16, 48, "float16", "float16") is None  # not whole warps
+    assert mma_config(1, 16, 64, 64, MatmulMath.FP16).ng == 4
+    assert mma_config(1, 8, 8, 128, operand_math("float16", "bfloat16")).etype == "bf16_t"
+    assert mma_config(1, 8, 24, 128, operand_math("float32", "float16")).ng == 1  # 3 col tiles
+    assert mma_config(1, 16, 16, 48, MatmulMath.FP16) is None  # not whole warps
+    assert mma_config(1, 16, 16, 128, MatmulMath.FP32) is None  # float32 products: FMA
+    tf = mma_config(1, 16, 16, 128, MatmulMath.TF32)
+    assert tf.etype == "tf32_t" and tf.k_step == 8 and not tf.sixteen_bit
 
 
 def test_swizzled_operands_are_exercised(built):
@@ -201,15 +207,16 @@ def wg_built():
 
 def test_wgmma_applies_where_it_pays():
     from mirage_py.layout.mma import wgmma_config
-    c = wgmma_config(1, 64, 64, 64, 128, "float16", "float16")
+    c = wgmma_config(1, 64, 64, 64, 128, "float16", "float16", F16)
     assert c.wgmma and c.ng == 8 and c.warps == 4
-    assert wgmma_config(1, 64, 64, 64, 256, "float16", "float16") is None  # a warpgroup idle
-    assert wgmma_config(2, 64, 64, 64, 256, "float16", "float16").wgmma  # one block each
-    assert wgmma_config(1, 48, 64, 64, 128, "float16", "float16") is None  # not 64-row blocks
-    assert wgmma_config(1, 64, 64, 128, 128, "float16", "float16") is None  # 256-byte rows
-    assert wgmma_config(1, 64, 8, 64, 128, "float16", "float16") is None  # 16-byte rows
-    assert wgmma_config(1, 64, 64, 64, 128, "float32", "float16") is None  # computed fp32 A
-    assert wgmma_config(1, 64, 64, 64, 96, "float16", "float16") is None  # not warpgroups
+    assert wgmma_config(1, 64, 64, 64, 256, "float16", "float16", F16) is None  # a warpgroup idle
+    assert wgmma_config(2, 64, 64, 64, 256, "float16", "float16", F16).wgmma  # one block each
+    assert wgmma_config(1, 48, 64, 64, 128, "float16", "float16", F16) is None  # not 64-row blocks
+    assert wgmma_config(1, 64, 64, 128, 128, "float16", "float16", F16) is None  # 256-byte rows
+    assert wgmma_config(1, 64, 8, 64, 128, "float16", "float16", F16) is None  # 16-byte rows
+    assert wgmma_config(1, 64, 64, 64, 128, "float32", "float16", F16) is None  # computed fp32 A
+    assert wgmma_config(1, 64, 64, 64, 128, "float32", "float32", MatmulMath.TF32) is None
+    assert wgmma_config(1, 64, 64, 64, 96, "float16", "float16", F16) is None  # not warpgroups
 
 
 @pytest.mark.parametrize("fallback", [False, True], ids=["wgmma", "mma_sync_fallback"])
@@ -262,7 +269,7 @@ def test_fma_matmuls_get_unswizzled_operands():
     garbage)."""
     g = block_matmul("fma_plain", 1, 16, 128, 32, loop=8, threads=64)
     src = emit_cuda(g, prefix="fma_plain", stages=[2], tensor_cores=False)
-    assert src.plan.kernels[0].swizzles == {} and "tile_matmul_batched<1," in src.kernels[0]
+    assert src.plan.kernels[0].swizzles == {} and "tile_fma<1," in src.kernels[0]
     x = _inputs(g, 4)
     assert _rel(EmulatedGraph(src)(x)["Y"], g.run(x, precision="gpu")["Y"]) <= 1e-5
 

@@ -27,7 +27,7 @@ from .cexpr import (CTYPES, REDUCE_INIT, Names, broadcast_coords, declare_coords
                     flit, linear, mask_value, prod, prune_unused, reduce_step, row_major)
 from .errors import CodegenError
 from .launch import KernelParam, LaunchSpec, TensorMapParam
-from ..layout.mma import tile_matmul, wgmma_operands
+from ..layout.mma import fma_micro_tile, tile_matmul, wgmma_operands
 from ..layout.swizzle import Swizzle
 
 BLOCK_IDX = ("blockIdx.x", "blockIdx.y", "blockIdx.z")
@@ -344,12 +344,14 @@ class BlockKernelEmitter:
         if st.frag is not None:
             return self.emit_matmul_register_a(st, tm, offsets[1])
         if mma is None:
-            head = self._header(st, f"{n.out} = matmul({a}, {b}): {sa} @ {sb}, fp32 FMA")
+            tmi, tni = fma_micro_tile(prod(batch), m, nn, self.T)
+            head = self._header(st, f"{n.out} = matmul({a}, {b}): {sa} @ {sb}, fp32 FMA "
+                                    f"({tmi} x {tni} outputs a thread)")
+            tparams = f"{prod(batch)}, {m}, {nn}, {k}, {self.T}, {acc}, {tmi}, {tni}"
             if prod(batch) == 1:
-                return [head, f"tile_matmul_batched<1, {m}, {nn}, {k}, {self.T}, {acc}>({args}, "
-                        "NoOffset(), NoOffset());"]
-            return [head, f"tile_matmul_batched<{prod(batch)}, {m}, {nn}, {k}, {self.T}, {acc}>(",
-                    f"    {args},", f"    {offsets[0]},", f"    {offsets[1]});"]
+                return [head, f"tile_fma<{tparams}>({args}, NoOffset(), NoOffset());"]
+            return [head, f"tile_fma<{tparams}>(", f"    {args},", f"    {offsets[0]},",
+                    f"    {offsets[1]});"]
         how = "warpgroup MMA on sm_90a, else mma.sync" if mma.wgmma else "tensor cores"
         head = self._header(st, f"{n.out} = matmul({a}, {b}): {sa} @ {sb}, {how} "
                                 f"({mma.etype}, {mma.warps} warps x units of 16 x {8 * mma.ng})")

@@ -203,6 +203,14 @@ inline unsigned short float_to_bf16(float f) {
   u += 0x7fffu + ((u >> 16) & 1u);
   return static_cast<unsigned short>(u >> 16);
 }
+// a float32 rounded to TF32 as cvt.rna.tf32.f32 does: to nearest, ties away from zero (the 13
+// low mantissa bits cleared); inf and NaN as they are
+inline unsigned int float_to_tf32(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7f800000u) == 0x7f800000u) return u;
+  return (u + 0x1000u) & 0xffffe000u;
+}
 
 // Run `kernel` (a call of the __global__ function with its arguments) over the whole grid.
 // order: 0 forward, 1 reverse, >= 2 a shuffle seeded with `order`. Returns 0, or 1 when the

@@ -2,8 +2,9 @@
 
 These are simple generated kernels, not library calls, so the exported extension depends on
 nothing but the CUDA runtime (no cuBLAS): element-wise operators with NumPy broadcasting and
-scalar operands (a grid-stride loop over output elements), matmul with batch broadcasting (16x16
-output tiles through shared memory, fp32 accumulation), sum / max / min over axes (one warp per
+scalar operands (a grid-stride loop over output elements), matmul with batch broadcasting (output
+tiles through shared memory on tensor cores by its math -- fp16, bf16, TF32 -- or of float32
+FMA; fp32 accumulation), sum / max / min over axes (one warp per
 output element), rms_norm over the last axis (one warp per row), reshape, transpose, slice and
 concat (copies), masks (0/1 values from indices). Every operand is read through its layout's
 strides, so padded intermediates need no special case.
@@ -19,12 +20,13 @@ from .cexpr import (CTYPES, REDUCE_INIT, Names, broadcast_coords, declare_coords
                     flit, linear, mask_value, prod, prune_unused, reduce_step)
 from .errors import CodegenError
 from .launch import KernelParam, LaunchSpec
-from ..layout.mma import mma_config
+from ..layout.mma import fma_micro_tile, mma_config
+from ..lax.precision import op_math
 
 THREADS = 256
 MAX_BLOCKS = 65535 * 16  # grid-stride loops cover anything larger
-TILE = 16  # matmul output tile and K step (fp32 FMA version)
-MMA_BM, MMA_BN, MMA_BK, MMA_THREADS = 64, 64, 32, 128  # tensor-core version
+MMA_BM, MMA_BN, MMA_BK, MMA_THREADS = 64, 64, 32, 128  # matmul tiles on tensor cores
+FMA_BM, FMA_BN, FMA_BK = 64, 64, 16  # matmul tiles of float32 FMA (THREADS threads)
 
 
 def _guarded(conds: list[str], expr: str) -> str:
@@ -69,6 +71,9 @@ class KernelOpEmitter:
         self.out = KernelParam(out.name, CTYPES[out.dtype], False, names(out.name))
         self.params.append(self.out)
         self.out_layout = device.layouts[out.name]
+        # how a matmul multiplies (lax/precision.py): tensor cores, or float32 FMA
+        self.math = op_math(op.attrs, *(device.layouts[o].dtype for o in op.inputs)) \
+            if op.op == "matmul" else None
 
     def layout(self, i: int) -> TensorLayout:
         return self.device.layouts[self.op.operands[i]]
@@ -107,7 +112,7 @@ class KernelOpEmitter:
     def emit(self) -> tuple[str, LaunchSpec]:
         o = self.op.op
         if o == "matmul":
-            return self.emit_matmul_mma() if self.tensor_cores else self.emit_matmul()
+            return self.emit_matmul()
         if o in ("sum", "max", "min"):
             return self.emit_reduce()
         if o == "rms_norm":
@@ -296,62 +301,41 @@ class KernelOpEmitter:
                     c_at=linear(batch_terms(c) + [("row", sc[-2]), ("col", sc[-1])]))
 
     def emit_matmul(self) -> tuple[str, LaunchSpec]:
-        mm = self._matmul_setup("k0 + tx", "k0 + ty")
-        m, k, n, nb, decls = mm["m"], mm["k"], mm["n"], mm["nb"], mm["decls"]
-        a_at, b_at, c_at = mm["a_at"], mm["b_at"], mm["c_at"]
-        gz = min(nb, 65535)
-        row_ok = "" if m % TILE == 0 else "row < %d" % m
-        col_ok = "" if n % TILE == 0 else "col < %d" % n
-        ka_ok = "" if k % TILE == 0 else f"k0 + tx < {k}"
-        kb_ok = "" if k % TILE == 0 else f"k0 + ty < {k}"
-        done = " && ".join(x for x in (row_ok, col_ok) if x)
-        t = TILE
-        body = ["extern __shared__ __align__(1024) unsigned char smem[];",
-                f"float (*a_tile)[{t + 1}] = reinterpret_cast<float (*)[{t + 1}]>(smem);",
-                f"float (*b_tile)[{t + 1}] = reinterpret_cast<float (*)[{t + 1}]>"
-                f"(smem + {t * (t + 1) * 4});",
-                "const int tx = threadIdx.x, ty = threadIdx.y;",
-                f"const int row = blockIdx.y * {t} + ty, col = blockIdx.x * {t} + tx;",
-                f"for (int bt = blockIdx.z; bt < {nb}; bt += gridDim.z) {{",
-                *("  " + d for d in decls),
-                f"  const {self.params[0].ctype}* A = {mm['a_ptr']};",
-                f"  const {self.params[1].ctype}* B = {mm['b_ptr']};",
-                "  float acc = 0.0f;",
-                f"  for (int k0 = 0; k0 < {k}; k0 += {t}) {{",
-                f"    a_tile[ty][tx] = {_guarded([row_ok, ka_ok], f'to_float(A[{a_at}])')};",
-                f"    b_tile[ty][tx] = {_guarded([kb_ok, col_ok], f'to_float(B[{b_at}])')};",
-                "    __syncthreads();",
-                f"    for (int kk = 0; kk < {t}; ++kk) acc = fmaf(a_tile[ty][kk], b_tile[kk][tx], acc);",
-                "    __syncthreads();", "  }",
-                f"  {'if (' + done + ') ' if done else ''}store({self.out.cname} + {c_at}, acc);",
-                "}"]
-        if -(-m // t) > 65535:
-            raise CodegenError(f"kernel #{self.index}: matmul with {m} rows needs more than "
-                               "65535 row tiles (grid.y)")
-        spec = self.spec((-(-n // t), -(-m // t), gz), (t, t, 1), 2 * t * (t + 1) * 4)
-        return self.finish(spec, body, f"{t}x{t} output tiles, K in steps of {t} through shared "
-                                       "memory, fp32 accumulation; grid z runs over the batch")
-
-
-    def emit_matmul_mma(self) -> tuple[str, LaunchSpec]:
-        """Tensor cores: a block of 4 warps computes a (BM, BN) output tile; K runs in steps of
-        MMA_BK through shared memory (operands rounded to the mma type as they are staged, zeros
-        past the edges), ``tile_mma`` accumulates into an fp32 tile that is stored at the end."""
+        """A block computes a (BM, BN) output tile; K runs in steps of BK through shared memory
+        (operands staged as the product takes them -- rounded to the tensor cores' type, or
+        float32 for FMA -- with zeros past the edges) into an fp32 tile that is stored at the
+        end. Tensor cores (``tile_mma`` on 4 warps, by the matmul's math: fp16, bf16, TF32) or,
+        for float32 products, ``tile_fma`` on 256 threads (micro-tiles of outputs in
+        registers)."""
         mm = self._matmul_setup("kk", "kk")
         a, b, m, k, n, nb, decls = (mm[x] for x in ("a", "b", "m", "k", "n", "nb", "decls"))
         a_at, b_at, c_at = mm["a_at"], mm["b_at"], mm["c_at"]
-        bm = min(MMA_BM, -(-m // 16) * 16)
-        bn = min(MMA_BN, -(-n // 8) * 8)
-        bk = min(MMA_BK, -(-k // 16) * 16)
-        cfg = mma_config(1, bm, bn, MMA_THREADS, a.dtype, b.dtype)
-        assert cfg is not None
-        e = cfg.etype
+        if self.tensor_cores and self.math.tensor_cores:
+            bm = min(MMA_BM, -(-m // 16) * 16)
+            bn = min(MMA_BN, -(-n // 8) * 8)
+            bk = min(MMA_BK, -(-k // 16) * 16)
+            t = MMA_THREADS
+            cfg = mma_config(1, bm, bn, t, self.math)
+            if cfg is None:
+                raise CodegenError(f"kernel #{self.index}: {self.math.value} matmul has no "
+                                   "tensor-core plan")
+            e, eb = cfg.etype, (2 if cfg.sixteen_bit else 4)
+            product = (f"tile_mma<1, {bm}, {bn}, {bk}, {cfg.warps}, {cfg.ng}, true, {e}>"
+                       "(c_s, a_s, b_s, NoOffset(), NoOffset());")
+            note = (f"tensor cores ({e}): ({bm}, {bn}) output tiles on {cfg.warps} warps, K in "
+                    f"steps of {bk} through shared memory, fp32 accumulation")
+        else:
+            bm, bn, bk, t = min(FMA_BM, m), min(FMA_BN, n), min(FMA_BK, k), THREADS
+            tm, tn = fma_micro_tile(1, bm, bn, t)
+            e, eb = "float", 4
+            product = (f"tile_fma<1, {bm}, {bn}, {bk}, {t}, true, {tm}, {tn}>"
+                       "(c_s, a_s, b_s, NoOffset(), NoOffset());")
+            note = (f"float32 FMA: ({bm}, {bn}) output tiles on {t} threads ({tm} x {tn} "
+                    f"outputs each), K in steps of {bk} through shared memory")
         if -(-m // bm) > 65535:
             raise CodegenError(f"kernel #{self.index}: matmul with {m} rows needs more than "
                                "65535 row tiles (grid.y)")
-
-        a_bytes, b_bytes = bm * bk * 2, bk * bn * 2
-        t = MMA_THREADS
+        a_bytes, b_bytes = bm * bk * eb, bk * bn * eb
         # bounds checks only where a tile can reach past the edge
         row_ok = "" if m % bm == 0 else f"row < {m}"
         col_ok = "" if n % bn == 0 else f"col < {n}"
@@ -378,8 +362,7 @@ class KernelOpEmitter:
                 f"      store(b_s + i, {_guarded([k_ok, col_ok], f'to_float(B[{b_at}])')});",
                 "    }",
                 "    __syncthreads();",
-                f"    tile_mma<1, {bm}, {bn}, {bk}, {cfg.warps}, {cfg.ng}, true, {e}>"
-                "(c_s, a_s, b_s, NoOffset(), NoOffset());",
+                f"    {product}",
                 "    __syncthreads();", "  }",
                 f"  for (int i = threadIdx.x; i < {bm * bn}; i += {t}) {{",
                 f"    const int row = r0 + i / {bn}, col = n0 + i % {bn};",
@@ -390,9 +373,7 @@ class KernelOpEmitter:
                 "}"]
         spec = self.spec((-(-n // bn), -(-m // bm), min(nb, 65535)), (t, 1, 1),
                          a_bytes + b_bytes + bm * bn * 4)
-        return self.finish(spec, body, f"tensor cores ({e}): ({bm}, {bn}) output tiles on "
-                                       f"{cfg.warps} warps, K in steps of {bk} through shared "
-                                       "memory, fp32 accumulation; grid z runs over the batch")
+        return self.finish(spec, body, note + "; grid z runs over the batch")
 
 
 def emit_kernel_op(op: KernelOp, index: int, device: DevicePlan,

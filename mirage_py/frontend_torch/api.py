@@ -10,7 +10,7 @@ from ..errors import OptionError, TorchCaptureError
 from ..lax.program import Program
 from .capture import capture
 from .graph import whole_program
-from .runtime import CompiledGraph, describe_signature, signature_of
+from .runtime import CompiledGraph, describe_signature, float32_matmul_of, signature_of
 
 
 def _torch() -> Any:
@@ -93,10 +93,15 @@ def from_torch(fn_or_module: Any, example_inputs: Any, example_kwargs: dict | No
     :class:`~mirage_py.errors.UnsupportedOperatorError` naming the aten operator, the node, the
     module path and the source line (``mp.compile`` runs such operators eagerly instead). float64
     tensors are such a case: programs hold float16, bfloat16 and float32.
+
+    float32 matmuls carry PyTorch's ``torch.get_float32_matmul_precision()`` ("high": TF32,
+    "medium": bfloat16 tensor cores; nothing for the default "highest"), so the program computes
+    what PyTorch would.
     """
     args, kwargs = _split_examples(example_inputs, example_kwargs)
     cap = capture(fn_or_module, args, kwargs)
     p, names, constants = whole_program(cap, name or _name_of(fn_or_module))
+    p = p.with_float32_matmul(_torch().get_float32_matmul_precision())
     tp = TorchProgram.__new__(TorchProgram)
     tp.__dict__.update(p.__dict__)
     tp.torch_names = names
@@ -150,9 +155,10 @@ class CompiledModule(torch.nn.Module):
         return tree_unflatten([outs[i] for i in cap.outputs], cap.out_spec)
 
     def _state_signature(self) -> tuple:
-        """What else a capture specialises on: train / eval mode, the parameters' and buffers'
-        shapes and dtypes (``model.half()`` after compiling captures again)."""
-        return (self.module.training,) + tuple(
+        """What else a capture specialises on: train / eval mode, PyTorch's float32 matmul
+        precision (when the options do not fix one), the parameters' and buffers' shapes and
+        dtypes (``model.half()`` after compiling captures again)."""
+        return (self.module.training, float32_matmul_of(self._options)) + tuple(
             (n, tuple(t.shape), str(t.dtype)) for n, t in
             list(self.module.named_parameters()) + list(self.module.named_buffers()))
 

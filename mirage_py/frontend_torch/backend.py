@@ -27,7 +27,7 @@ import torch  # noqa: F401 -- this module is torch's backend: torch must be ther
 
 from .capture import capture_graph_module
 from .graph import identifier
-from .runtime import CompiledGraph, signature_of
+from .runtime import CompiledGraph, float32_matmul_of, signature_of
 
 NAME = "mirage_py"
 
@@ -67,7 +67,7 @@ class DynamoCompiled:
 
     def __call__(self, *args: Any) -> Any:
         from torch.utils._pytree import tree_unflatten
-        sig = signature_of(list(args), "dynamo")
+        sig = signature_of(list(args), "dynamo") + (float32_matmul_of(self.options),)
         g = self.graphs.get(sig)
         if g is None:
             cap = capture_graph_module(self.gm, list(args), [identifier(n) for n in self.names],

@@ -41,6 +41,12 @@ def _options_key(options: dict[str, Any]) -> tuple:
     return tuple(sorted((k, repr(v)) for k, v in options.items()))
 
 
+def float32_matmul_of(options: dict[str, Any]) -> str:
+    """What float32 matmuls of a capture may lose: the ``float32_matmul`` option, else PyTorch's
+    ``torch.get_float32_matmul_precision()`` now (``torch.set_float32_matmul_precision``)."""
+    return str(options.get("float32_matmul") or _torch().get_float32_matmul_precision())
+
+
 def superopt_cached(program: Any, options: dict[str, Any]) -> tuple[Any, bool]:
     """``mp.superopt(program, **options)``, memoised in this process; (result, was cached)."""
     from ..superopt import superopt
@@ -62,6 +68,7 @@ class CompiledGraph:
     """A captured graph with superoptimised regions, for one input signature."""
 
     def __init__(self, cap: Captured, name: str, options: dict[str, Any], signature: str = ""):
+        options = {**options, "float32_matmul": float32_matmul_of(options)}
         self.cap = cap
         self.name = name
         self.signature = signature

@@ -131,6 +131,9 @@ class Context:
     slices: dict = field(default_factory=dict)  # (label, start, stop) -> the slice's label
     concats: dict = field(default_factory=dict)  # (part labels...) -> the result's label
     reshapes: frozenset = frozenset()  # component label tuples the target splits / merges
+    # how every tile matmul multiplies (a float32 program's ``math``, lax/precision.py); none
+    # for 16-bit programs, whose tiles follow the tensor cores' operand rule
+    matmul_attrs: tuple = ()
     max_values: int = 400
     max_rounds: int = 10
     max_template_combos: int = 64
@@ -268,7 +271,7 @@ def _round(pool: list[Val], new_from: int, add, ctx: Context, F: int, loop: str)
             add(Val(len(pool), batch + (a.dims[-2], b.dims[-1]),
                     ae.apply("matmul", [a.expr, b.expr], a.dims[-1]), ph,
                     a.consumed | b.consumed | {c[0] for c in a.dims[-1]},
-                    ("op", "matmul", (a.vid, b.vid), ()), a.cost + b.cost + 1))
+                    ("op", "matmul", (a.vid, b.vid), ctx.matmul_attrs), a.cost + b.cost + 1))
     # sums (and max / min) over one tile dim (kept as a size-1 dim)
     for i in range(new_from, n):
         a = cur[i]

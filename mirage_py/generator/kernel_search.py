@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from ..cost_model import estimate_us
 from ..lax.ops import DTYPES
+from ..lax.precision import is_statistic, math_attrs, program_matmul_math
 from ..targets import Target
 from ..ugraph.graph import DTensor, GraphKernel, KernelGraph
 from . import absexpr as ae
@@ -189,6 +190,11 @@ class Searcher:
         self.next_kernel_us = target.launch_us + target.mem_latency_us
         self.labels = infer_labels(program)
         exprs = ae.of_program(program, self.labels)
+        memo: dict[str, bool] = {}
+        # the abstract values of the program's statistics (sums, squares, what is computed from
+        # them: lax/precision.py), which an intermediate keeps in float32
+        self._statistics = frozenset(exprs[t.digest] for t in program.nodes()
+                                     if t.inputs and is_statistic(t, memo))
         outs = program.output_tensors
         self._output_nodes = outs
         self.outputs = set(outs)
@@ -206,7 +212,8 @@ class Searcher:
                 (t.op, bool(t.attr("keepdims"))) for t in program.nodes()
                 if t.op in ("sum", "max", "min") and (t.op != "sum" or not t.attr("keepdims"))})),
             label_sizes=self.labels.sizes, slices=self.labels.slices,
-            concats=self.labels.concats, reshapes=self.labels.reshapes)
+            concats=self.labels.concats, reshapes=self.labels.reshapes,
+            matmul_attrs=math_attrs(program_matmul_math(program)))
         self.avail0 = [Avail(t.name, t.shape, t.dtype, exprs[t.digest],
                              self.labels.inputs[t.name]) for t in program.inputs]
         # masks: known data every kernel can compute from indices
@@ -223,6 +230,10 @@ class Searcher:
                 self._node_of.setdefault((exprs[t.digest], self.labels.node_components[t.digest]),
                                          t)
         self._inputs = {t.name for t in program.inputs}
+
+    def is_statistic(self, expr) -> bool:
+        """Is a value of abstract expression ``expr`` one of the program's statistics?"""
+        return expr in self._statistics
 
     def usable(self, avail: list[Avail], done) -> list[Avail]:
         """``avail`` without the program inputs that the outputs still to compute reach only

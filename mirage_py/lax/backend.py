@@ -10,6 +10,7 @@ small *backend* object, so the same walk runs in floating point, in a finite fie
 ``input(array, dtype)``            a graph input, stored as a device tensor of ``dtype``
 ``store(x, dtype)``                round a value to what a device tensor of ``dtype`` holds
 ``tile(x)``                        round a block intermediate to the tile precision
+``mma_operand(x, math)``           a matmul operand as the tensor cores take it (lax/precision)
 ``scalar(v)``                      a Python float constant
 ``data(array)``                    known data given exactly (the 0/1 values of a mask)
 ``compute(op, args, attrs)``       any operator of the table (:mod:`mirage_py.lax.ops`) by name
@@ -40,6 +41,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from . import ops as _ops
+from .precision import MatmulMath
 
 
 class Backend:
@@ -56,6 +58,16 @@ class Backend:
         return x
 
     def tile(self, x: Any) -> Any:
+        return x
+
+    def mma_operand(self, x: Any, math: MatmulMath) -> Any:
+        """A matmul operand as the tensor cores take it (``math``): rounded to float16 or
+        bfloat16 like a stored tile; TF32 rounding is the float backend's (exact backends keep
+        the value, float32 FMA takes it as it is)."""
+        if math is MatmulMath.FP16:
+            return self.store(x, "float16")
+        if math is MatmulMath.BF16:
+            return self.store(x, "bfloat16")
         return x
 
     def scalar(self, v: float) -> Any:
@@ -165,6 +177,11 @@ class NumpyBackend(Backend):
 
     def scalar(self, v: float) -> Any:
         return np.float32(v) if self.precision == "gpu" else float(v)
+
+    def mma_operand(self, x: Any, math: MatmulMath) -> Any:
+        if math is MatmulMath.TF32 and self.precision == "gpu":
+            return _ops.round_tf32(x)
+        return super().mma_operand(x, math)
 
     def data(self, array: np.ndarray) -> np.ndarray:
         return np.asarray(array, dtype=self.ft)

@@ -238,7 +238,10 @@ OPS: dict[str, OpSpec] = _table(
     # where(mask, a, b): a where the 0/1 mask is 1, else b
     OpSpec("where", "ternary", "multilinear", _where),
     # contractions and reductions
-    OpSpec("matmul", "matmul", "multilinear", np.matmul, "@"),
+    # precision: what a float32 matmul may lose for speed (lax/precision.py); the float
+    # semantics are the product itself
+    OpSpec("matmul", "matmul", "multilinear", lambda a, b, *, precision=None: np.matmul(a, b),
+           "@", attrs=("precision",), optional=("precision",)),
     OpSpec("sum", "reduce", "multilinear", _sum, attrs=_RED),
     OpSpec("max", "reduce", "select", _max, attrs=_RED),
     OpSpec("min", "reduce", "select", _min, attrs=_RED),
@@ -275,6 +278,15 @@ def _round_bf16(x: np.ndarray) -> np.ndarray:
     rounded = ((bits.astype(np.uint64) + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).astype(np.uint32)
     out = rounded.view(np.float32)
     return np.where(np.isnan(f), f, out)
+
+
+def round_tf32(x: np.ndarray) -> np.ndarray:
+    """Round float32 values to TF32 (10 mantissa bits, float32's exponent) as ``cvt.rna.tf32.f32``
+    does: to nearest, ties away from zero; returned as float32."""
+    f = np.ascontiguousarray(x, dtype=np.float32)
+    bits = f.view(np.uint32)
+    rounded = ((bits.astype(np.uint64) + 0x1000) & 0xFFFFE000).astype(np.uint32)
+    return np.where(np.isfinite(f), rounded.view(np.float32), f)
 
 
 def storage_round(x: np.ndarray, dtype: str) -> np.ndarray:

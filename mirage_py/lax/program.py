@@ -20,6 +20,7 @@ program lora
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from typing import Any, Mapping
@@ -28,6 +29,7 @@ import numpy as np
 
 from ..errors import DTypeError, MirageError, ProgramError, SerializationError, ShapeError
 from . import ops as _ops
+from .precision import Float32Matmul
 from .tensor import (Tensor, _fmt, _json_attr, apply, const, make_input, mask_from_attrs,
                      topo_order)
 
@@ -81,6 +83,29 @@ class Program:
             raise ProgramError(f"Program {self.name!r}: output {name!r} is a constant "
                                f"({tensor.op})")
         self._outputs[name] = tensor
+
+    def with_float32_matmul(self, precision: Any) -> "Program":
+        """This program with ``precision`` (``"highest"``, ``"high"`` or ``"medium"``; see
+        :mod:`mirage_py.lax.precision`) on every float32 matmul that does not name its own; the
+        program itself when that changes nothing. What superopt(float32_matmul=...) searches."""
+        p = Float32Matmul.parse(precision)
+        if p is Float32Matmul.HIGHEST or not any(
+                t.op == "matmul" and t.dtype == "float32" and t.attr("precision") is None
+                for t in self.nodes()):
+            return self
+        new: dict[str, Tensor] = {}
+        for t in self.nodes():
+            if not t.inputs:
+                new[t.digest] = t
+                continue
+            attrs = t.attr_dict
+            if t.op == "matmul" and t.dtype == "float32" and "precision" not in attrs:
+                attrs["precision"] = p.value
+            new[t.digest] = apply(t.op, [new[i.digest] for i in t.inputs], attrs)
+        out = copy.copy(self)  # a subclass keeps its class and attributes (TorchProgram)
+        out._inputs = dict(self._inputs)
+        out._outputs = {n: new[t.digest] for n, t in self._outputs.items()}
+        return out
 
     # -- views ----------------------------------------------------------------------------------
     @property

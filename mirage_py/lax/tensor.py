@@ -22,6 +22,7 @@ from typing import Any, Iterable, Sequence
 
 from ..errors import DTypeError, ProgramError, ShapeError
 from .ops import DTYPES, EXACT_POW, OPS
+from .precision import Float32Matmul
 
 
 def _fmt(shape: Sequence[int]) -> str:
@@ -483,11 +484,16 @@ def where(mask: Any, a: Any, b: Any) -> Tensor:
     return Tensor("where", (mask, a, b), {}, shape, dtype)
 
 
-def matmul(a: Any, b: Any) -> Tensor:
+def matmul(a: Any, b: Any, precision: Any = None) -> Tensor:
     """NumPy ``matmul``: contracts a's last dim with b's second-to-last; batch dims broadcast.
 
     1-D operands follow NumPy (a vector is promoted to a matrix and the added dim removed again);
     the program records that with explicit reshapes, so the core ``matmul`` is always >= 2-D.
+
+    ``precision`` (float32 matmuls only; PyTorch's names): ``"highest"`` (the default: float32
+    products), ``"high"`` (TF32 tensor cores) or ``"medium"`` (bfloat16 tensor cores); see
+    :mod:`mirage_py.lax.precision`. A 16-bit matmul always multiplies in its own type, so there
+    the argument changes nothing and is not recorded.
     """
     a = _check_tensor(a, "matmul")
     b = _check_tensor(b, "matmul")
@@ -500,7 +506,7 @@ def matmul(a: Any, b: Any) -> Tensor:
     if a.ndim == 1 or b.ndim == 1:
         a2 = reshape(a, (1, a.shape[0])) if a.ndim == 1 else a
         b2 = reshape(b, (b.shape[0], 1)) if b.ndim == 1 else b
-        out = matmul(a2, b2)
+        out = matmul(a2, b2, precision)
         shape = list(out.shape)
         if b.ndim == 1:
             shape.pop(-1)
@@ -519,7 +525,12 @@ def matmul(a: Any, b: Any) -> Tensor:
     except ShapeError:
         raise ShapeError(f"matmul: batch dimensions of {_fmt(a.shape)} and {_fmt(b.shape)} do "
                          "not broadcast") from None
-    return Tensor("matmul", (a, b), {}, batch + (a.shape[-2], b.shape[-1]), dtype)
+    attrs = {}
+    if precision is not None:
+        p = Float32Matmul.parse(precision, "matmul: precision")
+        if dtype == "float32" and p is not Float32Matmul.HIGHEST:
+            attrs["precision"] = p.value
+    return Tensor("matmul", (a, b), attrs, batch + (a.shape[-2], b.shape[-1]), dtype)
 
 
 def normalize_axes(opname: str, shape: tuple[int, ...], axis: Any) -> tuple[int, ...]:
@@ -745,7 +756,7 @@ def getitem(x: Tensor, key: Any) -> Tensor:
 # how apply() rebuilds each operator from operands and attributes: through the checking
 # operator functions, so a deserialized node passes the same checks as one built by hand
 _BUILD: dict[str, Any] = {
-    "matmul": lambda a, at: matmul(a[0], a[1]),
+    "matmul": lambda a, at: matmul(a[0], a[1], at.get("precision")),
     "sum": lambda a, at: sum(a[0], at["axes"], at["keepdims"]),
     "max": lambda a, at: amax(a[0], at["axes"], at["keepdims"]),
     "min": lambda a, at: amin(a[0], at["axes"], at["keepdims"]),

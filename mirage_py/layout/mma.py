@@ -7,7 +7,11 @@ the unit's A fragment once per k step and reuses it for the ``ng`` column tiles.
 largest of 4, 2, 1 that divides the column tiles and still leaves a unit for every warp (more
 reuse of A against fewer idle warps).
 
-The operand type: bf16 when an operand is stored as bf16, otherwise fp16. Tiles stored in that
+The operand type is the matmul's math (lax/precision.py): in 16-bit programs bf16 when an operand
+is stored as bf16, otherwise fp16; in float32 programs TF32 (``mma.sync.m16n8k8``, one operand
+per register, rounded by ``cvt.rna``; the C fragments are the same, so register accumulators
+and epilogues are too) or bf16 where the program allows it, and no tensor cores at all for
+float32 products (the FMA tile matmul). Tiles stored in that
 type are read with ``ldmatrix`` unchanged; fp32 tiles (values computed in the block, such as the
 exp of a score tile) are rounded to it when their fragments are loaded -- the same rounding
 FlashAttention-style kernels apply to probabilities before the second matmul. Tensor cores need
@@ -32,18 +36,35 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..lax.ops import DTYPES
+from ..lax.precision import MatmulMath, fma_micro_tile, op_math  # noqa: F401 (re-exported)
 from .swizzle import CANONICAL_ROW_BYTES
 
 WARP = 32
 MMA_M, MMA_N, MMA_K = 16, 8, 16
 
 
+# the C type a tensor-core math takes its operands in (prelude.cuh), and the k of one MMA
+ETYPES = {MatmulMath.FP16: "fp16_t", MatmulMath.BF16: "bf16_t", MatmulMath.TF32: "tf32_t"}
+MMA_K_OF = {"fp16_t": MMA_K, "bf16_t": MMA_K, "tf32_t": 8}
+
+
 @dataclass(frozen=True)
 class MmaConfig:
     warps: int
     ng: int  # 8-column tiles per warp unit
-    etype: str  # C storage type of the operands: fp16_t or bf16_t
+    etype: str  # C type of the operands: fp16_t, bf16_t (m16n8k16) or tf32_t (m16n8k8)
     wgmma: bool = False  # warpgroup MMA on sm_90a (units of 16 x N, whole 64-row blocks)
+
+    @property
+    def k_step(self) -> int:
+        """k of one MMA instruction (16 for 16-bit operands, 8 for TF32)."""
+        return MMA_K_OF[self.etype]
+
+    @property
+    def sixteen_bit(self) -> bool:
+        """Two operands per register (fp16 / bf16): what ldmatrix, warpgroup MMA and
+        probabilities in registers need."""
+        return self.etype != "tf32_t"
 
     def units(self, batch: int, m: int, n: int) -> int:
         return batch * -(-m // MMA_M) * (-(-n // MMA_N) // self.ng)
@@ -63,15 +84,11 @@ def register_budget(threads: int) -> int:
     return min(64, 65536 // max(threads, 1) // 4)
 
 
-def mma_etype(dtype_a: str, dtype_b: str) -> str:
-    return "bf16_t" if "bfloat16" in (dtype_a, dtype_b) else "fp16_t"
-
-
-def mma_config(batch: int, m: int, n: int, threads: int, dtype_a: str,
-               dtype_b: str) -> MmaConfig | None:
-    """The tensor-core plan of a (batch of) (m, k) @ (k, n) tile matmul in a block of ``threads``
-    threads, or None when the block cannot use tensor cores."""
-    if threads % WARP or threads <= 0:
+def mma_config(batch: int, m: int, n: int, threads: int, math_: MatmulMath) -> MmaConfig | None:
+    """The tensor-core plan of a (batch of) (m, k) @ (k, n) tile matmul multiplied as ``math_``
+    (lax/precision.py) in a block of ``threads`` threads, or None when it does not run on
+    tensor cores (float32 FMA, or a block that is not whole warps)."""
+    if threads % WARP or threads <= 0 or not math_.tensor_cores:
         return None
     warps = threads // WARP
     mt, nt = -(-m // MMA_M), -(-n // MMA_N)
@@ -80,14 +97,14 @@ def mma_config(batch: int, m: int, n: int, threads: int, dtype_a: str,
         if nt % cand == 0 and batch * mt * (nt // cand) >= warps:
             ng = cand
             break
-    return MmaConfig(warps, ng, mma_etype(dtype_a, dtype_b))
+    return MmaConfig(warps, ng, ETYPES[math_])
 
 
 WARPGROUP = 4  # warps
 
 
 def wgmma_config(batch: int, m: int, n: int, k: int, threads: int, dtype_a: str,
-                 dtype_b: str) -> MmaConfig | None:
+                 dtype_b: str, math_: MatmulMath) -> MmaConfig | None:
     """The warpgroup-MMA plan of a (batch of) (m, k) @ (k, n) tile matmul, or None where it does
     not apply or does not pay. It applies when both operands are stored in the mma type
     (fp16 or bf16 tiles in shared memory, read by descriptors), the rows of A (k elements) and
@@ -95,7 +112,7 @@ def wgmma_config(batch: int, m: int, n: int, k: int, threads: int, dtype_a: str,
     of the 32B / 64B / 128B modes -- m is a multiple of 64 and the block is whole warpgroups.
     It pays when every warpgroup gets a 64-row block: with fewer blocks than warpgroups the
     finer ``mma.sync`` tiling keeps more warps busy."""
-    etype = mma_etype(dtype_a, dtype_b)
+    etype = ETYPES.get(math_)
     ctype = {"float16": "fp16_t", "bfloat16": "bf16_t"}
     if ctype.get(dtype_a) != etype or ctype.get(dtype_b) != etype:
         return None
@@ -170,8 +187,9 @@ def tile_matmul(node: Any, info: Any, threads: int, bg: Any = None) -> TileMatmu
     m, k, n = sa[-2], sa[-1], sb[-1]
     batch = math.prod(info.shapes[node.out][:-2])
     da, db = info.dtypes[a], info.dtypes[b]
-    cfg = wgmma_config(batch, m, n, k, threads, da, db) or \
-        mma_config(batch, m, n, threads, da, db)
+    math_ = op_math(node.attrs, da, db)
+    cfg = wgmma_config(batch, m, n, k, threads, da, db, math_) or \
+        mma_config(batch, m, n, threads, math_)
     if bg is not None and cfg is not None and cfg.ng * MMA_N != n and \
             any(node.out in (p.producer, p.consumer) for p in register_operand_pairs(bg, info)):
         cfg = MmaConfig(cfg.warps, n // MMA_N, cfg.etype)
@@ -266,8 +284,9 @@ def find_register_operand_pairs(bg: Any, info: Any) -> tuple[RegisterOperand, ..
         budget = register_budget(bg.threads)
         if units < warps or n % MMA_N or rounds * ks // 2 > budget or rounds * n // 2 > budget:
             continue
-        if mma_config(batch, m, n, bg.threads, info.dtypes[e.out], info.dtypes[c.operands[1]]) \
-                is None:
+        cfg = mma_config(batch, m, n, bg.threads,
+                         op_math(c.attrs, info.dtypes[e.out], info.dtypes[c.operands[1]]))
+        if cfg is None or not cfg.sixteen_bit:  # TF32 A fragments are not C fragments
             continue
         out.append(RegisterOperand(s.out, e.out, c.out, tuple(sums)))
     return tuple(out)

@@ -51,8 +51,8 @@ def _matmul_reads(t: TileMatmul, info: BlockInfo) -> dict[str, list]:
 def _fragment_a_reads(t: TileMatmul, info: BlockInfo) -> tuple[str, list] | None:
     """The A operand of a tensor-core matmul that is read element by element as fp32 fragments
     (a tile computed in the block, such as attention probabilities): (tile, weighted reads)."""
-    if t.cfg is None or t.batch != 1 or info.dtypes[t.a] != "float32" or t.m % MMA_M or \
-            t.k % MMA_K:
+    if t.cfg is None or not t.cfg.sixteen_bit or t.batch != 1 or \
+            info.dtypes[t.a] != "float32" or t.m % MMA_M or t.k % MMA_K:
         return None
     ins = [i for m0 in range(0, t.m, MMA_M) for k0 in range(0, t.k, MMA_K)
            for i in fragment_reads_a(t.m, t.k, 4, m0, k0)]

@@ -7,12 +7,15 @@ and output names, and for intermediates the name the naive lowering gives them (
 and every tensor inside a piece gets the piece's prefix (``c<k>_``), so names never collide.
 A value two pieces both write (their regions overlap) is read from the first; the second
 writes it under a name of its own, which dead-code elimination then drops where it can.
+Statistics crossing between pieces (sums, squares and their element-wise functions in a 16-bit
+program) are stored in float32 (lax/precision.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from ..lax.precision import storage_dtype
 from ..lax.program import Program
 from ..ugraph.graph import DTensor, GraphKernel, KernelGraph, KernelOp
 from ..ugraph.lower import naive_lowering
@@ -28,6 +31,29 @@ def value_names(part: Program) -> dict[str, str]:
     for t, op in zip(dag_nodes, naive.ops):
         names[t.digest] = op.output.name
     return names
+
+
+def _widen_statistics(part: Program, names: dict[str, str], ops: list) -> list:
+    """``ops`` with the statistics that cross between pieces stored in float32 (sums, squares
+    and what is computed from them in a 16-bit program, lax/precision.py): a region's answer
+    writes its outputs in the program's dtype, and a sum of squares of activations of 300 does
+    not fit float16. Storage only: what the kernels compute is unchanged, and readers read
+    whatever dtype a tensor has."""
+    memo: dict[str, bool] = {}
+    outputs = set(part.output_tensors)
+    wide = {names[t.digest] for t in part.nodes() if t.op not in ("input", "const", "mask")
+            and t.digest in names and storage_dtype(t, memo) != t.dtype} - outputs
+
+    def widened(t: DTensor) -> DTensor:
+        return replace(t, dtype="float32") if t.name in wide else t
+    out = []
+    for op in ops:
+        if isinstance(op, KernelOp) and op.output.name in wide and op.op != "cast":
+            op = replace(op, output=widened(op.output))
+        elif isinstance(op, GraphKernel) and any(t.name in wide for t in op.outputs):
+            op = replace(op, outputs=tuple(widened(t) for t in op.outputs))
+        out.append(op)
+    return out
 
 
 def assemble(part: Program, pieces: list, names: dict[str, str]) -> tuple[KernelGraph, list]:
@@ -76,8 +102,9 @@ def assemble(part: Program, pieces: list, names: dict[str, str]) -> tuple[Kernel
     for name, t in part.output_tensors.items():
         if name not in defined:
             extra.append(KernelOp("mul", (names[t.digest], 1.0), DTensor(name, t.shape, t.dtype)))
+    ops = _widen_statistics(part, names, ops + extra)
     g = KernelGraph(part.name, tuple(DTensor(t.name, t.shape, t.dtype) for t in part.inputs),
-                    tuple(ops + extra), tuple(part.output_tensors))
+                    tuple(ops), tuple(part.output_tensors))
     g = eliminate_dead(g)
     # dead-code elimination keeps the kernels' order and may drop outputs: match each
     # surviving graph kernel to the first unmatched one that wrote its outputs

@@ -33,6 +33,7 @@ from typing import Any
 
 from ..cost_model import create as create_model
 from ..errors import MirageError, OptionError, ProgramError
+from ..lax.precision import Float32Matmul
 from ..lax.program import Program
 from ..targets import get_target
 from ..tuning.database import open_database
@@ -78,7 +79,7 @@ def superopt(program: Program, *, target: Any = "h100", time_budget_s: float | N
              verify_tests: int | None = None, max_verify: int = 16, tune_top: int = 4,
              tune_rounds: int = 8, measure_top: int = 4, progress: bool | None = None,
              database: Any = None, runner: Any = None, cost_model: Any = None,
-             executor: Any = None) -> OptimizedProgram:
+             executor: Any = None, float32_matmul: str = "highest") -> OptimizedProgram:
     """Superoptimise ``program`` for ``target`` (see the module docstring).
 
     ``database``: None -> the default results file (``$MIRAGE_PY_DATABASE``, else under the user
@@ -93,12 +94,19 @@ def superopt(program: Program, *, target: Any = "h100", time_budget_s: float | N
     ``"ray"`` or a :class:`RayExecutor`: tasks on a Ray cluster (``workers`` default: its CPUs;
     ``runner`` default: the GPU runner when the cluster has a GPU of the target's type, as the
     custom resource ``gpu_<target>``), the database written by this process only; the same
-    answer either way (docs/cluster.md). Bad options raise
+    answer either way (docs/cluster.md). ``float32_matmul``: what a float32 matmul that does not
+    say (``matmul(..., precision=)``) may lose for speed, with PyTorch's names --
+    ``"highest"`` (float32 products), ``"high"`` (TF32 tensor cores), ``"medium"`` (bfloat16
+    tensor cores); 16-bit matmuls always multiply in their own type (lax/precision.py). The
+    answer is searched for, stored under and reports the program with that precision on its
+    matmuls. Bad options raise
     :class:`~mirage_py.errors.OptionError`; a cluster that cannot do the work,
     :class:`ClusterError`.
     """
     _check_options(program, time_budget_s, workers, max_kernels, max_verify, tune_top,
                    tune_rounds, measure_top, verify_tests, seed)
+    program = program.with_float32_matmul(Float32Matmul.parse(float32_matmul,
+                                                              "superopt: float32_matmul"))
     tgt = get_target(target)
     model = default_model() if cost_model in (None, "analytic") else \
         create_model(cost_model) if isinstance(cost_model, str) else cost_model

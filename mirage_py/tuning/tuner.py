@@ -65,17 +65,26 @@ class Replayer:
         st = self._state(tuple(trace[:step]))
         return None if st is None else self.searcher.usable(list(st[0]), st[3])
 
-    def intermediates(self, trace: tuple) -> list[str]:
-        """Names of the complete intermediates ``trace`` saves (not split-reduction partials,
-        whose dims carry a ``label/parts`` component), in order of definition."""
+    def _intermediates(self, trace: tuple) -> list:
         st = self._state(tuple(trace))
         g = self.graph(trace)
         if st is None or g is None:
             return []
         inputs = {t.name for t in self.searcher.program.inputs}
         produced = {t.name for op in g.ops for t in op.outputs} - set(g.outputs)
-        return [a.name for a in st[0] if a.name not in inputs and a.name in produced and
+        return [a for a in st[0] if a.name not in inputs and a.name in produced and
                 not any("/" in c[0] for d in a.dims for c in d)]
+
+    def intermediates(self, trace: tuple) -> list[str]:
+        """Names of the complete intermediates ``trace`` saves (not split-reduction partials,
+        whose dims carry a ``label/parts`` component), in order of definition."""
+        return [a.name for a in self._intermediates(trace)]
+
+    def narrowable(self, trace: tuple) -> list[bool]:
+        """Per intermediate of :meth:`intermediates`: may it be stored in the program's 16-bit
+        dtype? Not a statistic (a sum, a square, what is computed from them:
+        lax/precision.py), which stays float32."""
+        return [not self.searcher.is_statistic(a.expr) for a in self._intermediates(trace)]
 
     def graph(self, trace: tuple) -> KernelGraph | None:
         trace = tuple(trace)
@@ -205,6 +214,9 @@ class Tuner:
             return Schedule(sch.trace, sch.threads, tuple(st), sch.store)
         if kind == "store" and sch.store and self.low:
             i = rng.randrange(len(sch.store))
+            flags = self.replayer.narrowable(sch.trace)  # positional, as _annotate reads them
+            if i < len(flags) and not flags[i]:
+                return None  # a statistic stays float32
             sto = list(sch.store)
             sto[i] = self.low if sto[i] == "float32" else "float32"
             return Schedule(sch.trace, sch.threads, sch.stages, tuple(sto))

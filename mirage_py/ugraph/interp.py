@@ -7,9 +7,11 @@ Two precisions:
 * ``"gpu"`` -- what the GPU computes: device tensors (inputs, kernel outputs, saved tiles) are
   rounded to their storage dtype (float16 / bfloat16 / float32), loaded tiles keep those values,
   and block intermediates and accumulators are float32. The operands of a matmul (tile or
-  pre-defined kernel) are rounded to the tensor cores' input type, as the generated code does:
-  bfloat16 where either operand is bfloat16, else float16 -- so the exp of an attention score
-  beyond ~11 that meets ``@ V`` overflows here as it would on the GPU.
+  pre-defined kernel) are what the hardware multiplies (its ``math``, lax/precision.py): rounded
+  to the tensor cores' input type as the generated code does -- bfloat16 or float16 in 16-bit
+  programs (so the exp of an attention score beyond ~11 that meets ``@ V`` overflows here as it
+  would on the GPU), TF32 or bfloat16 where a float32 program allows it -- and float32 as they
+  are for a float32 matmul's FMA.
 
 All arithmetic goes through a backend object (:mod:`mirage_py.lax.backend`): the two precisions
 are :class:`~mirage_py.lax.backend.NumpyBackend`; ``run(..., backend=...)`` runs the same walk on
@@ -33,6 +35,7 @@ import numpy as np
 from ..errors import DTypeError, ProgramError, ShapeError, ValidationError
 from ..lax.backend import Backend, NumpyBackend
 from ..lax.ops import mask_values
+from ..lax.precision import MatmulMath, op_math
 from .graph import (Accum, BlockGraph, BlockOp, DTensor, Fused, GraphKernel, InputIter,
                     KernelGraph, KernelOp, MaskIter, ThreadGraph)
 from .validate import check_block
@@ -109,17 +112,24 @@ def _eval_thread(tg: ThreadGraph, args: list[Any], be: Backend) -> Any:
     return env[tg.ops[-1].out]
 
 
-def mma_dtype(*dtypes: str) -> str:
-    """The tensor cores' input type for operands of ``dtypes`` (layout.mma.mma_etype's rule)."""
-    return "bfloat16" if "bfloat16" in dtypes else "float16"
-
-
-def _mma_operands(a: Any, b: Any, dtype: str, be: Backend, where: str) -> tuple[Any, Any]:
-    """Matmul operands rounded to the tensor cores' input type (a no-op outside "gpu")."""
-    be.annotate(f"{where}: operands rounded to {dtype} for the tensor cores")
-    a, b = be.store(a, dtype), be.store(b, dtype)
+def _mma_operands(a: Any, b: Any, attrs: Any, dtypes: list[str], be: Backend,
+                  where: str) -> tuple[Any, Any]:
+    """Matmul operands as the hardware multiplies them (``op_math``: the operator's ``math``
+    attribute, else the tensor cores' operand rule): rounded to float16 / bfloat16 / TF32 for
+    the tensor cores -- a tile already stored in that type is exact --, unchanged for float32
+    FMA (a no-op outside "gpu")."""
+    math_ = op_math(attrs, dtypes[0], dtypes[1])
+    if math_ is MatmulMath.FP32:
+        return a, b
+    be.annotate(f"{where}: operands rounded to {math_.value} for the tensor cores")
+    exact = _EXACT_IN.get(math_)
+    a, b = (x if dt == exact else be.mma_operand(x, math_) for x, dt in zip((a, b), dtypes))
     be.annotate(where)
     return a, b
+
+
+# the storage dtype whose values a tensor-core math takes unchanged
+_EXACT_IN = {MatmulMath.FP16: "float16", MatmulMath.BF16: "bfloat16"}
 
 
 def _block_op(node: BlockOp, env: dict[str, Any], be: Backend,
@@ -144,7 +154,7 @@ def _block_op(node: BlockOp, env: dict[str, Any], be: Backend,
     if node.op == "matmul":
         a, b = _align(args, be)
         if dtypes is not None:
-            a, b = _mma_operands(a, b, mma_dtype(*(dtypes[o] for o in node.operands)), be,
+            a, b = _mma_operands(a, b, node.attrs, [dtypes[o] for o in node.operands], be,
                                  be.where)
         return be.matmul(a, b)
     return be.elementwise(node.op, _align(args, be), dict(node.attrs))
@@ -293,8 +303,10 @@ def run_kernel_op(op: KernelOp, env: Mapping[str, Any], precision: str = "float6
         if op.op in ("sum", "max", "min"):  # validate() reads a missing keepdims as False
             attrs.setdefault("keepdims", False)
         if op.op == "matmul":
-            dts = [dtypes[o] for o in op.operands] if dtypes is not None else ["float16"]
-            args = list(_mma_operands(args[0], args[1], mma_dtype(*dts), be, be.where))
+            dts = [dtypes[o] for o in op.operands] if dtypes is not None else \
+                ["float32", "float32"]
+            args = list(_mma_operands(args[0], args[1], op.attrs, dts, be, be.where))
+            attrs.pop("math", None)
         y = be.compute(op.op, args, attrs)
     if tuple(y.shape) != op.output.shape:
         raise ValidationError(f"kernel {op.op} -> {op.output.name!r}: computed shape "

@@ -30,6 +30,7 @@ from typing import Any
 
 from ..errors import MirageError, ShapeError, ValidationError
 from ..lax.ops import DTYPES, OPS
+from ..lax.precision import MatmulMath
 from ..lax.tensor import broadcast_shapes
 from ..targets import Target, get_target
 from .graph import (ACCUM_KINDS, AXES, Accum, BlockGraph, BlockOp, DTensor, Fused, GraphKernel,
@@ -77,6 +78,16 @@ def _check_attrs(op: str, attrs: Any, who: str, label: str) -> None:
         raise _err(f"{who}: {op} needs attributes {sorted(set(spec.attrs) - set(spec.optional))}"
                    f"{' (optional ' + str(sorted(spec.optional)) + ')' if spec.optional else ''}"
                    f", got {sorted(have)}", "operator", label)
+
+
+def _check_matmul_attrs(attrs: Any, who: str, label: str) -> None:
+    """A matmul may say how it multiplies (``math``: lax/precision.py), and nothing else."""
+    extra = {k for k, _ in attrs} - {"math"}
+    math_ = dict(attrs).get("math")
+    if extra or (math_ is not None and math_ not in {m.value for m in MatmulMath}):
+        raise _err(f"{who}: a matmul takes only a math attribute (one of "
+                   f"{', '.join(m.value for m in MatmulMath)}), got {dict(attrs)}", "operator",
+                   label)
 
 
 def _slice_shape(shape: tuple[int, ...], attrs: dict[str, Any], who: str,
@@ -238,6 +249,7 @@ def check_block(bg: BlockGraph, ins: list[DTensor], outs: list[DTensor], target:
             if node.op == "matmul":
                 if len(node.operands) != 2 or len(tiles) != 2:
                     raise _err(f"{who}: matmul takes two tiles", "operator", label)
+                _check_matmul_attrs(node.attrs, who, label)
                 try:
                     shape = matmul_shape(who, tiles[0], tiles[1])
                 except ShapeError as e:
@@ -420,6 +432,7 @@ def kernel_op_shape(op: KernelOp, args: list[DTensor | float]) -> tuple[int, ...
         if op.op == "matmul":
             if len(args) != 2 or len(tensors) != 2:
                 raise _err("matmul takes two tensors", "operator", who)
+            _check_matmul_attrs(op.attrs, op.op, who)
             return matmul_shape(who, tensors[0].shape, tensors[1].shape)
         if op.op in REDUCTIONS:
             axes = tuple(op.attr("axes", ()))

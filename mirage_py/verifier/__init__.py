@@ -12,10 +12,12 @@ floating-point check of a μGraph against the float64 reference.
 from .errors import (FieldValueError, InterfaceMismatchError, NestedExpError,
                      UnsupportedOperatorError, VerifierArgumentError, VerifierError)
 from .field import SAFE_PRIMES, FieldBackend, FieldParams, FieldValue
-from .numerics import NumericEvent, NumericsReport, check_numerics
+from .numerics import (PROBES, NumericEvent, NumericsReport, NumericsVerdict, Probe,
+                       check_numerics, numerics_verdict)
 from .equivalence import Mismatch, Verifier, VerifyResult, check_interface, verify
 
 __all__ = ["verify", "Verifier", "VerifyResult", "Mismatch", "check_interface", "check_numerics",
+           "numerics_verdict", "NumericsVerdict", "Probe", "PROBES",
            "NumericsReport", "NumericEvent", "FieldBackend", "FieldParams", "FieldValue",
            "SAFE_PRIMES", "VerifierError", "InterfaceMismatchError", "NestedExpError",
            "UnsupportedOperatorError", "VerifierArgumentError", "FieldValueError"]

@@ -680,7 +680,7 @@ FIELD_COMPUTE: dict[str, Callable[..., FieldValue]] = {
     "where": _where,
     "maximum": lambda be, a, b: be.select2("max", a, b),
     "minimum": lambda be, a, b: be.select2("min", a, b),
-    "matmul": lambda be, a, b: be.matmul(a, b),
+    "matmul": lambda be, a, b, *, precision=None: be.matmul(a, b),  # exact: no rounding
     "sum": lambda be, a, *, axes, keepdims=False: be.sum(a, tuple(axes), keepdims),
     "max": lambda be, a, *, axes, keepdims=False: be.reduce("max", a, tuple(axes), keepdims),
     "min": lambda be, a, *, axes, keepdims=False: be.reduce("min", a, tuple(axes), keepdims),

@@ -3,26 +3,81 @@
 Exact field arithmetic cannot see rounding: a μGraph that accumulates in float16, or whose
 intermediate overflows float16 storage, is still "equivalent". This check runs the μGraph with
 the interpreter's ``"gpu"`` precision (device tensors rounded to their storage dtype, float32
-intermediates and accumulators) on realistic random inputs, compares every output with the
-program's float64 reference, and watches every operator for overflow, NaN and inf, naming the
-first operator that produced each (not the ones that merely propagate it).
+intermediates and accumulators, matmul operands as their math takes them) on realistic random
+inputs, compares every output with the program's float64 reference, and watches every operator
+for overflow, NaN and inf, naming the first operator that produced each (not the ones that
+merely propagate it).
+
+``numerics_verdict(program, candidate, naive)`` is what ``superopt`` asks of every verified
+candidate: it runs the check on inputs of the magnitudes users have (:data:`PROBES`: unit
+normals, inputs scaled by about 1e-3 and 1e5 -- at most what the dtype holds --, and four
+outlier features 1024 times the rest, as LLM residual streams have: "massive activations" of a
+few hundred to a few thousand) and rejects the candidate
+where it overflows or misses the tolerance while the program in its own dtype -- the naive
+lowering, one kernel per operator, statistics kept in float32 as PyTorch's norms keep them --
+does not (or where it is ten times less accurate than that).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import numpy as np
 
 from ..lax.backend import NumpyBackend
+from ..lax.precision import MatmulMath
 from ..lax.program import Program
-from ..ugraph.graph import KernelGraph
+from ..ugraph.graph import GraphKernel, KernelGraph
 from ..ugraph.interp import run
 from .equivalence import check_interface
 
 #: default tolerance on the norm-wise relative error, by the narrowest dtype involved
 TOLERANCE = {"float16": 1e-2, "bfloat16": 5e-2, "float32": 1e-4}
+#: ... and by the narrowest matmul math (a float32 program that allows TF32 or bfloat16)
+MATH_TOLERANCE = {MatmulMath.TF32: 2e-3, MatmulMath.BF16: 5e-2, MatmulMath.FP16: 1e-2}
+
+
+# the largest scale a float16 input takes (a power of two: a 4-sigma value of 2048 leaves room
+# below float16's 65504 for the operators after it)
+FLOAT16_SCALE_CAP = 2.0 ** 9
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One way of drawing the inputs of the numerics check: the unit normals times ``scale``
+    (at most what the input's dtype holds with room to spare), and optionally ``outliers``
+    features of each input's last dim ``outlier`` times larger than the rest."""
+
+    name: str
+    scale: float = 1.0
+    outlier: float = 0.0
+    outliers: int = 4
+
+    def inputs(self, program: Program, seed: int,
+               unit: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """The probe's inputs, derived from ``unit`` (the program's unit normal inputs for
+        ``seed``; drawn when not given, which is what a sequence of probes should share)."""
+        unit = program.random_inputs(seed) if unit is None else unit
+        rng = np.random.default_rng([seed, int(self.outlier)])
+        out = {}
+        for t in program.inputs:
+            cap = FLOAT16_SCALE_CAP if t.dtype == "float16" else math.inf
+            s = min(self.scale, cap)
+            x = unit[t.name] * s if s != 1.0 else unit[t.name]
+            if self.outlier and t.shape and t.shape[-1] > 2 * self.outliers:
+                cols = rng.choice(t.shape[-1], self.outliers, replace=False)
+                x = x.copy() if x is unit[t.name] else x
+                x[..., cols] *= self.outlier
+            out[t.name] = x
+        return out
+
+
+#: the magnitudes the numerics check tries (module doc); powers of two, so that a scaled input
+#: rounds to its storage dtype as the unit one does, scaled
+PROBES = (Probe("unit normal"), Probe("inputs x 2^-10", scale=2.0 ** -10),
+          Probe("inputs x 2^17", scale=2.0 ** 17), Probe("outlier features x 1024", outlier=1024.0))
 
 
 @dataclass
@@ -145,7 +200,23 @@ class CheckingBackend(NumpyBackend):
 
 def _tolerance(program: Program, graph: KernelGraph) -> float:
     dtypes = {t.dtype for t in program.inputs} | {t.dtype for t in graph.tensors().values()}
-    return max(TOLERANCE.get(d, 1e-2) for d in dtypes)
+    tol = max(TOLERANCE.get(d, 1e-2) for d in dtypes)
+    for m in _explicit_maths(graph):
+        tol = max(tol, MATH_TOLERANCE.get(m, 0.0))
+    return tol
+
+
+def _explicit_maths(graph: KernelGraph) -> set[MatmulMath]:
+    """The ``math`` attributes of the graph's matmuls (float32 programs say how they multiply)."""
+    found = set()
+    for op in graph.ops:
+        nodes = op.block.ops if isinstance(op, GraphKernel) else (op,)
+        for n in nodes:
+            m = dict(getattr(n, "attrs", ()) or ()).get("math") \
+                if getattr(n, "op", None) == "matmul" else None
+            if m is not None:
+                found.add(MatmulMath(m))
+    return found
 
 
 def check_numerics(program: Program, ugraph: KernelGraph, inputs: Mapping[str, Any] | None = None,
@@ -182,4 +253,53 @@ def check_numerics(program: Program, ugraph: KernelGraph, inputs: Mapping[str, A
     return NumericsReport(ok, errors, be.events, tol, precision)
 
 
-__all__ = ["check_numerics", "NumericsReport", "NumericEvent", "OutputError", "CheckingBackend"]
+@dataclass
+class NumericsVerdict:
+    """What :func:`numerics_verdict` decided: ``ok``, else the ``probe`` that rejected the
+    candidate with both reports (``candidate``, ``naive``)."""
+
+    ok: bool
+    probe: str = ""
+    candidate: NumericsReport | None = None
+    naive: NumericsReport | None = None
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    def __str__(self) -> str:
+        if self.ok:
+            return "numerics ok on every probe"
+        return (f"numerics rejected on {self.probe}: candidate {self.candidate.norm_rel:.3g}"
+                f"{' ' + str(self.candidate.events[0]) if self.candidate.events else ''}, "
+                f"program in its own dtype {self.naive.norm_rel:.3g}")
+
+
+def _worse(c: NumericsReport, n: NumericsReport) -> bool:
+    """Is the candidate's failure its own? The naive lowering passes, or fails far less."""
+    if n.ok:
+        return True
+    if c.events and not n.events:
+        return True
+    return c.norm_rel > 10 * n.norm_rel
+
+
+def numerics_verdict(program: Program, candidate: KernelGraph, naive: KernelGraph, *,
+                     seed: int = 0, target: Any = "h100",
+                     probes: tuple[Probe, ...] = PROBES) -> NumericsVerdict:
+    """Accept ``candidate`` unless on some probe's inputs it overflows, makes a NaN or misses
+    the tolerance while ``naive`` (the program in its own dtype) does not -- or is ten times
+    less accurate than it (module doc)."""
+    unit = program.random_inputs(seed)
+    for probe in probes:
+        x = probe.inputs(program, seed, unit)
+        c = check_numerics(program, candidate, x, target=target)
+        if c.ok:
+            continue
+        n = check_numerics(program, naive, x, target=target)
+        if _worse(c, n):
+            return NumericsVerdict(False, probe.name, c, n)
+    return NumericsVerdict(True)
+
+
+__all__ = ["check_numerics", "numerics_verdict", "NumericsVerdict", "Probe", "PROBES",
+           "NumericsReport", "NumericEvent", "OutputError", "CheckingBackend"]

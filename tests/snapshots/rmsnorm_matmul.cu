@@ -21,6 +21,7 @@
 // ---- mirage_py prelude: storage types, conversions, element-wise functions, tile matmul ----
 struct __align__(2) fp16_t { unsigned short bits; };         // IEEE binary16 as stored
 struct __align__(2) bf16_t { unsigned short bits; };         // bfloat16 as stored
+struct __align__(4) tf32_t { unsigned int bits; };           // a float32 rounded to TF32
 struct __align__(16) vec16_t { unsigned int x, y, z, w; };  // one 16-byte copy
 
 __device__ __forceinline__ float to_float(float x) { return x; }
@@ -40,12 +41,17 @@ __device__ __forceinline__ void store(fp16_t* p, float v) {
 __device__ __forceinline__ void store(bf16_t* p, float v) {
   asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(p->bits) : "f"(v));
 }
+__device__ __forceinline__ void store(tf32_t* p, float v) {
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(p->bits) : "f"(v));
+}
 #else
 __device__ __forceinline__ float to_float(fp16_t x) { return mp_emu::half_to_float(x.bits); }
 __device__ __forceinline__ float to_float(bf16_t x) { return mp_emu::bf16_to_float(x.bits); }
 __device__ __forceinline__ void store(fp16_t* p, float v) { p->bits = mp_emu::float_to_half(v); }
 __device__ __forceinline__ void store(bf16_t* p, float v) { p->bits = mp_emu::float_to_bf16(v); }
+__device__ __forceinline__ void store(tf32_t* p, float v) { p->bits = mp_emu::float_to_tf32(v); }
 #endif
+__device__ __forceinline__ float to_float(tf32_t x) { return __uint_as_float(x.bits); }
 __device__ __forceinline__ void copy16(void* dst, const void* src) {
   *static_cast<vec16_t*>(dst) = *static_cast<const vec16_t*>(src);
 }
@@ -300,23 +306,49 @@ template <class T> __device__ __forceinline__ float round_to(float x) {  // stor
   return to_float(t);
 }
 
-// C = A @ B for BATCH pairs of tiles in shared memory, row-major: A (M, K), B (K, N), C (BATCH,
+// C = A @ B for BATCH pairs of tiles in shared memory on CUDA cores (float32 products: a float32
+// program's matmul, or a block that is not whole warps), row-major: A (M, K), B (K, N), C (BATCH,
 // M, N) fp32; a_off(b) / b_off(b) give the element offset of the operands' b-th matrix (0 for an
-// operand broadcast over the batch; NoOffset for one pair). Products and sums in fp32; with
-// ACCUMULATE the result is added to C (a for-loop accumulator). Thread t computes elements t,
-// t + THREADS, ... of C. The tensor-core tile_mma replaces this wherever the block is whole warps.
-template <int BATCH, int M, int N, int K, int THREADS, bool ACCUMULATE, class TA, class TB,
-          class AOff, class BOff>
-__device__ __forceinline__ void tile_matmul_batched(float* __restrict__ C, const TA* __restrict__ A,
-                                                    const TB* __restrict__ B, AOff a_off,
-                                                    BOff b_off) {
-  for (int i = threadIdx.x; i < BATCH * M * N; i += THREADS) {
-    const int bt = i / (M * N), mn = i % (M * N);
-    const TA* a = A + a_off(bt) + (mn / N) * K;
-    const TB* b = B + b_off(bt) + mn % N;
-    float acc = 0.0f;
-    for (int k = 0; k < K; ++k) acc = fmaf(to_float(a[k]), to_float(b[k * N]), acc);
-    if (ACCUMULATE) C[i] += acc; else C[i] = acc;
+// operand broadcast over the batch; NoOffset for one pair). With ACCUMULATE the result is added
+// to C (a for-loop accumulator). Each thread owns micro-tiles of TM x TN outputs (TM | M,
+// TN | N): rows r0..r0+TM-1 and the columns c, c + N/TN, ... -- consecutive threads take
+// consecutive columns, so B's reads are conflict-free and A's are broadcast -- and per k loads
+// TM + TN values from shared memory for TM * TN FMAs held in registers.
+template <int BATCH, int M, int N, int K, int THREADS, bool ACCUMULATE, int TM, int TN, class TA,
+          class TB, class AOff, class BOff>
+__device__ __forceinline__ void tile_fma(float* __restrict__ C, const TA* __restrict__ A,
+                                         const TB* __restrict__ B, AOff a_off, BOff b_off) {
+  static_assert(M % TM == 0 && N % TN == 0, "micro-tiles divide the output");
+  constexpr int NC = N / TN, UNITS = BATCH * (M / TM) * NC;
+  for (int u = threadIdx.x; u < UNITS; u += THREADS) {
+    const int bt = u / ((M / TM) * NC), q = u % ((M / TM) * NC);
+    const int r0 = q / NC * TM, c = q % NC;
+    const TA* __restrict__ a = A + a_off(bt) + r0 * K;
+    const TB* __restrict__ b = B + b_off(bt) + c;
+    float acc[TM][TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+      for (int j = 0; j < TN; ++j) acc[i][j] = 0.0f;
+#pragma unroll 4
+    for (int k = 0; k < K; ++k) {
+      float av[TM], bv[TN];
+#pragma unroll
+      for (int i = 0; i < TM; ++i) av[i] = to_float(a[i * K + k]);
+#pragma unroll
+      for (int j = 0; j < TN; ++j) bv[j] = to_float(b[k * N + j * NC]);
+#pragma unroll
+      for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < TN; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+    }
+    float* __restrict__ Cb = C + bt * (M * N) + r0 * N + c;
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+      for (int j = 0; j < TN; ++j) {
+        if (ACCUMULATE) Cb[i * N + j * NC] += acc[i][j]; else Cb[i * N + j * NC] = acc[i][j];
+      }
   }
 }
 // ---- tensor cores: mma.sync m16n8k16 (fp16 / bf16 in, fp32 accumulate), ldmatrix ----
@@ -372,6 +404,16 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const unsigned int (&a)[
 __device__ __forceinline__ void mma16816(float (&c)[4], const unsigned int (&a)[4],
                                          const unsigned int (&b)[2], bf16_t) {
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+               "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+// TF32 (PTX ISA, mma.m16n8k8 .tf32), one 32-bit value per register: A (16 x 8) a[0]: row g,
+// col t   a[1]: row g+8, col t   a[2]: row g, col t+4   a[3]: row g+8, col t+4;  B (8 x 8)
+// b[0]: k t, col g   b[1]: k t+4, col g;  C as for m16n8k16
+__device__ __forceinline__ void mma1688(float (&c)[4], const unsigned int (&a)[4],
+                                        const unsigned int (&b)[2]) {
+  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, "
                "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
@@ -435,11 +477,38 @@ inline void mma16816(float (&c)[4], const unsigned int (&a)[4], const unsigned i
   for (int i = 0; i < 4; ++i) c[i] = d[i];
   mp_emu::xdone(__LINE__);
 }
+inline void mma1688(float (&c)[4], const unsigned int (&a)[4], const unsigned int (&b)[2]) {
+  unsigned int mine[6] = {a[0], a[1], a[2], a[3], b[0], b[1]};
+  mp_emu::xput(mine, sizeof mine, __LINE__);
+  const unsigned int lane = mp_emu::lane_id(), g = lane / 4, t = lane % 4;
+  auto reg_of = [](const unsigned char* slot, int reg) {
+    unsigned int r;
+    memcpy(&r, slot + 4 * reg, 4);
+    return __uint_as_float(r);
+  };
+  float d[4];
+  for (int i = 0; i < 4; ++i) {
+    const unsigned int row = g + 8 * (i / 2), col = 2 * t + i % 2;
+    float s = c[i];
+    for (unsigned int k = 0; k < 8; ++k) {
+      const float x = reg_of(mp_emu::xpeer((row % 8) * 4 + k % 4), (row >= 8) + 2 * (k >= 4));
+      const float y = reg_of(mp_emu::xpeer(col * 4 + k % 4), 4 + (k >= 4));
+      s += x * y;
+    }
+    d[i] = s;
+  }
+  for (int i = 0; i < 4; ++i) c[i] = d[i];
+  mp_emu::xdone(__LINE__);
+}
 #endif
+// k of one MMA: 16 for 16-bit operands, 8 for TF32
+template <class E> struct MmaK { static constexpr int value = 16; };
+template <> struct MmaK<tf32_t> { static constexpr int value = 8; };
 
 // Tensor-core tile matmuls, C = A @ B for BATCH pairs of tiles in shared memory: A (M, K) and
 // B (K, N) row-major in any storage type, C (BATCH, M, N) fp32. Operands are rounded to E (fp16_t
-// or bf16_t) -- exact for tiles stored as E -- and products accumulate in fp32. a_off(b) /
+// or bf16_t: m16n8k16; tf32_t: m16n8k8 on float32 tiles, rounded by cvt.rna) -- exact for tiles
+// stored as E -- and products accumulate in fp32. a_off(b) /
 // b_off(b): element offset of the b-th operand matrix (0: broadcast); SA / SB: the operands'
 // swizzles. The warps share out units of 16 x (8 NG) outputs; a unit's A fragment serves its NG
 // column tiles. ldmatrix reads 16-bit E tiles whose sizes are multiples of the fragment; other
@@ -474,19 +543,28 @@ __device__ __forceinline__ void mma_k_step(float (&acc)[NG][4], const unsigned i
   for (int j = 0; j < NG; ++j) {
     const int n0 = c0 + j * 8;
     unsigned int b[2];
-    if constexpr (LDSM_B) {
-      ldsm_x2_trans(b, B + SB::at((k0 + lane % 16) * N + n0));
-    } else {
+    if constexpr (same_type<E, tf32_t>::value) {  // one value per register: k t, t+4 of col g
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const int k = k0 + 2 * t + 8 * r, col = n0 + g;
-        unsigned int lo = 0, hi = 0;
-        if (k < K && col < N) lo = MmaBits<E, TB>::of(B[SB::at(k * N + col)]);
-        if (k + 1 < K && col < N) hi = MmaBits<E, TB>::of(B[SB::at((k + 1) * N + col)]);
-        b[r] = lo | (hi << 16);
+        const int k = k0 + t + 4 * r, col = n0 + g;
+        b[r] = k < K && col < N ? MmaBits<E, TB>::of(B[SB::at(k * N + col)]) : 0u;
       }
+      mma1688(acc[j], a, b);
+    } else {
+      if constexpr (LDSM_B) {
+        ldsm_x2_trans(b, B + SB::at((k0 + lane % 16) * N + n0));
+      } else {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int k = k0 + 2 * t + 8 * r, col = n0 + g;
+          unsigned int lo = 0, hi = 0;
+          if (k < K && col < N) lo = MmaBits<E, TB>::of(B[SB::at(k * N + col)]);
+          if (k + 1 < K && col < N) hi = MmaBits<E, TB>::of(B[SB::at((k + 1) * N + col)]);
+          b[r] = lo | (hi << 16);
+        }
+      }
+      mma16816(acc[j], a, b, E{});
     }
-    mma16816(acc[j], a, b, E{});
   }
 }
 
@@ -494,13 +572,19 @@ __device__ __forceinline__ void mma_k_step(float (&acc)[NG][4], const unsigned i
 template <int M, int N, int K, int NG, class E, class SA, class SB, class TA, class TB>
 __device__ __forceinline__ void mma_unit(float (&acc)[NG][4], const TA* __restrict__ A,
                                          const TB* __restrict__ B, int m0, int c0) {
-  constexpr int KT = (K + 15) / 16;
+  constexpr int KS = MmaK<E>::value, KT = (K + KS - 1) / KS;
   constexpr bool LDSM_A = same_type<TA, E>::value && M % 16 == 0 && K % 16 == 0;
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
 #pragma unroll 2
-  for (int k0 = 0; k0 < KT * 16; k0 += 16) {
+  for (int k0 = 0; k0 < KT * KS; k0 += KS) {
     unsigned int a[4];
-    if constexpr (LDSM_A) {
+    if constexpr (same_type<E, tf32_t>::value) {  // rows g, g+8; cols t, t+4
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int row = m0 + g + 8 * (r & 1), col = k0 + t + 4 * (r >> 1);
+        a[r] = row < M && col < K ? MmaBits<E, TA>::of(A[SA::at(row * K + col)]) : 0u;
+      }
+    } else if constexpr (LDSM_A) {
       ldsm_x4(a, A + SA::at((m0 + lane % 16) * K + k0 + lane / 16 * 8));
     } else {
 #pragma unroll
@@ -583,6 +667,7 @@ __device__ __forceinline__ void tile_mma_rega(
     const TB* __restrict__ B, BOff b_off) {
   using T = MmaTiling<BATCH, M, N, K, WARPS, N / 8>;
   static_assert(K % 16 == 0, "whole k steps of A fragments");
+  static_assert(!same_type<E, tf32_t>::value, "TF32 A fragments are not C fragments");
   auto pack = [](float lo, float hi) {
     return MmaBits<E, float>::of(lo) | (MmaBits<E, float>::of(hi) << 16);
   };
