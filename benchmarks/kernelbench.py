@@ -300,6 +300,21 @@ def _flat_outputs(out) -> list:
     return []
 
 
+def _allclose(got, want, tol: float = 1e-4) -> bool:
+    """KernelBench's own check of a float32 answer: ``torch.allclose(atol=rtol=tol)`` on every
+    output (a missing or reshaped output fails)."""
+    import torch
+    g, w = _flat_outputs(got), _flat_outputs(want)
+    if len(g) != len(w) or not w:
+        return False
+    for a, b in zip(g, w):
+        a = a.detach().cpu() if isinstance(a, torch.Tensor) else torch.as_tensor(a)
+        b = b.detach().cpu()
+        if a.shape != b.shape or not torch.allclose(a.to(b.dtype), b, atol=tol, rtol=tol):
+            return False
+    return True
+
+
 def _compare(got, want) -> float:
     """Largest norm-wise relative error over the outputs (inf for a missing output, a shape
     mismatch or a non-float output that differs)."""
@@ -453,6 +468,7 @@ def _capture_and_compile(row: dict, model, inputs: list, want, db: str, from_tor
                 got = compiled(*inputs)
             row["rel_err"] = _compare(got, want)
             row["equal"] = row["rel_err"] <= tolerance
+            row["allclose_1e-4"] = _allclose(got, want)
             _compile_details(compiled, row)
         except Exception as e:
             row["compile_error"] = _why(e)
@@ -622,13 +638,14 @@ def summary(rows: list[dict]) -> dict[str, dict[str, int]]:
     out: dict[str, dict[str, int]] = {}
     for r in rows:
         s = out.setdefault(r.get("level") or "-", dict.fromkeys(
-            ("problems", "captured", "fused", "verified", "equal", "all", "one_kernel",
-             "compile_one_kernel"), 0))
+            ("problems", "captured", "fused", "verified", "equal", "allclose", "all",
+             "one_kernel", "compile_one_kernel"), 0))
         s["problems"] += 1
         ok = [bool(r.get(k)) for k in ("captured", "fused", "verified", "equal")]
         for k, v in zip(("captured", "fused", "verified", "equal"), ok):
             s[k] += v
         s["all"] += all(ok)
+        s["allclose"] += bool(r.get("allclose_1e-4"))
         s["one_kernel"] += bool(r.get("captured")) and r.get("kernels_found") == 1
         s["compile_one_kernel"] += r.get("compile_kernels") == 1 and not r.get("eager_ops")
     return out
@@ -674,12 +691,13 @@ def markdown(rows: list[dict], meta: dict) -> str:
              "('-': not reached, the problem was not captured). "
              f"*Equal*: `mp.compile`'s module on the CPU (GPU precision) within "
              f"{meta.get('tolerance')} norm-wise of eager PyTorch (its relative error in "
-             "brackets).", "",
-             "| level | problems | captured | fused | verified | equal to eager | all four | "
-             "one kernel | one kernel (compile) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    keys = ("problems", "captured", "fused", "verified", "equal", "all", "one_kernel",
-            "compile_one_kernel")
+             "brackets). *allclose 1e-4*: the same outputs pass KernelBench's own check of "
+             "float32 answers, `torch.allclose(atol=rtol=1e-4)`.", "",
+             "| level | problems | captured | fused | verified | equal to eager | "
+             "allclose 1e-4 | all four | one kernel | one kernel (compile) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    keys = ("problems", "captured", "fused", "verified", "equal", "allclose", "all",
+            "one_kernel", "compile_one_kernel")
     tot = dict.fromkeys(keys, 0)
     for lv in sorted(s, key=lambda x: (len(x), x)):
         c = s[lv]

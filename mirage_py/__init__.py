@@ -33,7 +33,7 @@ def compile(module, example_inputs=None, example_kwargs=None, **superopt_options
     return _compile(module, example_inputs, example_kwargs, **superopt_options)
 
 
-__version__ = "0.5.2"
+__version__ = "0.6.0"
 
 __all__ = ["ClusterError", "DatabaseError", "DTypeError", "MirageError", "OptionError",
            "ProgramError", "SerializationError", "ShapeError", "TargetError",

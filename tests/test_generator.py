@@ -401,8 +401,8 @@ def test_a_finished_output_stands_for_what_it_was_computed_from():
 
 def _mlp_into_norm() -> mp.Program:
     """A decoder layer's SwiGLU MLP, its residual add and the next layer's RMSNorm at batch 1:
-    no graph-defined kernel sequence of two computes the normalised row (its grid would have to
-    split the dim its sum runs over), which the search used to learn from 147 plans (35 now)."""
+    two graph-defined kernels compute the normalised row only as ``h``, then the norm of that
+    one row in one block (a grid would have to split the dim its sum runs over)."""
     p = mp.Program("mlp_into_norm")
     x = p.input("X", (1, 512))
     wg, wu = p.input("Wg", (512, 1408)), p.input("Wu", (512, 1408))
@@ -434,4 +434,7 @@ def test_last_kernel_tries_only_plans_that_place_its_outputs(make, kernels):
     assert found_fit == found_all
     assert plans_fit < plans_all
     if make is _mlp_into_norm:
-        assert not found_fit and plans_fit <= plans_all / 2
+        assert plans_fit <= plans_all / 2
+        for h in found_fit:  # h first, then the row's norm in a single block
+            g = next(c.graph for c in got if c.graph.structural_hash() == h)
+            assert g.graph_kernels()[-1].block.num_blocks == 1

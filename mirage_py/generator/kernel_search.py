@@ -22,7 +22,7 @@ from ..lax.precision import is_statistic, math_attrs, program_matmul_math
 from ..targets import Target
 from ..ugraph.graph import DTensor, GraphKernel, KernelGraph
 from . import absexpr as ae
-from .block_search import Avail, Context, Plan, kernels_for_plan
+from .block_search import Avail, Context, Plan, dim_size, kernels_for_plan
 from .labels import infer_labels
 from .templates import templates_of
 
@@ -94,14 +94,25 @@ def narrow_split(label: str, parts: int, avail: list[Avail]) -> bool:
 
 
 def plans_for(avail: list[Avail], reduced: frozenset, parallel: frozenset, target: Target,
-              max_grid_labels: int = 3) -> list[Plan]:
-    """Grid/loop plans from the labels present in the available tensors (see module doc)."""
+              max_grid_labels: int = 3, rows: frozenset = frozenset()) -> list[Plan]:
+    """Grid/loop plans from the labels present in the available tensors (see module doc).
+    ``rows``: the parallel labels that something also reduces -- the row of a normalisation,
+    which one block must hold whole to finish its statistic and its outputs. When every label
+    is one, plans with nothing on the grid come too (one block computes everything: a layer norm
+    of one row); a loop-less plan holding one whole whose tiles are too large for a block comes
+    in a finer version as well (``_finer``)."""
     sizes = label_sizes(avail)
     labels = sorted(sizes)
     batch = batch_labels(avail)
     loop_labels = [None] + [l for l in labels if l in reduced or l not in parallel]
     want = 2 * target.sm_count
     plans: list[Plan] = []
+    if labels and set(labels) <= rows:  # nothing but rows (one row of a norm): one block
+        for loop in loop_labels:
+            n = sizes.get(loop, 1)
+            f = n if n <= 64 else n // _largest_divisor_at_most(n, 64)
+            if loop is None or f > 1:
+                plans.append(Plan(((None, 1),) * 3, (loop, f if loop is not None else 1)))
     for k in range(1, max_grid_labels + 1):
         for combo in itertools.combinations(labels, k):
             for loop in loop_labels:
@@ -147,11 +158,66 @@ def plans_for(avail: list[Avail], reduced: frozenset, parallel: frozenset, targe
                     lp = (loop, f)
                 else:
                     lp = (None, 1)
-                grid.sort(key=lambda g: -g[1])  # the largest part count on x (limit 2^31-1)
-                while len(grid) < 3:
-                    grid.append((None, 1))
-                plans.append(Plan(tuple(grid), lp))
+                held = {l for l in rows if l in sizes} - {l for l, _ in grid} - {lp[0]}
+                finer = _finer(grid, lp, par, batch, avail, sizes, target) if held else None
+                for g in (grid, finer):
+                    if g is None:
+                        continue
+                    g = sorted(g, key=lambda x: -x[1])  # the largest part count on x (2^31-1)
+                    while len(g) < 3:
+                        g.append((None, 1))
+                    plans.append(Plan(tuple(g), lp))
     return plans
+
+
+# the float32 bytes one block's tiles of the available tensors may take before a plan also comes
+# in a finer version: the inputs' tiles and as many float32 intermediates of that size must fit
+# the shared memory of a block
+TILE_FOOTPRINT_SHARE = 4
+
+
+def _footprint(avail: list[Avail], parts: dict, loop: tuple) -> int:
+    """float32 bytes of one block's tiles of every available tensor under a plan's grid
+    ``parts`` (outer label -> part count) and ``loop`` (label, iterations)."""
+    total = 0
+    for a in avail:
+        n = 1
+        for d in a.dims:
+            size = dim_size(d) if d else 1
+            lbl = d[0][0] if d else None
+            size //= parts.get(lbl, 1)
+            if lbl is not None and lbl == loop[0]:
+                size //= max(loop[1], 1)
+            n *= max(size, 1)
+        total += 4 * n
+    return total
+
+
+def _finer(grid: list, loop: tuple, par: list, batch: frozenset, avail: list[Avail],
+           sizes: dict, target: Target) -> list | None:
+    """A finer version of ``grid`` when one block's tiles would not leave room in shared memory
+    (footprint above 1 / ``TILE_FOOTPRINT_SHARE`` of it): the parallel labels cut into more
+    parts, the largest tile first, until they fit or are one element per block. Tiles of 64 rows
+    of a norm over 512 features in float32 are too large for one block; 8 or
+    16 rows are not. None when the grid fits (or nothing can be cut)."""
+    budget = target.smem_per_block // TILE_FOOTPRINT_SHARE
+    parts = dict(grid)
+    if loop[0] is not None or _footprint(avail, parts, loop) <= budget:
+        return None
+    changed = False
+    while _footprint(avail, parts, loop) > budget:
+        cands = [l for l in par if l not in batch and parts[l] < sizes[l]]
+        if not cands:
+            break
+        lbl = max(cands, key=lambda l: (sizes[l] // parts[l], l))
+        n = sizes[lbl]
+        more = [d for d in _divisors(n) if d > parts[lbl] and n // d <= max(n // parts[lbl] // 2, 1)
+                and not narrow_split(lbl, d, avail)]
+        if not more:
+            break
+        parts[lbl] = min(more)
+        changed = True
+    return [(l, parts[l]) for l, _ in grid] if changed else None
 
 
 @dataclass(frozen=True)
@@ -263,7 +329,8 @@ class Searcher:
         """Grid / loop plans for the next kernel, with ``done`` outputs finished already: the
         labels are classed by the outputs still to compute (``Labels.classes``)."""
         parallel, reduced = self.labels.classes(self.outputs - done)
-        return plans_for(avail, reduced | _split_labels(avail), parallel, self.target)
+        return plans_for(avail, reduced | _split_labels(avail), parallel, self.target,
+                         rows=parallel & self.labels.reduced_any)
 
     def _expired(self) -> bool:
         return self.deadline is not None and time.perf_counter() > self.deadline

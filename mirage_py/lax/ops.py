@@ -293,7 +293,8 @@ def storage_round(x: np.ndarray, dtype: str) -> np.ndarray:
     """Round float values to what a device tensor of ``dtype`` stores, returned as float32."""
     with np.errstate(over="ignore", invalid="ignore"):
         if dtype == "float16":
-            return np.asarray(x).astype(np.float16).astype(np.float32)
+            x = np.asarray(x)  # float16 data is stored as it is
+            return (x if x.dtype == np.float16 else x.astype(np.float16)).astype(np.float32)
         if dtype == "bfloat16":
             return _round_bf16(np.asarray(x, dtype=np.float32))
         if dtype == "float32":

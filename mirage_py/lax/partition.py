@@ -5,6 +5,7 @@ merged while (a) both are Lax-compatible, (b) the graph of groups stays acyclic,
 run one after another, and (c) no exp ends up nested under another exp inside one group.
 Merging repeats until nothing more can merge, so each Lax part is maximal in that sense.
 Constants and masks are copied into every part that uses them. The parts come back in dependency order.
+With ``horizontal=True`` groups that read a common program input merge too (same rules).
 
 ``split_nested_exp=False`` (what ``superopt`` uses) leaves out rule (c): a part is then only a
 scope for the region layer, which verifies every region on its own and never forms a region with
@@ -73,10 +74,14 @@ def _compatible(t: Tensor, uninterpreted: bool) -> bool:
 
 
 def partition(program: Program, *, uninterpreted: bool = False,
-              split_nested_exp: bool = True) -> Partition:
+              split_nested_exp: bool = True, horizontal: bool = False) -> Partition:
     """Split ``program`` into subprograms (see module docstring); evaluating them in order
     gives exactly ``program.evaluate``. ``split_nested_exp=False`` drops rule (c): the region
-    layer verifies each region on its own, so a part may nest exps as long as no region does."""
+    layer verifies each region on its own, so a part may nest exps as long as no region does.
+    ``horizontal=True`` (what ``superopt`` uses) also merges groups that read a common program
+    input, under the same rules: independent computations on shared data -- the query's and the
+    key's rotary embedding with their ``cos`` and ``sin`` -- become one part, so one kernel may
+    compute both."""
     nodes = [t for t in program.nodes() if _ops.OPS[t.op].category != "leaf"]
     pos = {t.digest: i for i, t in enumerate(nodes)}
     group = {t.digest: i for i, t in enumerate(nodes)}  # union-find-free: relabel on merge
@@ -106,10 +111,18 @@ def partition(program: Program, *, uninterpreted: bool = False,
                 return True
         return False
 
+    pairs = list(edges)
+    if horizontal:  # readers of one program input, first reader with each later one
+        readers: dict[str, list[str]] = {}
+        for t in nodes:
+            for i in t.inputs:
+                if i.op == "input":
+                    readers.setdefault(i.digest, []).append(t.digest)
+        pairs += [(rs[0], r) for rs in readers.values() for r in rs[1:]]
     changed = True
     while changed:
         changed = False
-        for u, v in edges:
+        for u, v in pairs:
             a, b = group[u], group[v]
             if a == b or not (ok[u] and ok[v]):
                 continue

@@ -1,6 +1,7 @@
 """``mp.superopt``: partition -> regions -> search -> tune -> measure -> verify -> cover -> join.
 
-For each part of ``partition(program, uninterpreted=True, split_nested_exp=False)`` (maximal
+For each part of ``partition(program, uninterpreted=True, split_nested_exp=False,
+horizontal=True)`` (maximal
 groups of operators the verifier can check; a part may nest exps, no region does), the region
 layer (:mod:`.part`, docs/generator.md) builds the answer:
 

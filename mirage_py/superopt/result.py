@@ -94,7 +94,7 @@ class PartResult(Answer):
 def parts_of(program: Program):
     """The partition superopt works on: maximal parts of verifiable operators (uninterpreted
     element-wise functions included), exps nested or not -- each region is verified alone."""
-    return partition(program, uninterpreted=True, split_nested_exp=False)
+    return partition(program, uninterpreted=True, split_nested_exp=False, horizontal=True)
 
 
 def summed_verification(results: list) -> SavedVerification | None:
