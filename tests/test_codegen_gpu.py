@@ -156,3 +156,21 @@ def test_tma_and_cp_async_builds_on_gpu(name, tma, monkeypatch):
     _check(g, get_inputs(name, 1, seed=11))
     major = int(cp.cuda.Device().compute_capability[:-1])
     assert CompiledGraph(g, "h100").tma == (tma and major >= 9)
+
+
+@pytest.mark.parametrize("precision,tol", [("highest", 1e-5), ("high", 1e-5), ("medium", 1e-4)])
+def test_float32_maths_on_gpu(precision, tol):
+    """A float32 matmul with an epilogue, fused and naive, at each float32_matmul precision:
+    tile_fma, mma.m16n8k8 TF32 (cvt.rna-rounded operands) and bf16 tensor cores equal the
+    interpreter, which rounds operands as the math says (tests/test_float32.py reads the same
+    kernels' SASS on the CPU)."""
+    import mirage_py as mp
+    p = mp.Program(f"f32_{precision}")
+    a = p.input("A", (64, 256), "float32")
+    b = p.input("B", (256, 128), "float32")
+    p.output(mp.silu(mp.matmul(a, b, precision=precision)) * 2.0, name="C")
+    opt = mp.superopt(p, workers=1, database=False)
+    x = {"A": np.random.default_rng(9).standard_normal((64, 256)),
+         "B": np.random.default_rng(10).standard_normal((256, 128)) / 16}
+    for g in (opt.graph, naive_lowering(p)):
+        _check(g, x, tol=tol)

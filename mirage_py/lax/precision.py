@@ -36,6 +36,7 @@ from enum import Enum
 from typing import Any
 
 from ..errors import OptionError
+from .ops import OPS
 
 
 class Float32Matmul(str, Enum):
@@ -134,7 +135,6 @@ def is_statistic(t: Any, memo: dict[str, bool] | None = None) -> bool:
     hit = memo.get(t.digest)
     if hit is not None:
         return hit
-    from .ops import OPS  # noqa: PLC0415 -- ops imports nothing of ours; keep this leaf light
     if t.op == "sum" or t.op == "square":
         out = True
     elif t.op == "pow":

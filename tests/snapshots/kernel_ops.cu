@@ -4,11 +4,11 @@
 //   X: (2, 3, 24) float16
 //   W: (24, 10) float16
 //   b: (10,) float32
-//   t3 = square(X) : (2, 3, 24) float16
-//   t4 = sum(t3, axes=(2,), keepdims=True) : (2, 3, 1) float16
-//   t6 = div(t4, 24.0) : (2, 3, 1) float16
-//   t8 = add(t6, 1e-06) : (2, 3, 1) float16
-//   t9 = sqrt(t8) : (2, 3, 1) float16
+//   t3 = square(X) : (2, 3, 24) float32
+//   t4 = sum(t3, axes=(2,), keepdims=True) : (2, 3, 1) float32
+//   t6 = div(t4, 24.0) : (2, 3, 1) float32
+//   t8 = add(t6, 1e-06) : (2, 3, 1) float32
+//   t9 = sqrt(t8) : (2, 3, 1) float32
 //   t10 = div(X, t9) : (2, 3, 24) float16
 //   t11 = matmul(t10, W) : (2, 3, 10) float16
 //   t12 = add(t11, b) : (2, 3, 10) float32
@@ -27,11 +27,11 @@
 //   U = sqrt(t27) : (4, 15) float32
 //   t29 = silu(t17) : (2, 3, 10) float32
 //   V = sum(t29, axes=(0, 2), keepdims=False) : (3,) float32
-//   t31 = sum(X, axes=(2,), keepdims=False) : (2, 3) float16
+//   t31 = sum(X, axes=(2,), keepdims=False) : (2, 3) float32
 //   N = neg(t31) : (2, 3) float16
 //   outputs: U, V, N
 //
-// workspace (2304 bytes): t3 @0, t10 @0, t12 @0, t17 @0, t6 @0, t14 @0, t31 @0, t8 @256, t13 @512, t18 @512, t29 @512, t4 @512, t9 @512, t24 @512, t27 @512, t25 @768, t20 @1024, t23 @1024, t11 @1024, t16 @1024, t21 @1536, t22 @2048
+// workspace (2304 bytes): t3 @0, t10 @0, t12 @0, t17 @0, t6 @0, t14 @0, t31 @0, t8 @256, t13 @512, t18 @512, t29 @512, t9 @512, t24 @512, t27 @512, t4 @768, t25 @768, t20 @1024, t23 @1024, t11 @1024, t16 @1024, t21 @1536, t22 @2048
 
 // ---- mirage_py prelude: storage types, conversions, element-wise functions, tile matmul ----
 struct __align__(2) fp16_t { unsigned short bits; };         // IEEE binary16 as stored
@@ -927,23 +927,23 @@ __device__ __forceinline__ void tile_wgmma(
 }
 // ---- end of prelude ----
 
-// kernel #0: t3 = square(X) : (2, 3, 24) -> (2, 3, 24) float16
+// kernel #0: t3 = square(X) : (2, 3, 24) -> (2, 3, 24) float32
 // one thread per output element (grid-stride loop), fp32 arithmetic
 extern "C" __global__ void __launch_bounds__(256)
 kernel_ops_k0_square_t3(
     const fp16_t* __restrict__ g_X,
-    fp16_t* __restrict__ g_t3) {
+    float* __restrict__ g_t3) {
   for (int i = blockIdx.x * 256 + threadIdx.x; i < 144; i += gridDim.x * 256) {
     store(g_t3 + i, to_float(g_X[i]) * to_float(g_X[i]));
   }
 }
 
-// kernel #1: t4 = sum(t3, axes=(2,), keepdims=True) : (2, 3, 24) -> (2, 3, 1) float16
+// kernel #1: t4 = sum(t3, axes=(2,), keepdims=True) : (2, 3, 24) -> (2, 3, 1) float32
 // one warp per output element: 6 sums of 24
 extern "C" __global__ void __launch_bounds__(256)
 kernel_ops_k1_sum_t4(
-    const fp16_t* __restrict__ g_t3,
-    fp16_t* __restrict__ g_t4) {
+    const float* __restrict__ g_t3,
+    float* __restrict__ g_t4) {
   const int o = blockIdx.x * 8 + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (o >= 6) return;  // whole warps leave together
@@ -953,42 +953,42 @@ kernel_ops_k1_sum_t4(
     acc += to_float(g_t3[k0 * 72 + k1 * 24 + r]);
   }
   for (int s = 16; s > 0; s >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, s);
-  if (lane == 0) store(g_t4 + k0 * 8 + k1, acc);
+  if (lane == 0) store(g_t4 + k0 * 4 + k1, acc);
 }
 
-// kernel #2: t6 = div(t4, 24.0) : (2, 3, 1) -> (2, 3, 1) float16
+// kernel #2: t6 = div(t4, 24.0) : (2, 3, 1) -> (2, 3, 1) float32
 // one thread per output element (grid-stride loop), fp32 arithmetic
 extern "C" __global__ void __launch_bounds__(256)
 kernel_ops_k2_div_t6(
-    const fp16_t* __restrict__ g_t4,
-    fp16_t* __restrict__ g_t6) {
+    const float* __restrict__ g_t4,
+    float* __restrict__ g_t6) {
   for (int i = blockIdx.x * 256 + threadIdx.x; i < 6; i += gridDim.x * 256) {
     const int c0 = i / 3, c1 = i % 3;
-    store(g_t6 + c0 * 8 + c1, fdiv(to_float(g_t4[c0 * 8 + c1]), 24.0f));
+    store(g_t6 + c0 * 4 + c1, fdiv(to_float(g_t4[c0 * 4 + c1]), 24.0f));
   }
 }
 
-// kernel #3: t8 = add(t6, 1e-06) : (2, 3, 1) -> (2, 3, 1) float16
+// kernel #3: t8 = add(t6, 1e-06) : (2, 3, 1) -> (2, 3, 1) float32
 // one thread per output element (grid-stride loop), fp32 arithmetic
 extern "C" __global__ void __launch_bounds__(256)
 kernel_ops_k3_add_t8(
-    const fp16_t* __restrict__ g_t6,
-    fp16_t* __restrict__ g_t8) {
+    const float* __restrict__ g_t6,
+    float* __restrict__ g_t8) {
   for (int i = blockIdx.x * 256 + threadIdx.x; i < 6; i += gridDim.x * 256) {
     const int c0 = i / 3, c1 = i % 3;
-    store(g_t8 + c0 * 8 + c1, to_float(g_t6[c0 * 8 + c1]) + 1e-06f);
+    store(g_t8 + c0 * 4 + c1, to_float(g_t6[c0 * 4 + c1]) + 1e-06f);
   }
 }
 
-// kernel #4: t9 = sqrt(t8) : (2, 3, 1) -> (2, 3, 1) float16
+// kernel #4: t9 = sqrt(t8) : (2, 3, 1) -> (2, 3, 1) float32
 // one thread per output element (grid-stride loop), fp32 arithmetic
 extern "C" __global__ void __launch_bounds__(256)
 kernel_ops_k4_sqrt_t9(
-    const fp16_t* __restrict__ g_t8,
-    fp16_t* __restrict__ g_t9) {
+    const float* __restrict__ g_t8,
+    float* __restrict__ g_t9) {
   for (int i = blockIdx.x * 256 + threadIdx.x; i < 6; i += gridDim.x * 256) {
     const int c0 = i / 3, c1 = i % 3;
-    store(g_t9 + c0 * 8 + c1, sqrtf(to_float(g_t8[c0 * 8 + c1])));
+    store(g_t9 + c0 * 4 + c1, sqrtf(to_float(g_t8[c0 * 4 + c1])));
   }
 }
 
@@ -997,11 +997,11 @@ kernel_ops_k4_sqrt_t9(
 extern "C" __global__ void __launch_bounds__(256)
 kernel_ops_k5_div_t10(
     const fp16_t* __restrict__ g_X,
-    const fp16_t* __restrict__ g_t9,
+    const float* __restrict__ g_t9,
     fp16_t* __restrict__ g_t10) {
   for (int i = blockIdx.x * 256 + threadIdx.x; i < 144; i += gridDim.x * 256) {
     const int c0 = i / 72, c1 = (i / 24) % 3, c2 = i % 24;
-    store(g_t10 + c0 * 72 + c1 * 24 + c2, fdiv(to_float(g_X[c0 * 72 + c1 * 24 + c2]), to_float(g_t9[c0 * 8 + c1])));
+    store(g_t10 + c0 * 72 + c1 * 24 + c2, fdiv(to_float(g_X[c0 * 72 + c1 * 24 + c2]), to_float(g_t9[c0 * 4 + c1])));
   }
 }
 
@@ -1250,12 +1250,12 @@ kernel_ops_k22_sum_V(
   if (lane == 0) store(g_V + o, acc);
 }
 
-// kernel #23: t31 = sum(X, axes=(2,), keepdims=False) : (2, 3, 24) -> (2, 3) float16
+// kernel #23: t31 = sum(X, axes=(2,), keepdims=False) : (2, 3, 24) -> (2, 3) float32
 // one warp per output element: 6 sums of 24
 extern "C" __global__ void __launch_bounds__(256)
 kernel_ops_k23_sum_t31(
     const fp16_t* __restrict__ g_X,
-    fp16_t* __restrict__ g_t31) {
+    float* __restrict__ g_t31) {
   const int o = blockIdx.x * 8 + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (o >= 6) return;  // whole warps leave together
@@ -1265,18 +1265,18 @@ kernel_ops_k23_sum_t31(
     acc += to_float(g_X[k0 * 72 + k1 * 24 + r]);
   }
   for (int s = 16; s > 0; s >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, s);
-  if (lane == 0) store(g_t31 + k0 * 8 + k1, acc);
+  if (lane == 0) store(g_t31 + k0 * 4 + k1, acc);
 }
 
 // kernel #24: N = neg(t31) : (2, 3) -> (2, 3) float16
 // one thread per output element (grid-stride loop), fp32 arithmetic
 extern "C" __global__ void __launch_bounds__(256)
 kernel_ops_k24_neg_N(
-    const fp16_t* __restrict__ g_t31,
+    const float* __restrict__ g_t31,
     fp16_t* __restrict__ g_N) {
   for (int i = blockIdx.x * 256 + threadIdx.x; i < 6; i += gridDim.x * 256) {
     const int c0 = i / 3, c1 = i % 3;
-    store(g_N + c0 * 3 + c1, -to_float(g_t31[c0 * 8 + c1]));
+    store(g_N + c0 * 3 + c1, -to_float(g_t31[c0 * 4 + c1]));
   }
 }
 
@@ -1325,11 +1325,11 @@ extern "C" cudaError_t kernel_ops_launch(const kernel_ops_tensors* tensors, void
   const fp16_t* d_X = static_cast<const fp16_t*>(tensors->X);
   const fp16_t* d_W = static_cast<const fp16_t*>(tensors->W);
   const float* d_b = static_cast<const float*>(tensors->b);
-  fp16_t* d_t3 = reinterpret_cast<fp16_t*>(ws + 0);  // intermediate t3
-  fp16_t* d_t4 = reinterpret_cast<fp16_t*>(ws + 512);  // intermediate t4
-  fp16_t* d_t6 = reinterpret_cast<fp16_t*>(ws + 0);  // intermediate t6
-  fp16_t* d_t8 = reinterpret_cast<fp16_t*>(ws + 256);  // intermediate t8
-  fp16_t* d_t9 = reinterpret_cast<fp16_t*>(ws + 512);  // intermediate t9
+  float* d_t3 = reinterpret_cast<float*>(ws + 0);  // intermediate t3
+  float* d_t4 = reinterpret_cast<float*>(ws + 768);  // intermediate t4
+  float* d_t6 = reinterpret_cast<float*>(ws + 0);  // intermediate t6
+  float* d_t8 = reinterpret_cast<float*>(ws + 256);  // intermediate t8
+  float* d_t9 = reinterpret_cast<float*>(ws + 512);  // intermediate t9
   fp16_t* d_t10 = reinterpret_cast<fp16_t*>(ws + 0);  // intermediate t10
   fp16_t* d_t11 = reinterpret_cast<fp16_t*>(ws + 1024);  // intermediate t11
   float* d_t12 = reinterpret_cast<float*>(ws + 0);  // intermediate t12
@@ -1348,7 +1348,7 @@ extern "C" cudaError_t kernel_ops_launch(const kernel_ops_tensors* tensors, void
   float* d_U = static_cast<float*>(tensors->U);
   float* d_t29 = reinterpret_cast<float*>(ws + 512);  // intermediate t29
   float* d_V = static_cast<float*>(tensors->V);
-  fp16_t* d_t31 = reinterpret_cast<fp16_t*>(ws + 0);  // intermediate t31
+  float* d_t31 = reinterpret_cast<float*>(ws + 0);  // intermediate t31
   fp16_t* d_N = static_cast<fp16_t*>(tensors->N);
   cudaError_t err = cudaSuccess;
   // kernel #0
