@@ -489,3 +489,17 @@ def create(name: str = "analytic", **kw: Any) -> CostModel:
     except KeyError:
         raise MirageError(f"unknown cost model {name!r}; choose one of {', '.join(_MODELS)}") \
             from None
+
+
+def library_kernel_us(target: Any, nbytes: float, simt_flops: float = 0.0,
+                      tc_flops: float = 0.0, tc_rate: float | None = None) -> float:
+    """A pre-defined (library) kernel that keeps the whole GPU busy, as the model prices one:
+    ``launch_us + max(bytes / mem_bw, tc_flops / tc_rate, simt_flops / fp32_rate)`` with
+    ``tc_rate`` the target's fp16 tensor-core rate unless given (a float32 convolution on TF32
+    tensor cores passes ``tf32_flops``). The eager predictor (``mirage_py.eager``) prices the
+    kernels PyTorch launches with it."""
+    t = get_target(target)
+    rate = t.tc_flops if tc_rate is None else tc_rate
+    body = max(nbytes / t.mem_bw, tc_flops / rate if tc_flops else 0.0,
+               simt_flops / t.fp32_flops)
+    return t.launch_us + 1e6 * body
