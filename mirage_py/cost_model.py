@@ -94,8 +94,10 @@ calibrated model can replace this one behind the same ``predict``; see docs/tuni
 from __future__ import annotations
 
 import hashlib
+import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Protocol
 
 from .errors import MirageError
@@ -479,11 +481,48 @@ class RandomModel:
         return 1.0 + (h % 1_000_000) / 1000.0
 
 
-_MODELS = {"analytic": AnalyticModel, "random": RandomModel}
+CALIBRATION = Path(__file__).with_name("calibration.json")
+
+
+class CalibratedModel(AnalyticModel):
+    """The analytic model with the figures calibrated on measured GPU times
+    (``benchmarks/published_gpu.py`` fits them on KernelBench's published eager timings and
+    writes ``calibration.json`` beside this file; docs/learned.md): every target's bandwidth
+    times ``mem_eff`` and its launch cost times ``launch_scale`` -- the two fitted figures that
+    describe any kernel; cuBLAS's and cuDNN's efficiencies and PyTorch's host time do not
+    apply to generated kernels. ``superopt(cost_model="calibrated")`` ranks with it."""
+
+    name = "calibrated"
+
+    def __init__(self, smem_planner: Any = None, mem_eff: float | None = None,
+                 launch_scale: float | None = None):
+        super().__init__(smem_planner)
+        fitted = json.loads(CALIBRATION.read_text()) if CALIBRATION.exists() else {}
+        self.mem_eff = float(mem_eff if mem_eff is not None else fitted.get("mem_eff", 1.0))
+        self.launch_scale = float(launch_scale if launch_scale is not None
+                                  else fitted.get("launch_scale", 1.0))
+
+    def target(self, target: Any) -> Target:
+        t = get_target(target)
+        return replace(t, mem_bw=t.mem_bw * self.mem_eff,
+                       launch_us=t.launch_us * self.launch_scale)
+
+    def predict(self, graph: Any, target: Any) -> float:
+        return estimate_us(graph, self.target(target), self.smem_planner)
+
+    def kernel_costs(self, graph: Any, target: Any) -> list[KernelCost]:
+        return kernel_costs(graph, self.target(target), self.smem_planner)
+
+    def lower_bound(self, program: Any, target: Any, kernels: int | None = None) -> float:
+        return lower_bound_us(program, self.target(target), kernels)
+
+
+_MODELS = {"analytic": AnalyticModel, "random": RandomModel, "calibrated": CalibratedModel}
 
 
 def create(name: str = "analytic", **kw: Any) -> CostModel:
-    """A cost model by name: ``analytic`` (default) or ``random`` (test double)."""
+    """A cost model by name: ``analytic`` (default), ``calibrated`` (the analytic model with
+    figures fitted to measurements) or ``random`` (test double)."""
     try:
         return _MODELS[name](**kw)
     except KeyError:

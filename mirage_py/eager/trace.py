@@ -84,8 +84,16 @@ def _tensors(xs: Any, torch: Any) -> list:
     return out
 
 
-def trace_module(module: Any, inputs: tuple | list, *, name: str = "module") -> list[AtenCall]:
-    """The aten calls of ``module(*inputs)`` (tensors on the meta device), in dispatch order."""
+class _TooLong(Exception):
+    pass
+
+
+def trace_module(module: Any, inputs: tuple | list, *, name: str = "module",
+                 max_calls: int | None = None) -> list[AtenCall]:
+    """The aten calls of ``module(*inputs)`` (tensors on the meta device), in dispatch order.
+    ``max_calls``: give up (``EagerTraceError``) past that many calls -- an LSTM on the meta
+    device unrolls into tens of thousands of per-step calls where CUDA runs a few cuDNN
+    kernels."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -117,11 +125,15 @@ def trace_module(module: Any, inputs: tuple | list, *, name: str = "module") -> 
             for t in outs:
                 producer[id(t)] = k
                 keep.append(t)
+            if max_calls is not None and len(calls) > max_calls:
+                raise _TooLong()
             return out
 
     try:
         with torch.no_grad(), Recorder():
             module(*inputs)
+    except _TooLong:
+        raise EagerTraceError(f"{name}: more than {max_calls} aten calls") from None
     except Exception as e:
         where = f" at call {len(calls)} (after aten.{calls[-1].op})" if calls else ""
         raise EagerTraceError(f"{name}: the eager run could not be traced on the meta "
