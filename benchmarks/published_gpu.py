@@ -8,19 +8,23 @@ timed ones with CUDA events around ``model(*inputs)``. The problems' sizes chang
 versions, so each timing file is paired with the problem files of the commit that produced it
 (``SOURCES``).
 
-Two stages:
+Stages:
 
-1. ``--kernelbench PATH`` (a clone with its history, or a bare git directory): every problem
+1. ``--kernelbench PATH --rebuild`` (a clone with its history, or a bare git directory; the
+   first run with ``--kernelbench`` rebuilds anyway): every problem
    file of each source commit is traced at full size on the meta device
    (:func:`mirage_py.eager.trace_module`), its eager kernels listed, its capture by the torch
    frontend tried (``mp.from_torch`` on meta tensors), and the timings read. Writes
    ``results/published_programs.jsonl`` (one line per distinct problem file: kernels, data
    edges, captured) and ``results/published_measurements.json`` (every timing row).
+   ``--ours`` (with ``--kernelbench``): superopt every captured problem at the H100 PCIe's
+   sizes for the ``h100_pcie`` target (``--time-budget`` per search, each problem in a child
+   killed after ``--limit``), appended to ``results/published_ours.jsonl``.
 2. From those committed files (no KernelBench checkout needed): the analytic model, the
    calibrated one and the learned ones scored on the held-out problems, and
    ``results/published_gpu.{json,md}`` written.
 
-    python -m benchmarks.published_gpu --kernelbench ~/KernelBench      # both stages
+    python -m benchmarks.published_gpu --kernelbench ~/KernelBench --rebuild --ours  # all
     python -m benchmarks.published_gpu                                  # stage 2 only
 """
 
@@ -125,25 +129,29 @@ def _export_problems(repo: Path, commit: str, into: Path) -> Path:
     return into / commit / "KernelBench"
 
 
-def _capture(path: Path, limit_s: int) -> dict[str, Any]:
-    """Whether ``mp.from_torch`` captures the problem (eval mode, meta tensors), in a forked
-    child with a time limit: torch.export can loop for minutes on an LSTM."""
+def _meta_program(path: Path):
+    """The problem's Program as ``mp.from_torch`` captures it (eval mode, meta tensors)."""
+    import torch
+
+    import mirage_py as mp
+    from benchmarks.kernelbench import load_problem
+    prob = load_problem(path, 1)
+    with torch.device("meta"):
+        model = prob.Model(*prob.get_init_inputs()).eval()
+        inputs = tuple(prob.get_inputs())
+    return mp.from_torch(model, inputs)
+
+
+def _in_child(fn, args: tuple, limit_s: float) -> dict[str, Any]:
+    """``fn(*args)`` (a dict) in a forked child killed after ``limit_s`` (torch.export can loop
+    for minutes on an LSTM; a search may overrun); ``{"status": why}`` when it gave none."""
     import multiprocessing as mpr
 
     def child(q) -> None:
-        import torch
-
-        import mirage_py as mp
-        from benchmarks.kernelbench import load_problem
         try:
-            prob = load_problem(path, 1)
-            with torch.device("meta"):
-                model = prob.Model(*prob.get_init_inputs()).eval()
-                inputs = tuple(prob.get_inputs())
-            prog = mp.from_torch(model, inputs)
-            q.put({"captured": True, "program_nodes": len(prog.nodes())})
+            q.put(fn(*args))
         except Exception as e:  # noqa: BLE001 - a row, not the end of the run
-            q.put({"captured": False, "capture_error": f"{type(e).__name__}: {str(e)[:200]}"})
+            q.put({"status": f"error: {type(e).__name__}: {str(e)[:200]}"})
 
     ctx = mpr.get_context("fork")
     q = ctx.Queue()
@@ -153,12 +161,23 @@ def _capture(path: Path, limit_s: int) -> dict[str, Any]:
     if p.is_alive():
         p.kill()
         p.join()
-        return {"captured": False, "capture_error": f"capture took over {limit_s} s"}
-    return q.get() if not q.empty() else {"captured": False, "capture_error": "child died"}
+        return {"status": f"over {limit_s:.0f} s"}
+    return q.get() if not q.empty() else {"status": "child died"}
 
 
-def trace_problem(path: Path, problem: str, limit_s: int = 60) -> dict[str, Any]:
-    """One problem file: its eager kernels at full size and whether the frontend captures it."""
+def _capture(path: Path, limit_s: int) -> dict[str, Any]:
+    """Whether ``mp.from_torch`` captures the problem (eval mode, meta tensors)."""
+    row = _in_child(lambda: {"captured": True,
+                             "program_nodes": len(_meta_program(path).nodes())}, (), limit_s)
+    if "status" in row:
+        return {"captured": False, "capture_error": row["status"]}
+    return row
+
+
+def trace_problem(path: Path, problem: str, capture: dict | None = None,
+                  limit_s: int = 60) -> dict[str, Any]:
+    """One problem file: its eager kernels at full size and whether the frontend captures it
+    (``capture``: what an earlier build found for the same file)."""
     import torch
 
     from benchmarks.kernelbench import load_problem
@@ -179,7 +198,7 @@ def trace_problem(path: Path, problem: str, limit_s: int = 60) -> dict[str, Any]
         out.update(calls=len(calls), kernels=[KernelNode.from_eager(k).to_json()
                                               for k in kernels],
                    ops=[k.op for k in kernels])
-        out.update(_capture(path, limit_s))
+        out.update(capture if capture is not None else _capture(path, limit_s))
     except Exception as e:  # noqa: BLE001
         out.update(error=f"{type(e).__name__}: {str(e).strip()[:300]}")
     return out
@@ -191,6 +210,13 @@ def build(repo: Path, log=print) -> None:
     rows = read_timings(repo)
     commits = sorted({r["commit"] for r in rows})
     programs: dict[str, dict] = {}  # sha of the file -> trace
+    known: dict[str, dict] = {}  # captures of an earlier build, by sha: capturing is the slow part
+    if PROGRAMS.exists():
+        for line in PROGRAMS.read_text().splitlines():
+            d = json.loads(line)
+            if "captured" in d:
+                known[d["sha"]] = {k: d[k] for k in ("captured", "program_nodes",
+                                                     "capture_error") if k in d}
     keys: dict[tuple[str, str], str] = {}  # (problem, commit) -> sha
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="kb_") as tmp:
@@ -202,7 +228,7 @@ def build(repo: Path, log=print) -> None:
                     sha = hashlib.sha256(f.read_bytes()).hexdigest()[:16]
                     keys[(problem, commit)] = sha
                     if sha not in programs:
-                        programs[sha] = trace_problem(f, problem)
+                        programs[sha] = trace_problem(f, problem, known.get(sha))
                         log(f"{time.perf_counter() - t0:7.1f}s {commit} {problem}: "
                             f"{len(programs[sha].get('kernels', []))} kernels, captured "
                             f"{programs[sha].get('captured')} {programs[sha].get('error', '')}")
@@ -216,6 +242,52 @@ def build(repo: Path, log=print) -> None:
         "sources": [f"{s.folder}@{s.commit}" for s in SOURCES], "rows": rows}, indent=0))
     log(f"{len(programs)} programs, {len(rows)} timing rows")
 
+
+
+
+# ---- stage 1b: superopt's answers at full size (--ours) ---------------------------------------
+
+OURS = RESULTS / "published_ours.jsonl"  # one line per problem, appended as each finishes
+
+
+def _search(path: Path, target: str, budget_s: float) -> dict[str, Any]:
+    import mirage_py as mp
+    program = _meta_program(path)
+    t0 = time.perf_counter()
+    opt = mp.superopt(program, target=target, time_budget_s=budget_s, workers=1,
+                      progress=False, database=False)
+    return {"status": "ok", "predicted_ms": round(opt.estimated_time_us / 1000, 5),
+            "naive_predicted_ms": round(opt.naive_estimated_time_us / 1000, 5),
+            "kernels_naive": opt.naive_num_kernels, "kernels": opt.num_kernels,
+            "verified": all(v is not None and v.equivalent for v in opt.verification),
+            "search_s": round(time.perf_counter() - t0, 1)}
+
+
+def search_ours(repo: Path, budget_s: float, limit_s: float, log=print) -> None:
+    """superopt (``time_budget_s=budget_s``) of every captured problem of the primary GPU's
+    sizes, each in a forked child killed after ``limit_s``; rows appended to ``OURS`` (problems
+    already there are skipped, so an interrupted run resumes)."""
+    done = set()
+    if OURS.exists():
+        done = {json.loads(x)["problem"] for x in OURS.read_text().splitlines() if x.strip()}
+    captured = {json.loads(x)["problem"] for x in PROGRAMS.read_text().splitlines()
+                if json.loads(x).get("captured")}
+    src = next(s for s in SOURCES if s.folder.startswith("H100_PCIe"))
+    with tempfile.TemporaryDirectory(prefix="kb_") as tmp:
+        root = _export_problems(repo, src.commit, Path(tmp))
+        for level in ("level1", "level2", "level3"):
+            for f in sorted((root / level).glob("*.py"),
+                            key=lambda f: int(f.stem.split("_")[0])):
+                problem = f"{level}/{f.stem}"
+                if problem in done or problem not in captured:
+                    continue
+                t0 = time.perf_counter()
+                row = _in_child(_search, (f, PRIMARY, budget_s), limit_s)
+                row.update(problem=problem, target=PRIMARY, budget_s=budget_s,
+                           wall_s=round(time.perf_counter() - t0, 1))
+                with open(OURS, "a") as out:
+                    out.write(json.dumps(row, sort_keys=True) + "\n")
+                log(f"{problem}: {row['status']} {row.get('predicted_ms')}")
 
 
 # ---- stage 2: records, models, scores --------------------------------------------------------
@@ -309,9 +381,12 @@ def evaluate(records: list, log=print) -> dict:
 def write_results(records: list, ev: dict) -> dict:
     from mirage_py.learned import Split
     preds = ev["predictions"]
+    ours = _ours()
     best = _best_learned(ev)
     rows = []
     for i, r in enumerate(records):
+        o = ours.get(r.problem, {}) if r.target == PRIMARY and \
+            r.extra.get("commit") == _primary_commit() else {}
         rows.append({
             "problem": r.problem, "gpu": GPU_NAMES.get(r.target, r.target), "target": r.target,
             "source": r.source, "split": r.split().value, "captured": r.captured,
@@ -324,8 +399,7 @@ def write_results(records: list, ev: dict) -> dict:
             "learned_ms": round(preds[best][i] / 1000, 5),
             "gbt_ms": round(preds["gbt"][i] / 1000, 5),
             "gnn_ms": round(preds["gnn"][i] / 1000, 5),
-            # superopt's answers at full size are not searched yet (docs/learned.md)
-            "ours_predicted_ms": None,
+            "ours_predicted_ms": o.get("predicted_ms"),
         })
     doc = {"source": json.loads(MEASUREMENTS.read_text())["source"],
            "split": {"unit": "problem", "seed": 31, "test": sum(
@@ -333,8 +407,20 @@ def write_results(records: list, ev: dict) -> dict:
            "learned_model": best, "calibrated_constants": ev["constants"],
            "fit_seconds": ev["fit_seconds"], "scores": ev["scores"], "records": rows}
     (RESULTS / "published_gpu.json").write_text(json.dumps(doc, indent=1))
-    (RESULTS / "published_gpu.md").write_text(markdown(doc))
+    (RESULTS / "published_gpu.md").write_text(markdown(doc, ours))
     return doc
+
+
+def _primary_commit() -> str:
+    return next(s.commit for s in SOURCES if s.folder.startswith("H100_PCIe"))
+
+
+def _ours() -> dict[str, dict]:
+    """superopt's answers (``--ours``) by problem; {} before any ran."""
+    if not OURS.exists():
+        return {}
+    rows = [json.loads(x) for x in OURS.read_text().splitlines() if x.strip()]
+    return {r["problem"]: r for r in rows}
 
 
 def _best_learned(ev: dict) -> str:
@@ -354,7 +440,15 @@ MODELS = (("analytic", "analytic"), ("analytic_calibrated", "calibrated"), ("gbt
           ("gnn", "GraphSAGE"))
 
 
-def markdown(doc: dict) -> str:
+def _ours_cell(o: dict | None) -> str:
+    if not o:
+        return "-"
+    if o.get("status") != "ok":
+        return o["status"].split(":")[0]
+    return f"{_f(o['predicted_ms'])} ({o['kernels_naive']} -> {o['kernels']})"
+
+
+def markdown(doc: dict, ours: dict[str, dict]) -> str:
     sc = doc["scores"]
     out = ["# Cost models against KernelBench's published GPU timings", "",
            "Made by `python -m benchmarks.published_gpu` from "
@@ -394,9 +488,16 @@ def markdown(doc: dict) -> str:
                 f"{_f(s[k]['all']['kendall_tau'])} ({_f(s[k]['top_k']['top1'], 2)} / "
                 f"{_f(s[k]['top_k']['top5'], 2)})" for k, _ in MODELS) + " |")
     c = doc["calibrated_constants"]
+    glob = {k: v for k, v in c.items() if not isinstance(v, dict)}
     out += ["", "Calibrated constants (fitted on the training half of every GPU's records; "
-            "the analytic model's are 1, 1, 1, 1, 1, 5 us, 1 us): " +
-            ", ".join(f"{k} {v:.3g}" for k, v in c.items()) + ".", ""]
+            "the analytic model's: every efficiency and scale 1, host 5 us per launch and 1 us "
+            "per call): " + ", ".join(f"{k} {v:.3g}" for k, v in glob.items()) + "; per GPU, "
+            "bandwidth x " + ", ".join(f"{GPU_NAMES.get(k, k)} {v:.2f}" for k, v in
+                                     c["target_mem_eff"].items()) +
+            "; SGEMM x " + ", ".join(f"{GPU_NAMES.get(k, k)} {v:.2f}" for k, v in
+                                     c["target_gemm_eff"].items()) +
+            "; convolution x " + ", ".join(f"{GPU_NAMES.get(k, k)} {v:.2f}" for k, v in
+                                           c["target_conv_eff"].items()) + ".", ""]
     held = sc.get(f"{PRIMARY}/captured/test", {}).get("analytic_calibrated", {}).get("all", {})
     err = held.get("median_abs_log_ratio")
     out += [f"## Every problem on the {GPU_NAMES[PRIMARY]}", "",
@@ -404,11 +505,13 @@ def markdown(doc: dict) -> str:
             "calibrated model's held-out error on this GPU is a factor of "
             f"{math.exp(err) if err is not None else float('nan'):.2f} (median |log ratio| of "
             "the captured test problems); its ratio for each problem is in the last column. "
-            "Superopt's own answers at these sizes are not searched yet (`ours_predicted_ms` "
-            "is null in the JSON).",
+            "*ours*: the analytic model's **predicted** time of superopt's answer for the "
+            "problem at these sizes (`--ours`: float32, the time budget in the JSON; kernels "
+            "naive -> found); no GPU has run it, and the analytic model's own error on this "
+            "GPU is in the first table.",
             "", "| problem | split | captured | eager measured | compile measured | analytic |"
-            " calibrated | learned | calibrated / measured |",
-            "|---|---|---|---|---|---|---|---|---|"]
+            " calibrated | learned | calibrated / measured | ours (predicted) |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
     rows = [r for r in doc["records"] if r["target"] == PRIMARY]
     for r in sorted(rows, key=lambda r: (r["problem"].split("/")[0],
                                          int(r["problem"].split("/")[1].split("_")[0]))):
@@ -416,7 +519,8 @@ def markdown(doc: dict) -> str:
                    f"{_f(r['measured_eager_ms'])} | {_f(r['measured_compile_ms'])} | "
                    f"{_f(r['analytic_ms'])} | {_f(r['analytic_calibrated_ms'])} | "
                    f"{_f(r['learned_ms'])} | "
-                   f"{r['analytic_calibrated_ms'] / r['measured_eager_ms']:.2f} |")
+                   f"{r['analytic_calibrated_ms'] / r['measured_eager_ms']:.2f} | "
+                   f"{_ours_cell(ours.get(r['problem']))} |")
     return "\n".join(out) + "\n"
 
 
@@ -426,9 +530,17 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kernelbench", default=None, metavar="PATH",
                     help="a KernelBench clone with its history: rebuild the traces first")
+    ap.add_argument("--rebuild", action="store_true",
+                    help="with --kernelbench: trace the problems again (else only --ours)")
+    ap.add_argument("--ours", action="store_true",
+                    help="with --kernelbench: superopt every captured problem at full size")
+    ap.add_argument("--time-budget", type=float, default=10.0, help="seconds per search")
+    ap.add_argument("--limit", type=float, default=240.0, help="seconds per problem")
     args = ap.parse_args(argv)
-    if args.kernelbench:
+    if args.kernelbench and (args.rebuild or not PROGRAMS.exists()):
         build(Path(args.kernelbench))
+    if args.kernelbench and args.ours:
+        search_ours(Path(args.kernelbench), args.time_budget, args.limit)
     records = published_records()
     print(f"{len(records)} records, {len({r.problem for r in records})} problems, "
           f"{sum(r.captured for r in records)} captured")
@@ -438,6 +550,7 @@ def main(argv: list[str] | None = None) -> int:
     c = ev["constants"]
     CALIBRATION.write_text(json.dumps({
         "mem_eff": round(c["mem_eff"], 4), "launch_scale": round(c["launch_scale"], 4),
+        "target_mem_eff": {k: round(v, 4) for k, v in c["target_mem_eff"].items()},
         "fitted_on": "KernelBench published eager timings, training half (seed 31), "
                      "benchmarks/published_gpu.py", "constants": c}, indent=1) + "\n")
     s = doc["scores"].get(f"{PRIMARY}/captured/test", {})

@@ -487,10 +487,11 @@ CALIBRATION = Path(__file__).with_name("calibration.json")
 class CalibratedModel(AnalyticModel):
     """The analytic model with the figures calibrated on measured GPU times
     (``benchmarks/published_gpu.py`` fits them on KernelBench's published eager timings and
-    writes ``calibration.json`` beside this file; docs/learned.md): every target's bandwidth
-    times ``mem_eff`` and its launch cost times ``launch_scale`` -- the two fitted figures that
-    describe any kernel; cuBLAS's and cuDNN's efficiencies and PyTorch's host time do not
-    apply to generated kernels. ``superopt(cost_model="calibrated")`` ranks with it."""
+    writes ``calibration.json`` beside this file; docs/learned.md): a target's bandwidth times
+    ``mem_eff`` (and its own fitted factor where it was measured, ``target_mem_eff``) and its
+    launch cost times ``launch_scale`` -- the fitted figures that describe any kernel;
+    cuBLAS's and cuDNN's efficiencies and PyTorch's host time do not apply to generated
+    kernels. ``superopt(cost_model="calibrated")`` ranks with it."""
 
     name = "calibrated"
 
@@ -501,11 +502,13 @@ class CalibratedModel(AnalyticModel):
         self.mem_eff = float(mem_eff if mem_eff is not None else fitted.get("mem_eff", 1.0))
         self.launch_scale = float(launch_scale if launch_scale is not None
                                   else fitted.get("launch_scale", 1.0))
+        self.target_mem_eff = {} if mem_eff is not None else \
+            {str(k): float(v) for k, v in fitted.get("target_mem_eff", {}).items()}
 
     def target(self, target: Any) -> Target:
         t = get_target(target)
-        return replace(t, mem_bw=t.mem_bw * self.mem_eff,
-                       launch_us=t.launch_us * self.launch_scale)
+        eff = self.mem_eff * self.target_mem_eff.get(t.name, 1.0)
+        return replace(t, mem_bw=t.mem_bw * eff, launch_us=t.launch_us * self.launch_scale)
 
     def predict(self, graph: Any, target: Any) -> float:
         return estimate_us(graph, self.target(target), self.smem_planner)

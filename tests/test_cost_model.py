@@ -1,6 +1,7 @@
 """The analytic cost model: cases with known answers, each effect the tuner relies on, the
 interface and its test double, and the targets' figures."""
 
+import json
 import math
 
 import pytest
@@ -403,3 +404,26 @@ def test_targets_fp32_and_tf32_rates_follow_from_the_chips():
         assert name in TARGETS
     assert TARGETS["h100_pcie"].sm_count < TARGETS["h100"].sm_count
     assert TARGETS["h100_pcie"].mem_bw_datasheet < TARGETS["h100"].mem_bw_datasheet
+
+
+def test_calibrated_model_by_name_scales_bandwidth_and_launch():
+    """``create("calibrated")`` is the analytic model on targets whose bandwidth and launch
+    carry the fitted factors (calibration.json; here given): a copy costs the scaled launch plus
+    its bytes at the scaled bandwidth, and the default model is untouched."""
+    from mirage_py.cost_model import CALIBRATION, CalibratedModel
+    g = copy_graph()
+    nbytes = 2 * 8192 * 8192 * 2
+    m = create("calibrated", mem_eff=0.5, launch_scale=2.0)
+    assert isinstance(m, CalibratedModel) and m.name == "calibrated"
+    assert m.predict(g, "h100") == pytest.approx(5.0 + 1e6 * nbytes / 1.5e12, rel=1e-9)
+    assert estimate_us(g, "h100") == pytest.approx(2.5 + 1e6 * nbytes / 3.0e12, rel=1e-9)
+    fitted = json.loads(CALIBRATION.read_text())
+    assert 0 < fitted["mem_eff"] and "h100_pcie" in fitted["target_mem_eff"]
+    shipped = CalibratedModel()
+    assert shipped.target("h100_pcie").mem_bw == pytest.approx(
+        1.8e12 * fitted["mem_eff"] * fitted["target_mem_eff"]["h100_pcie"])
+    import mirage_py as mp
+    p = mp.Program("t")
+    x = p.input("X", (64, 256), dtype="float16")
+    p.output(mp.exp(x), name="Y")
+    assert shipped.lower_bound(p, "h100") > 0

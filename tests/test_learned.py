@@ -17,6 +17,7 @@ from mirage_py.errors import LearnedModelError
 from mirage_py.learned import (LearnedCostModel, ModelKind, Split, calibrate, family_of,
                                from_export_row, load_records, predict_us, save_records, score,
                                split_of, top_k, train)
+from mirage_py.learned.calibrate import Prepared
 
 SAMPLE = Path(__file__).parent / "data" / "published_sample.jsonl"
 
@@ -70,13 +71,17 @@ def test_calibration_recovers_known_constants(sample):
     """Records whose times the eager pricing made with known constants: the fit finds
     constants that reproduce them (within 2 %) and the well-determined ones themselves."""
     truth = EagerConstants(mem_eff=0.7, reduce_mem_eff=0.6, gemm_eff=0.45, conv_eff=0.5,
-                           launch_scale=1.4, host_kernel_us=7.0, host_call_us=1.5)
+                           launch_scale=1.4, host_kernel_us=7.0, host_call_us=1.5,
+                           target_mem_eff=(("l4", 0.8),), target_gemm_eff=(("h100_pcie", 1.2),))
     recs = [replace(r, measured_us=predict_us(r, truth)) for r in sample]
+    # the fit's vectorised pricing is the stream simulation's
+    assert Prepared(recs).predict(truth) == pytest.approx([r.measured_us for r in recs],
+                                                          rel=1e-9)
     fit = calibrate(recs)
     for r in recs:
         assert predict_us(r, fit) == pytest.approx(r.measured_us, rel=0.02)
-    assert fit.mem_eff == pytest.approx(0.7, rel=0.05)
-    assert fit.gemm_eff == pytest.approx(0.45, rel=0.05)
+    assert fit.mem("l4") == pytest.approx(0.56, rel=0.05)
+    assert fit.gemm("h100_pcie") == pytest.approx(0.54, rel=0.05)
     with pytest.raises(LearnedModelError, match="at least"):
         calibrate(sample[:3])
 
@@ -148,3 +153,18 @@ def test_one_pipeline_takes_our_measured_ugraphs_and_the_tuner_uses_the_model(tm
     assert opt.estimated_time_us > 0 and math.isfinite(opt.estimated_time_us)
     with pytest.raises(LearnedModelError, match="no measured time"):
         from_export_row({"record_id": 1, "measured_us": None})
+
+
+def test_published_timings_are_paired_with_the_problem_files_of_their_commit():
+    """The committed records: each timing file with the problem sizes of the commit that wrote
+    it -- KernelBench's first problem (C = A @ B, square) is N = 4096 in the H100 PCIe's files
+    (v0.2) and N = 2048 in January 2025's (v0.1) -- and every GPU's record of a problem on the
+    same side of the split."""
+    from benchmarks.published_gpu import published_records
+    recs = [r for r in published_records() if r.problem == "level1/1_Square_matrix_multiplication_"]
+    flops = {(r.target, r.source.split("@")[0]): r.kernels[0].flops for r in recs}
+    assert flops[("h100_pcie", "H100_PCIe_LambdaLabs")] == 2.0 * 4096 ** 3
+    assert flops[("h100", "H100_together")] == 2.0 * 2048 ** 3
+    assert flops[("t4", "T4_modal")] == 2.0 * 2048 ** 3
+    assert len({r.split() for r in recs}) == 1
+    assert {r.target for r in recs} >= {"h100_pcie", "h100", "l40s", "a100", "l4", "t4"}

@@ -18,6 +18,8 @@ One aten call that reaches a backend launches, on CUDA, what its CUDA implementa
   (row moments, fused parameters, apply);
 * **softmax** / log-softmax: one kernel, which reads its input once when a row fits in shared
   memory (``SOFTMAX_SMEM_ROW`` bytes) and three times (max, sum, write) otherwise;
+* layer norm, softmax and group norm's moments give each row to one block: their ``rows``
+  bound how many SMs stream (16 rows of 4 M elements keep 16 blocks busy, whatever the GPU);
 * everything else -- element-wise, reductions, ``cat``, copies, pooling, scans, fills, random
   numbers -- one kernel reading its tensor inputs and writing its outputs.
 
@@ -64,6 +66,7 @@ class EagerKernel:
     tensor_core: bool = False  # TF32 tensor cores (cuDNN convolutions on sm_80+)
     call: int = 0  # index of the aten call in the trace
     sources: tuple[int, ...] = ()  # indices (in the kernel list) of kernels it reads from
+    rows: int = 0  # a row-per-block kernel's rows (norms, softmax); 0: spreads over the GPU
 
     @property
     def bytes(self) -> float:
@@ -122,8 +125,8 @@ def _elems(c: AtenCall) -> float:
 
 
 def _k(c: AtenCall, kind: KernelClass, read: float, write: float, flops: float = 0.0,
-       op: str | None = None, tc: bool = False) -> EagerKernel:
-    return EagerKernel(op or c.op, kind, read, write, flops, tc, c.index)
+       op: str | None = None, tc: bool = False, rows: int = 0) -> EagerKernel:
+    return EagerKernel(op or c.op, kind, read, write, flops, tc, c.index, (), rows)
 
 
 def _gemm(c: AtenCall) -> list[EagerKernel]:
@@ -170,8 +173,10 @@ def _norm(c: AtenCall) -> list[EagerKernel]:
     y = c.outputs[0].nbytes if c.outputs else x.nbytes
     params = sum(t.nbytes for t in c.inputs[1:])
     n = float(x.numel)
+    rows = c.outputs[1].numel if len(c.outputs) > 1 else 0  # the per-row mean: one per block
     if c.op == "native_group_norm":
-        return [_k(c, KernelClass.REDUCTION, x.nbytes, 0.0, 2 * n, "native_group_norm.moments"),
+        return [_k(c, KernelClass.REDUCTION, x.nbytes, 0.0, 2 * n, "native_group_norm.moments",
+                   rows=rows),
                 _k(c, KernelClass.ELEMENTWISE, params, params, 0.0,
                    "native_group_norm.params"),
                 _k(c, KernelClass.NORM, x.nbytes + params, y, 2 * n)]
@@ -180,6 +185,8 @@ def _norm(c: AtenCall) -> list[EagerKernel]:
         return [_k(c, KernelClass.REDUCTION, x.nbytes, params, 2 * n,
                    f"{c.op}.statistics"),
                 _k(c, KernelClass.NORM, x.nbytes + params, y, 2 * n)]
+    if c.op == "native_layer_norm":
+        return [_k(c, KernelClass.NORM, x.nbytes + params, y, 4 * n, rows=rows)]
     return [_k(c, KernelClass.NORM, x.nbytes + params, y, 4 * n)]
 
 
@@ -196,7 +203,9 @@ def _softmax(c: AtenCall) -> list[EagerKernel]:
     dim = c.args[1] if len(c.args) > 1 and isinstance(c.args[1], int) else -1
     row = x.shape[dim] * x.itemsize if x.shape else x.itemsize
     passes = 1 if row <= SOFTMAX_SMEM_ROW else 3
-    return [_k(c, KernelClass.SOFTMAX, passes * x.nbytes, _out_bytes(c), 4.0 * x.numel)]
+    rows = x.numel // x.shape[dim] if x.shape and x.shape[dim] else 0
+    return [_k(c, KernelClass.SOFTMAX, passes * x.nbytes, _out_bytes(c), 4.0 * x.numel,
+               rows=rows)]
 
 
 def _logsumexp(c: AtenCall) -> list[EagerKernel]:
@@ -272,7 +281,7 @@ def eager_kernels(calls: list[AtenCall], tf32: bool = True) -> list[EagerKernel]
         for j, k in enumerate(ks):
             prev = (len(out) - 1,) if j else ()  # steps of one call run in order
             out.append(EagerKernel(k.op, k.kind, k.read_bytes, k.write_bytes, k.flops,
-                                   k.tensor_core, c.index, tuple(srcs) + prev))
+                                   k.tensor_core, c.index, tuple(srcs) + prev, k.rows))
         if ks:
             last[c.index] = len(out) - 1
     return out

@@ -1,7 +1,8 @@
 """Feature vectors of records for the learned models: per kernel, and the hardware's.
 
 Per kernel (a node of the operator graph): its class (one-hot), log bytes read and written,
-log flops, arithmetic intensity, tensor cores or not, a graph-defined kernel's launch shape, and
+log flops, arithmetic intensity, tensor cores or not, a graph-defined kernel's launch shape, a
+row-per-block kernel's rows, and
 the analytic model's log time for it on the record's target (what a model would otherwise have to
 rediscover: bandwidth and rates divide bytes and flops). Every node also carries the target's
 figures (log bandwidth, fp32 / TF32 rates, SMs, L2, launch, the architecture), so one model
@@ -23,7 +24,7 @@ KINDS = tuple(KernelClass) + ("host",)
 HW_NAMES = ("log_mem_bw", "log_fp32", "log_tf32", "sm_count", "log_l2", "launch_us", "arch")
 NODE_NAMES = tuple(f"kind_{k.value if isinstance(k, KernelClass) else k}" for k in KINDS) + (
     "log_read", "log_write", "log_flops", "log_intensity", "tensor_core", "log_blocks",
-    "log_threads", "log_smem", "stages", "log_forloop", "log_calls", "log_kernels",
+    "log_threads", "log_smem", "stages", "log_forloop", "log_rows", "log_calls", "log_kernels",
     "log_analytic_us") + HW_NAMES
 
 
@@ -41,7 +42,7 @@ def _l(x: float) -> float:
 def node_us(node: KernelNode, target: Target | str, c: EagerConstants = DEFAULT) -> float:
     """The analytic (or calibrated, with ``c``) time of one kernel node, microseconds."""
     k = EagerKernel("", node.kind, node.read_bytes, node.write_bytes, node.flops,
-                    node.tensor_core)
+                    node.tensor_core, rows=node.rows)
     return kernel_us(k, target, c)
 
 
@@ -59,10 +60,10 @@ def node_features(record: Record, c: EagerConstants = DEFAULT) -> np.ndarray:
         rows.append(onehot + [
             _l(k.read_bytes), _l(k.write_bytes), _l(k.flops),
             _l(k.flops / k.bytes if k.bytes else 0.0), float(k.tensor_core), _l(k.blocks),
-            _l(k.threads), _l(k.smem), float(k.stages), _l(k.forloop), calls, n,
+            _l(k.threads), _l(k.smem), float(k.stages), _l(k.forloop), _l(k.rows), calls, n,
             math.log(node_us(k, record.target, c))] + hw)
     onehot = [0.0] * (len(KINDS) - 1) + [1.0]
-    rows.append(onehot + [0.0] * 10 + [calls, n, math.log(max(host_us(record, c), 1e-3))] + hw)
+    rows.append(onehot + [0.0] * 11 + [calls, n, math.log(max(host_us(record, c), 1e-3))] + hw)
     return np.asarray(rows, dtype=np.float64)
 
 

@@ -115,14 +115,24 @@ class GraphSage:
         torch = _torch()
         if not records:
             raise LearnedModelError("graph model: no training records")
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # small tensors: threads only wait for each other
+        try:
+            return self._fit(records)
+        finally:
+            torch.set_num_threads(threads)
+
+    def _fit(self, records: list[Record]) -> "GraphSage":
+        torch = _torch()
         torch.manual_seed(self.seed)
         b = _Batch(records, self.constants)
         self.mean = b.x.mean(0).numpy()
         self.std = (b.x.std(0) + 1e-3).numpy()
         b = self._norm(b)
         y = torch.tensor(np.log([r.measured_us for r in records]), dtype=torch.float32)
-        tgt = [r.target for r in records]
-        same = torch.tensor([[a == c for c in tgt] for a in tgt])
+        codes = {t: i for i, t in enumerate(sorted({r.target for r in records}))}
+        tgt = torch.tensor([codes[r.target] for r in records])
+        same = tgt.unsqueeze(1) == tgt.unsqueeze(0)
         diff = torch.sign(y.unsqueeze(1) - y.unsqueeze(0))
         pair = same & (diff != 0)
         self.net = _net(b.x.shape[1])

@@ -54,15 +54,18 @@ class KernelNode:
     stages: int = 0
     forloop: int = 0
     call: int = 0  # the host call that launches it (an eager trace's aten call index)
+    rows: int = 0  # a row-per-block library kernel's rows (0: spreads over the GPU)
 
     @property
     def bytes(self) -> float:
         return self.read_bytes + self.write_bytes
 
     def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
+        """The fields that differ from their defaults (records hold thousands of kernels)."""
+        d = {k: v for k, v in asdict(self).items() if v not in (0, 0.0, False, ())}
         d["kind"] = self.kind.value
-        d["sources"] = list(self.sources)
+        if self.sources:
+            d["sources"] = list(self.sources)
         return d
 
     @classmethod
@@ -70,12 +73,15 @@ class KernelNode:
         d = dict(d)
         d["kind"] = KernelClass(d["kind"])
         d["sources"] = tuple(d.get("sources", ()))
+        d.setdefault("read_bytes", 0.0)
+        d.setdefault("write_bytes", 0.0)
+        d.setdefault("flops", 0.0)
         return cls(**d)
 
     @classmethod
     def from_eager(cls, k: EagerKernel) -> "KernelNode":
         return cls(k.kind, k.read_bytes, k.write_bytes, k.flops, k.tensor_core, k.sources,
-                   call=k.call)
+                   call=k.call, rows=k.rows)
 
 
 @dataclass(frozen=True)
