@@ -142,14 +142,23 @@ def _meta_program(path: Path):
     return mp.from_torch(model, inputs)
 
 
+MEMORY_LIMIT = 6 << 30  # bytes of address space a child may take (superopt at full size
+# checks numerics on full-size arrays: a 16384 x 131072 operand took 21 GB before this cap)
+
+
 def _in_child(fn, args: tuple, limit_s: float) -> dict[str, Any]:
     """``fn(*args)`` (a dict) in a forked child killed after ``limit_s`` (torch.export can loop
-    for minutes on an LSTM; a search may overrun); ``{"status": why}`` when it gave none."""
+    for minutes on an LSTM; a search may overrun) and held to ``MEMORY_LIMIT``;
+    ``{"status": why}`` when it gave none."""
     import multiprocessing as mpr
+    import resource
 
     def child(q) -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
         try:
             q.put(fn(*args))
+        except MemoryError:
+            q.put({"status": f"over the memory limit ({MEMORY_LIMIT >> 30} GiB)"})
         except Exception as e:  # noqa: BLE001 - a row, not the end of the run
             q.put({"status": f"error: {type(e).__name__}: {str(e)[:200]}"})
 
