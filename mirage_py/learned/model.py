@@ -14,13 +14,13 @@ from enum import Enum
 from typing import Any
 
 from ..cost_model import kernel_costs, unpack
-from ..eager import DEFAULT, EagerConstants, KernelClass
+from ..eager import DEFAULT, EagerConstants
 from ..errors import LearnedModelError
 from ..targets import get_target
-from ..ugraph.graph import GraphKernel, KernelOp
+from ..ugraph.graph import GraphKernel
 from .gbt import BoostedTrees
 from .gnn import GraphSage
-from .records import KernelNode, Record
+from .records import Record, cost_node
 
 
 class ModelKind(Enum):
@@ -38,17 +38,6 @@ def train(records: list[Record], kind: ModelKind = ModelKind.GBT,
     return model.fit(records)
 
 
-def op_kind(op: str) -> KernelClass:
-    """The library-kernel class of a pre-defined kernel operator of a μGraph."""
-    if op == "matmul":
-        return KernelClass.GEMM
-    if op in ("sum", "max", "min"):
-        return KernelClass.REDUCTION
-    if op in ("reshape", "transpose", "slice", "concat", "mask", "const"):
-        return KernelClass.COPY
-    return KernelClass.ELEMENTWISE
-
-
 def graph_record(graph: Any, target: Any, planner: Any = None) -> Record:
     """A μGraph (or annotated graph) as a record (measured time unknown: 0)."""
     g, _ = unpack(graph)
@@ -58,13 +47,10 @@ def graph_record(graph: Any, target: Any, planner: Any = None) -> Record:
     for i, (op, c) in enumerate(zip(g.ops, costs)):
         srcs = tuple(sorted({producer[n] for n in op.inputs if n in producer}))
         if isinstance(op, GraphKernel):
-            node = KernelNode(KernelClass.OTHER, c.bytes - c.dram_bytes / 2, c.dram_bytes / 2,
-                              c.tc_flops + c.simt_flops, c.tc_flops > 0, srcs, c.blocks,
-                              c.threads, c.smem, c.stages, c.forloop, i)
+            node = cost_node(True, "graph", c.bytes, c.tc_flops, c.simt_flops, srcs, i,
+                             c.blocks, c.threads, c.smem, c.stages, c.forloop)
         else:
-            assert isinstance(op, KernelOp)
-            node = KernelNode(op_kind(op.op), c.bytes, 0.0, c.tc_flops + c.simt_flops,
-                              False, srcs, call=i)
+            node = cost_node(False, op.op, c.bytes, c.tc_flops, c.simt_flops, srcs, i)
         nodes.append(node)
         for o in op.outputs:
             producer[o.name] = i

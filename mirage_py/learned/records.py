@@ -172,7 +172,25 @@ def load_records(path: str | Path) -> list[Record]:
         return [record_from_json(json.loads(line)) for line in f if line.strip()]
 
 
-_EXPORT_KIND = {"graph": KernelClass.OTHER}
+def op_kind(op: str) -> KernelClass:
+    """The library-kernel class of a μGraph's pre-defined kernel operator."""
+    if op == "matmul":
+        return KernelClass.GEMM
+    if op in ("sum", "max", "min"):
+        return KernelClass.REDUCTION
+    if op in ("reshape", "transpose", "slice", "concat", "mask", "const"):
+        return KernelClass.COPY
+    return KernelClass.ELEMENTWISE
+
+
+def cost_node(graph_kernel: bool, op: str, nbytes: float, tc_flops: float, simt_flops: float,
+              sources: tuple[int, ...], call: int, blocks: int = 0, threads: int = 0,
+              smem: int = 0, stages: int = 0, forloop: int = 0) -> KernelNode:
+    """A μGraph kernel as a node, from the analytic model's quantities for it (a graph-defined
+    kernel is ``OTHER``, with its launch shape; a pre-defined one is its operator's class)."""
+    kind = KernelClass.OTHER if graph_kernel else op_kind(op)
+    return KernelNode(kind, nbytes, 0.0, tc_flops + simt_flops, tc_flops > 0, sources,
+                      blocks, threads, smem, stages, forloop, call)
 
 
 def from_export_row(row: dict[str, Any], problem: str | None = None) -> Record:
@@ -183,19 +201,14 @@ def from_export_row(row: dict[str, Any], problem: str | None = None) -> Record:
                                 "(export with --measured-only)")
     feats = row.get("features", {})
     kernels = []
-    for k in feats.get("per_kernel", []):
+    for i, k in enumerate(feats.get("per_kernel", [])):
         graph = k.get("kind") == "graph"
-        op = k.get("op", "")
-        kind = KernelClass.OTHER if graph else \
-            KernelClass.GEMM if op == "matmul" else \
-            KernelClass.REDUCTION if op in ("sum", "max", "min") else KernelClass.ELEMENTWISE
-        kernels.append(KernelNode(
-            kind, float(k.get("bytes", 0.0)), 0.0,
-            float(k.get("tc_flops", 0.0)) + float(k.get("simt_flops", 0.0)),
-            float(k.get("tc_flops", 0.0)) > 0, tuple(k.get("sources", ())),
-            int(k.get("blocks", 0) or 0), int(k.get("threads", 0) or 0),
-            int(k.get("smem", 0) or 0), int(k.get("stages", 0) or 0),
-            int(k.get("forloop", 0) or 0), len(kernels)))
+        kernels.append(cost_node(
+            graph, k.get("op", ""), float(k.get("bytes", 0.0)), float(k.get("tc_flops", 0.0)),
+            float(k.get("simt_flops", 0.0)), tuple(k.get("sources", ())), i,
+            int(k.get("blocks", 0) or 0) if graph else 0, int(k.get("threads", 0) or 0),
+            int(k.get("smem", 0) or 0), int(k.get("stages", 0) or 0) if graph else 0,
+            int(k.get("forloop", 0) or 0) if graph else 0))
     if not kernels:
         raise LearnedModelError(f"export row {row.get('record_id')}: no per-kernel features")
     prob = problem or f"ugraph/{row.get('workload', '')[:16]}"
