@@ -143,7 +143,8 @@ def _meta_program(path: Path):
 
 
 MEMORY_LIMIT = 6 << 30  # bytes of address space a child may take (superopt at full size
-# checks numerics on full-size arrays: a 16384 x 131072 operand took 21 GB before this cap)
+# checks numerics on full-size arrays: a 2048 x 1 M matrix-vector product and a 65536 x 16384
+# scaling took 21 GB each before this cap)
 
 
 def _in_child(fn, args: tuple, limit_s: float) -> dict[str, Any]:
