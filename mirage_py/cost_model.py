@@ -97,8 +97,10 @@ calibrated model can replace this one behind the same ``predict``; see docs/tuni
 from __future__ import annotations
 
 import hashlib
+import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Protocol
 
 from .errors import MirageError
@@ -512,13 +514,67 @@ class RandomModel:
         return 1.0 + (h % 1_000_000) / 1000.0
 
 
-_MODELS = {"analytic": AnalyticModel, "random": RandomModel}
+CALIBRATION = Path(__file__).with_name("calibration.json")
+
+
+class CalibratedModel(AnalyticModel):
+    """The analytic model with the figures calibrated on measured GPU times
+    (``benchmarks/published_gpu.py`` fits them on KernelBench's published eager timings and
+    writes ``calibration.json`` beside this file; docs/learned.md): a target's bandwidth times
+    ``mem_eff`` (and its own fitted factor where it was measured, ``target_mem_eff``) and its
+    launch cost times ``launch_scale`` -- the fitted figures that describe any kernel;
+    cuBLAS's and cuDNN's efficiencies and PyTorch's host time do not apply to generated
+    kernels. ``superopt(cost_model="calibrated")`` ranks with it."""
+
+    name = "calibrated"
+
+    def __init__(self, smem_planner: Any = None, mem_eff: float | None = None,
+                 launch_scale: float | None = None):
+        super().__init__(smem_planner)
+        fitted = json.loads(CALIBRATION.read_text()) if CALIBRATION.exists() else {}
+        self.mem_eff = float(mem_eff if mem_eff is not None else fitted.get("mem_eff", 1.0))
+        self.launch_scale = float(launch_scale if launch_scale is not None
+                                  else fitted.get("launch_scale", 1.0))
+        self.target_mem_eff = {} if mem_eff is not None else \
+            {str(k): float(v) for k, v in fitted.get("target_mem_eff", {}).items()}
+
+    def target(self, target: Any) -> Target:
+        t = get_target(target)
+        eff = self.mem_eff * self.target_mem_eff.get(t.name, 1.0)
+        return replace(t, mem_bw=t.mem_bw * eff, launch_us=t.launch_us * self.launch_scale)
+
+    def predict(self, graph: Any, target: Any) -> float:
+        return estimate_us(graph, self.target(target), self.smem_planner)
+
+    def kernel_costs(self, graph: Any, target: Any) -> list[KernelCost]:
+        return kernel_costs(graph, self.target(target), self.smem_planner)
+
+    def lower_bound(self, program: Any, target: Any, kernels: int | None = None) -> float:
+        return lower_bound_us(program, self.target(target), kernels)
+
+
+_MODELS = {"analytic": AnalyticModel, "random": RandomModel, "calibrated": CalibratedModel}
 
 
 def create(name: str = "analytic", **kw: Any) -> CostModel:
-    """A cost model by name: ``analytic`` (default) or ``random`` (test double)."""
+    """A cost model by name: ``analytic`` (default), ``calibrated`` (the analytic model with
+    figures fitted to measurements) or ``random`` (test double)."""
     try:
         return _MODELS[name](**kw)
     except KeyError:
         raise MirageError(f"unknown cost model {name!r}; choose one of {', '.join(_MODELS)}") \
             from None
+
+
+def library_kernel_us(target: Any, nbytes: float, simt_flops: float = 0.0,
+                      tc_flops: float = 0.0, tc_rate: float | None = None) -> float:
+    """A pre-defined (library) kernel that keeps the whole GPU busy, as the model prices one:
+    ``launch_us + max(bytes / mem_bw, tc_flops / tc_rate, simt_flops / fp32_rate)`` with
+    ``tc_rate`` the target's fp16 tensor-core rate unless given (a float32 convolution on TF32
+    tensor cores passes ``tf32_flops``). The eager predictor (``mirage_py.eager``) prices the
+    kernels PyTorch launches with it."""
+    t = get_target(target)
+    rate = t.tc_flops if tc_rate is None else tc_rate
+    body = max(nbytes / t.mem_bw, tc_flops / rate if tc_flops else 0.0,
+               simt_flops / t.fp32_flops)
+    return t.launch_us + 1e6 * body

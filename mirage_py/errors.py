@@ -83,3 +83,15 @@ class ClusterError(MirageError, RuntimeError):
     """A Ray cluster that cannot do what a run needs: no connection, no CPUs, no GPU of the
     target's type for a measuring runner, measurements that never finish, or workers running
     another version of mirage_py. The message names what is missing and how to add it."""
+
+
+class EagerTraceError(TorchCaptureError):
+    """A module whose eager run cannot be traced on the meta device (``mirage_py.eager``): an
+    operator without a meta kernel, ``.item()`` on a tensor, data-dependent control flow. The
+    message names the module and the failing call."""
+
+
+class LearnedModelError(MirageError, ValueError):
+    """A learned cost model that cannot be trained or used (``mirage_py.learned``): no records,
+    a missing optional dependency (``pip install 'mirage_py[learned]'``), a model file of another
+    format. The message says what to do."""

@@ -1,6 +1,7 @@
 """The analytic cost model: cases with known answers, each effect the tuner relies on, the
 interface and its test double, and the targets' figures."""
 
+import json
 import math
 
 import pytest
@@ -385,3 +386,44 @@ def test_lower_bound_holds_on_random_chains():
             assert cost >= lower_bound_us(prog, H100) - 1e-9, seed
             checked += 1
     assert checked >= 8 and cone_bound >= 2
+
+
+def test_targets_fp32_and_tf32_rates_follow_from_the_chips():
+    """Every target's CUDA-core fp32 rate is its SMs x fp32 lanes per SM (64 on sm_75 / sm_80,
+    128 on sm_86 and later) x 2 (an FMA) x boost clock, within 2 %; TF32 runs on tensor cores
+    where the part has them (at least the CUDA-core rate, at most the fp16 rate), and the parts
+    of KernelBench's published timings are all there (H100 PCIe beside the SXM h100)."""
+    lanes = {"sm_75": 64, "sm_80": 64, "sm_86": 128, "sm_89": 128, "sm_90": 128}
+    for name, t in TARGETS.items():
+        peak = t.sm_count * lanes[t.arch] * 2 * t.clock_ghz * 1e9
+        assert abs(t.fp32_flops / peak - 1) < 0.02, (name, t.fp32_flops, peak)
+        assert t.fp32_flops <= t.tf32_flops <= t.tc_flops_datasheet, name
+        assert t.mem_bw < t.mem_bw_datasheet, name
+    assert TARGETS["t4"].tf32_flops == TARGETS["t4"].fp32_flops  # Turing: no TF32
+    for name in ("h100_pcie", "a100_40gb", "l40s", "l4", "a10g", "a10", "t4"):
+        assert name in TARGETS
+    assert TARGETS["h100_pcie"].sm_count < TARGETS["h100"].sm_count
+    assert TARGETS["h100_pcie"].mem_bw_datasheet < TARGETS["h100"].mem_bw_datasheet
+
+
+def test_calibrated_model_by_name_scales_bandwidth_and_launch():
+    """``create("calibrated")`` is the analytic model on targets whose bandwidth and launch
+    carry the fitted factors (calibration.json; here given): a copy costs the scaled launch plus
+    its bytes at the scaled bandwidth, and the default model is untouched."""
+    from mirage_py.cost_model import CALIBRATION, CalibratedModel
+    g = copy_graph()
+    nbytes = 2 * 8192 * 8192 * 2
+    m = create("calibrated", mem_eff=0.5, launch_scale=2.0)
+    assert isinstance(m, CalibratedModel) and m.name == "calibrated"
+    assert m.predict(g, "h100") == pytest.approx(5.0 + 1e6 * nbytes / 1.5e12, rel=1e-9)
+    assert estimate_us(g, "h100") == pytest.approx(2.5 + 1e6 * nbytes / 3.0e12, rel=1e-9)
+    fitted = json.loads(CALIBRATION.read_text())
+    assert 0 < fitted["mem_eff"] and "h100_pcie" in fitted["target_mem_eff"]
+    shipped = CalibratedModel()
+    assert shipped.target("h100_pcie").mem_bw == pytest.approx(
+        1.8e12 * fitted["mem_eff"] * fitted["target_mem_eff"]["h100_pcie"])
+    import mirage_py as mp
+    p = mp.Program("t")
+    x = p.input("X", (64, 256), dtype="float16")
+    p.output(mp.exp(x), name="Y")
+    assert shipped.lower_bound(p, "h100") > 0

@@ -43,7 +43,7 @@ from .part import Run, solve_part
 from .result import (Answer, OptimizedProgram, PartResult, Piece, RegionResult, join_parts,
                      load, parts_of)
 from .search import (SavedVerification, Settings, _parallel_search, _Progress, _rank, _shape,
-                     default_model, tuning_choice)
+                     calibrated_model, default_model, tuning_choice)
 
 
 def _check_options(program, time_budget_s, workers, max_kernels, max_verify, tune_top,
@@ -87,8 +87,9 @@ def superopt(program: Program, *, target: Any = "h100", time_budget_s: float | N
     cache directory), a path -> that file, False -> no database. ``runner``: None -> the GPU
     runner when CuPy sees a device, else the cost model. ``cost_model``: an object with
     ``predict(graph, target)`` (and optionally ``lower_bound(program, target)``) or a name
-    (``"analytic"``, default). ``time_budget_s`` bounds the region searches (80 %) and tuning
-    together; the floor and the verification of the chosen candidates always complete.
+    (``"analytic"``, default; ``"calibrated"``: its figures fitted to measured GPU times).
+    ``time_budget_s`` bounds the region searches (80 %) and tuning together; the floor and
+    the verification of the chosen candidates always complete.
     ``max_kernels`` bounds the kernels of one region's answer, ``workers`` the processes.
     ``executor``: where region searches, their verification and measurements run -- None or
     ``"local"``: processes on this machine (``workers`` default: the cores, at most 8);
@@ -110,6 +111,7 @@ def superopt(program: Program, *, target: Any = "h100", time_budget_s: float | N
                                                               "superopt: float32_matmul"))
     tgt = get_target(target)
     model = default_model() if cost_model in (None, "analytic") else \
+        calibrated_model() if cost_model == "calibrated" else \
         create_model(cost_model) if isinstance(cost_model, str) else cost_model
     if not callable(getattr(model, "predict", None)):
         raise OptionError(f"superopt: cost_model must have predict(graph, target), got "

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..cost_model import AnalyticModel
+from ..cost_model import AnalyticModel, CalibratedModel
 from ..errors import MirageError
 from ..generator.kernel_search import Candidate, SearchStats, search, trace_from_json
 from ..generator.rewrite import forms
@@ -40,6 +40,11 @@ def default_model() -> AnalyticModel:
     """The analytic cost model with shared memory as the layout planner lays it out: what
     superopt ranks, tunes and reports with."""
     return AnalyticModel(smem_planner=planned_shared_memory)
+
+
+def calibrated_model() -> CalibratedModel:
+    """The calibrated analytic model (``cost_model="calibrated"``), with the same planner."""
+    return CalibratedModel(smem_planner=planned_shared_memory)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@ rediscover) plus the block graph's shape::
 
     per kernel: kind (graph / op), op, blocks, threads, forloop, stages, smem, blocks_per_sm,
                 waves, bytes, tc_flops, simt_flops, intermediate_bytes, n_block_ops, n_matmuls,
-                tile shapes of the input iterators, grid
+                tile shapes of the input iterators, grid, sources (the earlier kernels whose
+                outputs it reads: the operator graph's edges)
     graph:      kernels, graph_kernels, sums of blocks / bytes / flops, max smem
 
 JSONL keeps the per-kernel lists (a GraphSAGE-style model can use them); CSV flattens to the
@@ -44,13 +45,17 @@ def graph_features(graph: Any, target: str) -> dict[str, Any]:
     costs = kernel_costs(graph, target)
     tensors = g.tensors()
     kernels = []
-    for op, c in zip(g.ops, costs):
+    producer: dict[str, int] = {}
+    for i, (op, c) in enumerate(zip(g.ops, costs)):
         k = {"kind": c.kind, "op": getattr(op, "op", "graph"), "blocks": c.blocks,
              "threads": c.threads, "forloop": c.forloop, "stages": c.stages, "smem": c.smem,
              "blocks_per_sm": c.blocks_per_sm,
              "waves": c.waves if math.isfinite(c.waves) else None, "bytes": c.bytes,
              "tc_flops": c.tc_flops, "simt_flops": c.simt_flops,
-             "intermediate_bytes": c.intermediate_bytes, "predicted_us": c.us}
+             "intermediate_bytes": c.intermediate_bytes, "predicted_us": c.us,
+             "sources": sorted({producer[n] for n in op.inputs if n in producer})}
+        for o in op.outputs:
+            producer[o.name] = i
         if isinstance(op, GraphKernel):
             bg = op.block
             k["grid"] = list(bg.grid)

@@ -1,0 +1,132 @@
+"""Gradient-boosted trees on per-kernel features (LightGBM), as AutoTVM and Ansor use them.
+
+Ansor's formulation: the model scores every kernel (here: every node of :mod:`.features`, the
+host node included) and a program's time is the sum over its nodes, ``T = sum_i exp(s_i)``;
+the loss is on the program, ``(log T - log measured)^2``, so the trees learn per-kernel times
+from whole-program measurements. Each node's score starts at the (calibrated) analytic model's
+log time for it (LightGBM's ``init_score``; the host node starts at the host time the stream
+does not hide), so the trees learn corrections to the model, and a tree that learns nothing
+gives back the analytic prediction.
+
+Gradient and Hessian of the program loss with respect to a node's score, with
+``w_i = exp(s_i) / T`` and ``e = log T - log measured``: ``g_i = 2 e w_i``, ``h_i = 2 w_i``
+(the Newton step of a leaf is then minus the weighted mean log error of the programs whose
+kernels fall into it).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..eager import DEFAULT, EagerConstants
+from ..errors import LearnedModelError
+from .calibrate import predict_us
+from .features import host_us, node_features, node_us
+from .records import Record
+
+PARAMS = {"num_leaves": 15, "learning_rate": 0.05, "min_data_in_leaf": 20, "lambda_l2": 1.0,
+          "feature_fraction": 0.9, "bagging_fraction": 0.9, "bagging_freq": 1, "seed": 0,
+          "deterministic": True, "num_threads": 2, "verbose": -1}
+ROUNDS = 300
+
+
+def _lightgbm():
+    try:
+        import lightgbm
+    except ImportError:
+        raise LearnedModelError("the boosted-tree model needs LightGBM: pip install "
+                                "'mirage_py[learned]'") from None
+    return lightgbm
+
+
+def init_scores(r: Record, c: EagerConstants) -> np.ndarray:
+    """Each node's starting log time: the analytic kernel time; the host node's, the part of
+    the analytic eager time the kernels do not account for."""
+    ks = [node_us(k, r.target, c) for k in r.kernels]
+    rest = max(predict_us(r, c) - sum(ks), 0.05)
+    if not ks:
+        rest = max(host_us(r, c), 0.05)
+    return np.log(np.asarray(ks + [rest], dtype=np.float64))
+
+
+@dataclass
+class _Stacked:
+    x: np.ndarray
+    init: np.ndarray
+    group: np.ndarray  # record index of every row
+
+
+def _stack(records: list[Record], c: EagerConstants) -> _Stacked:
+    xs, inits, groups = [], [], []
+    for i, r in enumerate(records):
+        f = node_features(r, c)
+        xs.append(f)
+        inits.append(init_scores(r, c))
+        groups.append(np.full(len(f), i))
+    return _Stacked(np.vstack(xs), np.concatenate(inits), np.concatenate(groups))
+
+
+def _program_log_time(score: np.ndarray, group: np.ndarray, n: int) -> np.ndarray:
+    top = np.full(n, -np.inf)
+    np.maximum.at(top, group, score)
+    tot = np.zeros(n)
+    np.add.at(tot, group, np.exp(score - top[group]))
+    return top + np.log(tot)
+
+
+class BoostedTrees:
+    """The model: fit on records, predict their times (microseconds)."""
+
+    kind = "gbt"
+
+    def __init__(self, constants: EagerConstants = DEFAULT, rounds: int = ROUNDS,
+                 params: dict | None = None):
+        self.constants = constants
+        self.rounds = rounds
+        self.params = dict(PARAMS, **(params or {}))
+        self.booster = None
+
+    def fit(self, records: list[Record]) -> "BoostedTrees":
+        lgb = _lightgbm()
+        if not records:
+            raise LearnedModelError("boosted trees: no training records")
+        st = _stack(records, self.constants)
+        y = np.log([r.measured_us for r in records])
+        n = len(records)
+
+        def objective(preds: np.ndarray, data) -> tuple[np.ndarray, np.ndarray]:
+            logt = _program_log_time(preds, st.group, n)
+            w = np.exp(preds - logt[st.group])
+            e = (logt - y)[st.group]
+            return 2.0 * e * w, 2.0 * w + 1e-9
+
+        ds = lgb.Dataset(st.x, init_score=st.init, free_raw_data=False)
+        self.booster = lgb.train(dict(self.params, objective=objective), ds,
+                                 num_boost_round=self.rounds)
+        return self
+
+    def predict(self, records: list[Record]) -> list[float]:
+        if self.booster is None:
+            raise LearnedModelError("boosted trees: predict before fit (or load)")
+        st = _stack(records, self.constants)
+        s = st.init + self.booster.predict(st.x, raw_score=True)
+        return [float(math.exp(v)) for v in _program_log_time(s, st.group, len(records))]
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "constants": self.constants.as_dict(),
+                "booster": self.booster.model_to_string() if self.booster else None}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "BoostedTrees":
+        lgb = _lightgbm()
+        m = cls(EagerConstants.from_dict(d.get("constants", {})))
+        m.booster = lgb.Booster(model_str=d["booster"])
+        return m
+
+    def save(self, path: str) -> None:
+        with open(path, "w") as f:
+            json.dump(self.to_json(), f)
