@@ -73,7 +73,7 @@ class CoverError(MirageError):
 
 
 @dataclass(frozen=True)
-class Candidate:
+class CoverCandidate:
     """A kernel or a group of kernels: what it reads, what it writes, what it costs."""
 
     key: str
@@ -99,8 +99,8 @@ class Cover:
     proven: bool = True  # a cheapest cover (False: a quick cover with no proof)
 
 
-def solve_cover(cands: list[Candidate], outputs: frozenset, *, needed: frozenset = frozenset(),
-                solver: str = "highs", time_limit_s: float = 60.0,
+def solve_cover(cands: list[CoverCandidate], outputs: frozenset, *,
+                needed: frozenset = frozenset(), solver: str = "highs", time_limit_s: float = 60.0,
                 max_cuts: int = 1000, exact: bool = True) -> Cover:
     """The cheapest cover (see the module docstring). Candidates of infinite cost are left out;
     keys must be unique. ``needed``: operators every cover computes (those the outputs depend
