@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import MirageError
+from ..errors import MirageError, OptionError
 
 TIE = 1e-6  # us added per chosen candidate: among equal costs, fewer kernels
 # a quick cover keeps the candidates whose reduced cost is under this times the mean cost of
@@ -254,7 +254,11 @@ def _highs(cands, rows, time_limit_s, exact: bool = True) -> tuple[list[int], bo
 
 
 def _z3(cands, rows, time_limit_s) -> list[int]:
-    import z3
+    try:
+        import z3
+    except ImportError:
+        raise OptionError("cover: solver='z3' needs z3, which is not installed; pip install "
+                          "'mirage_py[z3]' (or pip install z3-solver)") from None
 
     n = len(cands)
     opt = z3.Optimize()

@@ -10,7 +10,7 @@ floating-point check of a μGraph against the float64 reference.
 """
 
 from .errors import (FieldValueError, InterfaceMismatchError, NestedExpError,
-                     UnsupportedOperatorError, VerifierArgumentError, VerifierError)
+                     UnverifiableOperatorError, VerifierArgumentError, VerifierError)
 from .field import SAFE_PRIMES, FieldBackend, FieldParams, FieldValue
 from .numerics import NumericEvent, NumericsReport, check_numerics
 from .equivalence import Mismatch, Verifier, VerifyResult, check_interface, verify
@@ -18,4 +18,4 @@ from .equivalence import Mismatch, Verifier, VerifyResult, check_interface, veri
 __all__ = ["verify", "Verifier", "VerifyResult", "Mismatch", "check_interface", "check_numerics",
            "NumericsReport", "NumericEvent", "FieldBackend", "FieldParams", "FieldValue",
            "SAFE_PRIMES", "VerifierError", "InterfaceMismatchError", "NestedExpError",
-           "UnsupportedOperatorError", "VerifierArgumentError", "FieldValueError"]
+           "UnverifiableOperatorError", "VerifierArgumentError", "FieldValueError"]
