@@ -39,10 +39,6 @@ class ExploreJob:
     settings: Settings
     prior: Explored | None = None
 
-    @property
-    def kind(self) -> str:
-        return "explore" if self.prior is None else "tune"
-
     def expected_seconds(self) -> tuple:
         """A sort key for how long the job takes: a tuning about as long as its structure's
         search took (attention regions the longest), a search as long as its program is large."""
