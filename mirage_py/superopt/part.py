@@ -24,6 +24,11 @@
 3. **Anytime.** After every step the best verified cover so far is known. When the search
    budget runs out or Ctrl-C arrives, no more regions are searched (those not searched leave the
    cover) and the loop finishes with verification only.
+
+:class:`PartCover` holds these steps as methods -- ``lay_floor``, ``candidates``, ``settle``
+(searches, tunings, measurements and verifications handed to the run's executor as jobs keyed
+by structure, :mod:`.jobs`) and ``answer`` (the union bound kept within 1e-9, :mod:`.bound`);
+what is known about each region structure lives in a :class:`~.structure.Structure`.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Searching one program (a region): search -> rank -> tune -> measure, and the lazy
-verification of what was found.
+"""Searching one program (a region): search -> rank -> tune, into ranked options
+(:class:`~.option.Option`), and the runner's measurement of a few of them, wherever it runs.
 
 ``explore`` is the unit of work the region layer schedules: a pure function from a program and
 settings to ranked, tuned options, so it can run in this process (its search spread over worker
