@@ -17,6 +17,7 @@ from .lax import (Output, Partition, Program, Tensor, abs, batch_norm, cast, cau
 from .verifier import check_numerics, verify
 from .superopt import OptimizedProgram, RayExecutor, load, superopt
 from . import regions
+from .version import __version__
 
 
 def from_torch(fn_or_module, example_inputs, example_kwargs=None, **options):
@@ -33,7 +34,6 @@ def compile(module, example_inputs=None, example_kwargs=None, **superopt_options
     return _compile(module, example_inputs, example_kwargs, **superopt_options)
 
 
-__version__ = "0.6.0"
 
 __all__ = ["ClusterError", "DatabaseError", "DTypeError", "MirageError", "OptionError",
            "ProgramError", "SerializationError", "ShapeError", "TargetError",

@@ -110,6 +110,7 @@ from .lax.precision import MatmulMath, fma_micro_tile, op_math
 from .targets import Target, get_target
 from .ugraph.graph import (Accum, BlockOp, Fused, GraphKernel, InputIter, KernelGraph, KernelOp,
                            MaskIter)
+from .ugraph.phase import Phase
 from .ugraph.validate import validate
 
 SECTOR = 32  # bytes: the unit in which L2 and DRAM move data
@@ -309,7 +310,7 @@ def _graph_kernel_cost(op: GraphKernel, info, tensors: dict, t: Target, stages: 
     iters = []
     mm_outs = set()
     for n in bg.ops:
-        reps = F if phases.get(getattr(n, "out", ""), "") == "body" else 1
+        reps = F if phases.get(getattr(n, "out", "")) is Phase.BODY else 1
         if isinstance(n, InputIter):
             src = tensors[op.inputs[n.input]]
             tile = _size(shapes[n.out]) * DTYPES[src.dtype]

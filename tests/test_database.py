@@ -26,14 +26,24 @@ def small_program(name="small_norm_linear", k=256):
     return p
 
 
-def record(i=0, chosen=False, measured=None, target="h100"):
+KEY = "k" * 64  # an answer key (superopt's: AnswerKey.digest)
+
+
+def record(i=0, chosen=False, measured=None, target="h100", key=KEY):
     g, _ = tiled_matmul()
     return Record(g.to_json(), target, g.structural_hash(),
                   {"threads": [128], "stages": [1 + i % 4], "schedule": None},
                   predicted_us=10.0 + i, measured_us=measured, runner="model",
                   chosen=chosen, verification={"equivalent": True, "bound": 1e-12,
                                                "tests_run": 2, "seconds": 0.01} if chosen
-                  else None)
+                  else None, answer_key=key)
+
+
+def superopt_key(runner=None, **settings) -> str:
+    """The answer key of a ``superopt`` call on this code with these settings."""
+    from mirage_py.superopt import default_model
+    from mirage_py.superopt.store import AnswerKey, AnswerSettings
+    return AnswerKey.of(default_model(), runner, AnswerSettings(**settings)).digest
 
 
 # ---- basics -----------------------------------------------------------------------------------
@@ -46,16 +56,16 @@ def test_round_trip_and_lookup(tmp_path):
         assert db.check() == "ok"
         (w,) = db.workloads()
         assert w.hash == p.structural_hash() and w.program == p.to_json()
-        best = db.lookup(p.structural_hash(), "h100")
+        best = db.lookup(p.structural_hash(), "h100", KEY)
         assert best.id == ids[1] and best.chosen and best.annotations["stages"] == [2]
         assert best.graph == record().graph and best.tool_version == mp.__version__
-        assert best.created  # ISO date
-        assert db.lookup(p.structural_hash(), "a100") is None
-        assert db.lookup("0" * 64, "h100") is None
+        assert best.created and best.answer_key == KEY  # ISO date
+        assert db.lookup(p.structural_hash(), "a100", KEY) is None
+        assert db.lookup("0" * 64, "h100", KEY) is None
         assert [r.measured_us for r in db.records(measured=True)] == [5.0]
         assert len(db.records(workload=p.structural_hash(), target="h100")) == 3
         db.add(p, [record(3, chosen=True)])  # a newer answer wins
-        assert db.lookup(p.structural_hash(), "h100").predicted_us == 13.0
+        assert db.lookup(p.structural_hash(), "h100", KEY).predicted_us == 13.0
         assert len(db.workloads()) == 1
 
 
@@ -93,7 +103,7 @@ def test_wal_mode_and_schema_version(tmp_path):
     con = sqlite3.connect(path)
     assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     meta = dict(con.execute("SELECT key, value FROM meta"))
-    assert meta["format"] == "mirage_py.results" and meta["schema_version"] == "1"
+    assert meta["format"] == "mirage_py.results" and meta["schema_version"] == "2"
     con.close()
 
 
@@ -266,10 +276,10 @@ def test_cut_short_searches_are_recorded_but_not_reused(tmp_path, monkeypatch):
     assert opt.parts[0].stats.interrupted
     db = ResultsDB(path)
     key = mp.regions.canonical(p).structural_hash()  # what superopt stores a program under
-    assert db.count() >= 1 and db.lookup(key, "h100") is None
+    assert db.count() >= 1 and db.lookup(key, "h100", superopt_key()) is None
     again = mp.superopt(p, workers=1, progress=False, database=path)
     assert again.parts[0].source == "search" and not again.parts[0].stats.interrupted
-    assert db.lookup(key, "h100") is not None  # complete now: reusable
+    assert db.lookup(key, "h100", superopt_key()) is not None  # complete now: reusable
 
 
 def test_a_spent_budget_searches_nothing_and_records_nothing(tmp_path):
@@ -282,7 +292,8 @@ def test_a_spent_budget_searches_nothing_and_records_nothing(tmp_path):
     assert part.stats.timed_out and part.source in ("floor", "naive")
     assert part.estimated_us <= part.floor_us + 1e-9 and all(v.equivalent for v in
                                                               opt.verification)
-    assert ResultsDB(path).lookup(mp.regions.canonical(p).structural_hash(), "h100") is None
+    assert ResultsDB(path).lookup(mp.regions.canonical(p).structural_hash(), "h100",
+                                  superopt_key()) is None
 
 
 def test_every_measurement_is_recorded_and_exported(tmp_path):
@@ -297,7 +308,8 @@ def test_every_measurement_is_recorded_and_exported(tmp_path):
     assert len(runner.calls) >= 2 and len(measured) >= len(runner.calls)
     assert {r.runner for r in measured} == {"fake"}
     assert all(r.samples for r in measured)
-    chosen = db.lookup(mp.regions.canonical(p).structural_hash(), "h100")
+    chosen = db.lookup(mp.regions.canonical(p).structural_hash(), "h100",
+                       superopt_key(runner, measure_top=3))
     assert chosen.measured_us == opt.parts[0].measured_us is not None
     n = export_training_set(db, str(tmp_path / "train.jsonl"), measured_only=True)
     rows = [json.loads(x) for x in (tmp_path / "train.jsonl").read_text().splitlines()]
@@ -339,7 +351,8 @@ def test_command_line_database_option(tmp_path):
                               text=True, env=env, cwd=root, timeout=600)
     r = run()
     assert r.returncode == 0, r.stderr
-    assert ResultsDB(db).lookup(small_program().structural_hash(), "h100") is None
+    assert ResultsDB(db).lookup(small_program().structural_hash(), "h100",
+                                superopt_key()) is None
     assert len(ResultsDB(db).workloads()) == 1
     r = run()
     assert r.returncode == 0 and "from the results database" in r.stdout
@@ -351,16 +364,112 @@ def test_command_line_database_option(tmp_path):
     assert "Traceback" not in r.stderr
 
 
-def test_lookup_ignores_answers_of_other_versions(tmp_path):
-    """An upgrade of mirage_py does not reuse answers an older search, cost model or code
-    generator produced; they stay in the file as training data."""
-    from dataclasses import replace
+def test_lookup_serves_only_answers_made_under_the_same_key(tmp_path):
+    """Answers made by other code, another cost model or other settings (another answer key)
+    are not reused; they stay in the file as training data."""
     p = small_program()
     with ResultsDB(tmp_path / "r.sqlite") as db:
-        old = replace(record(0, chosen=True), tool_version="0.0.1")
-        db.add(p, [old])
-        assert db.lookup(p.structural_hash(), "h100") is None
-        assert db.lookup(p.structural_hash(), "h100", tool_version="0.0.1").predicted_us == 10.0
-        assert db.count() == 1
+        db.add(p, [record(0, chosen=True, key="other")])
+        assert db.lookup(p.structural_hash(), "h100", KEY) is None
+        assert db.lookup(p.structural_hash(), "h100", "other").predicted_us == 10.0
+        db.add(p, [record(1, chosen=True, key="")])  # no key: never an answer
+        assert db.lookup(p.structural_hash(), "h100", "") is None
+        assert db.count() == 2
+        db.add(p, [record(2, chosen=True)])
+        assert db.lookup(p.structural_hash(), "h100", KEY).predicted_us == 12.0
+
+
+def test_a_schema_1_file_is_upgraded_and_its_answers_are_not_served(tmp_path):
+    """A file written before answers were keyed by the code that made them: opened, it gains
+    the key column; its records stay (training data, merged and exported) but answer nothing."""
+    f = tmp_path / "old.sqlite"
+    con = sqlite3.connect(f)
+    con.executescript(
+        "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+        "CREATE TABLE workloads (id INTEGER PRIMARY KEY, hash TEXT NOT NULL UNIQUE, name TEXT, "
+        "program_json TEXT NOT NULL, created TEXT NOT NULL);"
+        "CREATE TABLE records (id INTEGER PRIMARY KEY, workload_id INTEGER NOT NULL, target "
+        "TEXT NOT NULL, graph_hash TEXT NOT NULL, graph_json TEXT NOT NULL, annotations_json "
+        "TEXT NOT NULL, predicted_us REAL, measured_us REAL, runner TEXT, samples_json TEXT, "
+        "chosen INTEGER NOT NULL DEFAULT 0, verification_json TEXT, tool_version TEXT NOT "
+        "NULL, created TEXT NOT NULL);"
+        "INSERT INTO meta VALUES ('format', 'mirage_py.results'), ('schema_version', '1');")
+    p = small_program()
+    r = record(0, chosen=True)
+    con.execute("INSERT INTO workloads VALUES (1, ?, 'small', ?, 'then')",
+                (p.structural_hash(), json.dumps(p.to_json())))
+    con.execute("INSERT INTO records (workload_id, target, graph_hash, graph_json, "
+                "annotations_json, predicted_us, chosen, verification_json, tool_version, "
+                "created) VALUES (1, 'h100', ?, ?, ?, 10.0, 1, ?, '0.5.2', 'then')",
+                (r.graph_hash, json.dumps(r.graph), json.dumps(r.annotations),
+                 json.dumps(r.verification)))
+    con.commit()
+    con.close()
+    with ResultsDB(f) as db:
+        (old,) = db.records()
+        assert old.chosen and old.answer_key == "" and old.predicted_us == 10.0
+        assert db.lookup(p.structural_hash(), "h100", "") is None
         db.add(p, [record(1, chosen=True)])
-        assert db.lookup(p.structural_hash(), "h100").tool_version == mp.__version__
+        assert db.lookup(p.structural_hash(), "h100", KEY).predicted_us == 11.0
+    meta = dict(sqlite3.connect(f).execute("SELECT key, value FROM meta"))
+    assert meta["schema_version"] == "2"
+
+
+def test_the_answer_key_names_code_model_runner_and_settings():
+    from mirage_py.cost_model import create
+    from mirage_py.superopt import default_model
+    from mirage_py.superopt.store import AnswerKey, AnswerSettings
+    from mirage_py.tuning.runners import ModelRunner
+    from mirage_py.version import source_fingerprint
+    key = AnswerKey.of(default_model(), ModelRunner(), AnswerSettings())
+    assert key.source == source_fingerprint() and "planned_shared_memory" in key.model
+    assert key.runner == ""  # a runner that does not measure shapes no answer
+    assert key.digest == superopt_key() == AnswerKey.of(default_model(), None,
+                                                        AnswerSettings()).digest
+    others = {superopt_key(max_kernels=2), superopt_key(seed=1), superopt_key(verify_tests=3),
+              superopt_key(FakeRunner()), AnswerKey.of(create("random"), None,
+                                                       AnswerSettings()).digest,
+              AnswerKey.of(create("random", seed=1), None, AnswerSettings()).digest}
+    assert len(others) == 6 and key.digest not in others
+
+
+_EDITED = "\n# an edit to the generator: the same answers, but other code\n"
+
+
+def test_an_answer_is_served_only_to_the_code_that_made_it(tmp_path):
+    """One copy of the package stores answers; the same code run again reuses them, a copy
+    whose generator source differs by one line searches again (and stores its own), and the
+    first copy still reuses its own."""
+    import shutil
+    import subprocess
+    import sys
+    pkg = os.path.dirname(os.path.abspath(mp.__file__))
+    copies = {}
+    for name, edit in (("a", False), ("b", True)):
+        site = tmp_path / name
+        shutil.copytree(pkg, site / "mirage_py", ignore=shutil.ignore_patterns("__pycache__"))
+        if edit:
+            with open(site / "mirage_py" / "generator" / "kernel_search.py", "a") as f:
+                f.write(_EDITED)
+        copies[name] = site
+    path = tmp_path / "shared.sqlite"
+    code = ("import mirage_py as mp, sys\n"
+            "assert mp.__file__.startswith(sys.argv[1]), mp.__file__\n"
+            "p = mp.Program('small')\nX = p.input('X', (8, 128))\n"
+            "W = p.input('W', (128, 256))\np.output(mp.rms_norm(X) @ W, name='Y')\n"
+            "opt = mp.superopt(p, workers=1, progress=False, database=sys.argv[2])\n"
+            "print(opt.parts[0].source, opt.graph.structural_hash())\n")
+
+    def run(copy: str) -> list[str]:
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+        env["PYTHONPATH"] = str(copies[copy])
+        r = subprocess.run([sys.executable, "-c", code, str(copies[copy]), str(path)],
+                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.split()
+    first = run("a")
+    assert first[0] == "search"
+    assert run("a") == ["database", first[1]]  # the same code reuses its answer
+    other = run("b")
+    assert other == ["search", first[1]]  # other code searches again: the same graph here
+    assert run("b")[0] == run("a")[0] == "database"

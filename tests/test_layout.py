@@ -12,7 +12,7 @@ from mirage_py.layout import (Buffer, first_fit, padded_layout, plan_device_memo
 from mirage_py.layout.intervals import conflicts, peak_live_bytes
 from mirage_py.layout.plan import LayoutError
 from mirage_py.layout.schedule import ACCUMULATE, SAVE, LOAD
-from mirage_py.ugraph import naive_lowering, validate
+from mirage_py.ugraph import Phase, naive_lowering, validate
 
 FIXTURES = [(n, bs) for bs in (1, 8) for n in NAMES]
 SMALL = [cc.small_rmsnorm_matmul(), cc.small_attention(), cc.mixed_block_ops()]
@@ -91,7 +91,7 @@ def test_barrier_counts_of_fixtures():
 def test_aligned_elementwise_steps_share_a_stage():
     g = cc.small_attention()
     kp = plan_graph(g).kernels[1]
-    body = [s for s in kp.schedule.steps if s.segment == "body"]
+    body = [s for s in kp.schedule.steps if s.segment is Phase.BODY]
     assert len({s.stage for s in body}) == 1
 
 

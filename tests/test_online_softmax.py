@@ -296,9 +296,48 @@ def test_superopt_makes_attention_written_without_the_max_safe():
     assert rep.ok and rep.max_rel <= 2e-2
 
 
+def test_a_causal_prefill_without_its_max_meets_the_stated_bound():
+    """Its answer is one region (bound 9.65e-10 at 4 tests) plus the check that the max-shifted
+    part equals the program: 1.03e-9 summed, above the 1e-9 every answer promises. The pieces
+    above their share are verified again with more tests: the same answer, within the bound."""
+    from benchmarks.safe_attention import attention as library_attention
+    p = library_attention(b=4, s=512, d=64, causal=True, safe=False)
+    opt = mp.superopt(p, workers=1, progress=False, database=False)
+    (v,) = opt.verification
+    assert opt.num_kernels == 1 and v.equivalent and v.bound <= 1e-9
+    assert all(x.result.verification.bound <= 1e-9 / 2 for x in opt.parts[0].pieces)
+    fixed = mp.superopt(p, workers=1, progress=False, database=False, verify_tests=3)
+    assert fixed.graph.structural_hash() == opt.graph.structural_hash()
+    assert fixed.verification[0].tests_run == 2 * 3  # tests fixed by the caller: none added
+
+
+def test_the_union_bound_is_settled_within_the_stated_bound():
+    """Pieces above their share are verified again with their share as the target (in place);
+    below the bound, or with the tests fixed, nothing is redone."""
+    from mirage_py.superopt.bound import Checked, settled_verification
+    from mirage_py.verifier import verify
+    p = mp.Program("p")
+    x, w = p.input("X", (8, 16)), p.input("W", (16, 8))
+    p.output(mp.exp(x @ w), name="Y")
+    g = naive_lowering(p)
+    one = verify(p, g, tests=1)
+    run = SimpleNamespace(settings=SimpleNamespace(verify_tests=None, seed=0), target="h100")
+    pieces = [Checked(p, g, one) for _ in range(3)]
+    assert sum(c.verification.bound for c in pieces) > 1e-9
+    v = settled_verification(pieces[:2], pieces[2:], run)
+    assert v.equivalent and v.bound <= 1e-9
+    assert all(c.verification.bound <= 1e-9 / 3 for c in pieces)
+    assert all(c.verification.tests_run > one.tests_run for c in pieces)
+    kept = [Checked(p, g, one)]
+    run.settings.verify_tests = 1
+    assert settled_verification(kept, [], run).bound == one.bound > 1e-9
+    assert kept[0].verification is one
+
+
 def test_superopt_rejects_an_equivalent_candidate_that_overflows():
-    from mirage_py.superopt.part import _finite, _Structure
+    from mirage_py.superopt.part import _finite
     from mirage_py.superopt.search import default_model
+    from mirage_py.superopt.structure import Structure
     from mirage_py.targets import get_target
     p = mp.Program("scale")
     x = p.input("X", (16, 64))
@@ -308,10 +347,11 @@ def test_superopt_rejects_an_equivalent_candidate_that_overflows():
     q.output((xq * 2.0 ** 17) * 2.0 ** -27, name="Y")
     g = naive_lowering(q)
     assert mp.verify(p, g)
-    runner = SimpleNamespace(seed=0, target=get_target("h100"), model=default_model())
-    st = _Structure(p, 0.0)
-    assert not _finite(st, g, runner)
-    assert _finite(st, naive_lowering(p), runner)
+    run = SimpleNamespace(settings=SimpleNamespace(seed=0), target=get_target("h100"),
+                          model=default_model())
+    st = Structure.of(p, run.model, run.target)
+    assert not _finite(st, g, run)
+    assert _finite(st, naive_lowering(p), run)
 
 
 def _decode(rows: int = 64, kv: int = 1024, d: int = 64) -> mp.Program:

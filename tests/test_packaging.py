@@ -162,3 +162,45 @@ def test_bench_bad_output_directory_is_bad_input(tmp_path):
     assert r.returncode == 2, r.stdout + r.stderr
     assert "cannot write the results" in r.stderr and "hint:" in r.stderr
     assert "Traceback" not in r.stderr and "lora" not in r.stdout
+
+
+def _names(specs: list[str]) -> set[str]:
+    import re
+    return {re.split(r"[<>=!~;\[ ]", s, maxsplit=1)[0].lower() for s in specs}
+
+
+def test_runtime_dependencies_are_what_the_package_imports():
+    """Every runtime dependency is imported by the package; the tests' oracles (sympy, galois)
+    and the optional z3 solver are extras, and the package never imports sympy or galois (z3
+    only where its extra is asked for). The version comes from the leaf module."""
+    import re
+    import tomllib
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert meta["dynamic"] == ["version"] and "version" not in meta
+    modules = {"numpy": "numpy", "networkx": "networkx", "scipy": "scipy", "tqdm": "tqdm"}
+    assert _names(meta["dependencies"]) == set(modules)
+    src = "\n".join(p.read_text() for p in PKG.rglob("*.py"))
+    for dep, mod in modules.items():
+        assert re.search(rf"^\s*(import|from) {mod}\b", src, re.M), dep
+    extras = meta["optional-dependencies"]
+    assert {"sympy", "galois", "z3-solver"} <= _names(extras["test"])
+    assert _names(extras["z3"]) == {"z3-solver"}
+    assert not re.search(r"^\s*(import|from) (sympy|galois)\b", src, re.M)
+    z3_users = {p.relative_to(PKG).as_posix() for p in PKG.rglob("*.py")
+                if re.search(r"^\s*import z3\b", p.read_text(), re.M)}
+    assert z3_users == {"generator/oracle_z3.py", "regions/cover.py"}, z3_users
+
+
+def test_every_class_name_is_defined_once():
+    """One name, one class: ``Candidate``, ``Context``, ``Names``, ``CompiledGraph`` and
+    ``UnsupportedOperatorError`` were each defined twice (cover and search candidates, two
+    translation contexts, ...); a reader of a traceback or an import could take one for the
+    other."""
+    import ast
+    where: dict[str, list[str]] = {}
+    for p in sorted(PKG.rglob("*.py")):
+        for node in ast.parse(p.read_text()).body:
+            if isinstance(node, ast.ClassDef):
+                where.setdefault(node.name, []).append(p.relative_to(PKG).as_posix())
+    twice = {name: files for name, files in where.items() if len(files) > 1}
+    assert not twice, twice

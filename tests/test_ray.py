@@ -223,7 +223,7 @@ def test_interrupt_keeps_what_arrived(cluster, monkeypatch):
     """Ctrl-C on the driver while region searches run on the cluster (raised where the driver
     waits, once the first search has come back): what arrived is kept, the searches still
     running are cancelled and leave the cover, the answer is verified and right."""
-    ex_mod = sys.modules["mirage_py.superopt.executors"]
+    ex_mod = sys.modules["mirage_py.superopt.cluster"]
     real = ex_mod._receive
     arrived = []
 

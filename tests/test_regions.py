@@ -14,7 +14,8 @@ from benchmarks.compositions import bank, decoder_block, layernorm_lora, mlp_blo
 from mirage_py.errors import OptionError
 from mirage_py.generator.rewrite import forms
 from mirage_py.regions import PartDag, atoms, canonical, extract, floor_groups, search_regions
-from mirage_py.regions.cover import Candidate, CoverError, solve_cover
+from mirage_py.regions.cover import CoverCandidate, CoverError, solve_cover
+from mirage_py.superopt.structure import Status, Structure, lower_bound
 from mirage_py.ugraph import GraphKernel, KernelOp
 
 SO = sys.modules["mirage_py.superopt"]
@@ -202,7 +203,7 @@ def test_cover_is_optimal_on_random_chains(seed):
     n = 6
     preds = {i: [j for j in range(i) if rng.random() < 0.4] or ([i - 1] if i else []) for i in
              range(n)}
-    cands = [Candidate(f"op{i}", frozenset(preds[i]), frozenset([i]), rng.uniform(2, 4),
+    cands = [CoverCandidate(f"op{i}", frozenset(preds[i]), frozenset([i]), rng.uniform(2, 4),
                        frozenset([i])) for i in range(n)]
     for k in range(8):
         lo = rng.randrange(n)
@@ -211,9 +212,9 @@ def test_cover_is_optimal_on_random_chains(seed):
         reads = frozenset(j for i in ops for j in preds[i] if j not in ops)
         writes = frozenset(i for i in ops if i == n - 1 or
                            any(i in preds[u] for u in range(n) if u not in ops))
-        cands.append(Candidate(f"r{k}", reads, writes, rng.uniform(2, 6), ops))
+        cands.append(CoverCandidate(f"r{k}", reads, writes, rng.uniform(2, 6), ops))
     # twins (same reads, writes and operators, another cost): only the cheaper can be chosen
-    cands += [Candidate(c.key + "'", c.reads, c.writes, rng.uniform(2, 6), c.ops)
+    cands += [CoverCandidate(c.key + "'", c.reads, c.writes, rng.uniform(2, 6), c.ops)
               for c in cands[n:n + 4]]
     outputs, needed = frozenset([n - 1]), frozenset(range(n))
     best = _brute_force(cands, outputs, needed)
@@ -230,10 +231,10 @@ def test_cover_is_optimal_on_random_chains(seed):
 def test_cover_breaks_cycles_between_candidates():
     """Two cheap candidates that each read what the other writes cannot both be chosen: the
     relaxed program picks them, the cut removes that, the answer is orderable."""
-    cands = [Candidate("a", frozenset(["q"]), frozenset(["p", "out"]), 1.0),
-             Candidate("b", frozenset(["p"]), frozenset(["q"]), 1.0),
-             Candidate("q_alone", frozenset(), frozenset(["q"]), 5.0),
-             Candidate("slow", frozenset(), frozenset(["p", "out"]), 9.0)]
+    cands = [CoverCandidate("a", frozenset(["q"]), frozenset(["p", "out"]), 1.0),
+             CoverCandidate("b", frozenset(["p"]), frozenset(["q"]), 1.0),
+             CoverCandidate("q_alone", frozenset(), frozenset(["q"]), 5.0),
+             CoverCandidate("slow", frozenset(), frozenset(["p", "out"]), 9.0)]
     for solver in ("highs", "z3"):
         cover = solve_cover(cands, frozenset(["out"]), solver=solver)
         assert cover.chosen == ["q_alone", "a"] and cover.cost == 6.0
@@ -308,8 +309,7 @@ def test_deferred_tuning_gives_the_eager_options():
                         model, s, None)
 
     def key(ex):
-        return [(round(o[0], 9), o[1].graph.structural_hash(), o[1].stages_full(), o[2])
-                for o in ex.options]
+        return [(round(o.predicted_us, 9), o.key, o.untuned_us) for o in ex.options]
     assert key(lazy) == key(eager) and not lazy.pending
     assert lazy.tune_evaluations == eager.tune_evaluations > 0
 
@@ -341,26 +341,24 @@ def test_an_untuned_structure_enters_no_lower_than_its_tuned_options_can_cost():
     ex = explore(prog, "h100", model, settings, None)
     assert ex.pending
 
-    class FakeRun:
-        target, runner, remote = "h100", None, False
-        model = default_model()
-    st = part_mod._Structure(prog, part_mod.lower_bound(model, prog, "h100"))
-    part_mod._explored(st, ex, FakeRun())
-    untuned = {o[1].graph.structural_hash(): o[1].graph.num_kernels for o in st.options}
+    st = Structure.of(prog, model, "h100")
+    assert not st.land(ex, part_mod.tuned_floor(ex.options, prog, model, "h100"))  # to tune
+    assert st.status is Status.EXPLORED and st.prior is ex
+    untuned = {o.graph.structural_hash(): o.graph.num_kernels for o in st.options}
     assert 2 in untuned.values()
-    assert st.tuned_floor > min(o[0] for o in st.options) / part_mod.TUNE_SLACK  # it binds
+    assert st.tuned_floor > min(o.predicted_us for o in st.options) / part_mod.TUNE_SLACK
+    assert st.cost == max(st.lb, st.tuned_floor)  # it binds
     tuned = tune_pending(ex, "h100", model, replace(settings, defer_tuning=False), None)
-    for cost, ag, *_ in tuned.options:
-        k = ag.graph.num_kernels
-        assert cost >= part_mod.lower_bound(model, prog, "h100", k) - 1e-9
-    assert min(o[0] for o in tuned.options) >= st.tuned_floor - 1e-9
+    for o in tuned.options:
+        k = o.graph.num_kernels
+        assert o.predicted_us >= lower_bound(model, prog, "h100", k) - 1e-9
+    assert min(o.predicted_us for o in tuned.options) >= st.tuned_floor - 1e-9
 
 
 def test_two_kernel_regions_are_searched_after_the_others():
     """A region whose bound is two kernels' (one kernel would load the whole down-projection
     weight in a block) is flagged, and waits while the cover wants other unsearched regions;
     a norm and its projection, which one kernel computes, is not."""
-    part_mod = sys.modules["mirage_py.superopt.part"]
     from mirage_py.cost_model import lower_bound_us
     from mirage_py.superopt.search import default_model
     boundary = _layer_boundary()
@@ -368,11 +366,11 @@ def test_two_kernel_regions_are_searched_after_the_others():
     x, w = norm.input("X", (1, 512)), norm.input("W", (512, 512))
     norm.output(mp.rms_norm(x, eps=1e-6) @ w, "Y")
     model = default_model()
-    st = part_mod._structure(boundary, model, "h100")
+    st = Structure.of(boundary, model, "h100")
     assert st.two_kernels
     assert lower_bound_us(boundary, "h100", 1) > st.lb == pytest.approx(
         lower_bound_us(boundary, "h100", 2))
-    assert not part_mod._structure(canonical(norm), model, "h100").two_kernels
+    assert not Structure.of(canonical(norm), model, "h100").two_kernels
 
 
 def test_sub_regions_are_tuned_only_when_the_cover_wants_them(monkeypatch):
@@ -490,9 +488,9 @@ def test_interrupt_during_region_searches_keeps_the_best_cover(monkeypatch):
     """Ctrl-C in the parent while worker processes search regions (raised where the parent
     waits for them, once the first answer has arrived): what arrived is kept, the regions still
     running leave the cover, the answer is verified and right."""
-    part_mod = sys.modules["mirage_py.superopt.part"]
+    local_mod = sys.modules["mirage_py.superopt.local"]
     received = []
-    real = part_mod._receive
+    real = local_mod._receive
 
     def ctrl_c(q, timeout=0.2):
         if received:
@@ -500,7 +498,7 @@ def test_interrupt_during_region_searches_keeps_the_best_cover(monkeypatch):
         got = real(q, 60.0)
         received.append(got[0])
         return got
-    monkeypatch.setattr(part_mod, "_receive", ctrl_c)
+    monkeypatch.setattr(local_mod, "_receive", ctrl_c)
     comp = mlp_block(None, b=4, d=128, f=256)
     opt = mp.superopt(comp.program, workers=2, progress=False, database=False)
     part = opt.parts[0]
@@ -544,7 +542,7 @@ def _convex_regions(seed: int, n: int = 16, regions: int = 40):
         down[i] = set(succ[i]).union(*(down[u] for u in succ[i]))
     for i in range(n):
         up[i] = set(preds[i]).union(*(up[j] for j in preds[i]))
-    cands = [Candidate(f"op{i}", frozenset(preds[i]), frozenset([i]), 3.0, frozenset([i]))
+    cands = [CoverCandidate(f"op{i}", frozenset(preds[i]), frozenset([i]), 3.0, frozenset([i]))
              for i in range(n)]
     seen = set()
     for k in range(regions):
@@ -560,7 +558,7 @@ def _convex_regions(seed: int, n: int = 16, regions: int = 40):
         seen.add(ops)
         reads = frozenset(j for i in ops for j in preds[i] if j not in ops)
         writes = frozenset(i for i in ops if i == n - 1 or any(u not in ops for u in succ[i]))
-        cands.append(Candidate(f"r{k}", reads, writes,
+        cands.append(CoverCandidate(f"r{k}", reads, writes,
                                3.0 + rng.uniform(0, 0.5) * len(ops) ** 0.5, ops))
     return cands, frozenset([n - 1]), frozenset(range(n))
 
@@ -603,13 +601,13 @@ def test_quick_cover_is_a_cover_and_proven_ones_are_cheapest(monkeypatch):
     # 1.7 that is under the threshold (0.3 x the mean chosen cost 1.0): the restricted program
     # holds it and proves it the optimum. At 1.85 it is left out: the restricted optimum (two
     # pairs, 2.0) is not proven (2.0 > 1.5 + 0.35), and the exact cover is 1.85
-    pairs = [Candidate(f"p{a}{b}", frozenset(), frozenset([a, b]), 1.0, frozenset([a, b]))
+    pairs = [CoverCandidate(f"p{a}{b}", frozenset(), frozenset([a, b]), 1.0, frozenset([a, b]))
              for a, b in [(0, 1), (1, 2), (0, 2)]]
-    ops = [Candidate(f"op{a}", frozenset(), frozenset([a]), 1.5, frozenset([a]))
+    ops = [CoverCandidate(f"op{a}", frozenset(), frozenset([a]), 1.5, frozenset([a]))
            for a in range(3)]
     outputs = frozenset(range(3))
     for cost, proven in [(1.7, True), (1.85, False)]:
-        cands = pairs + ops + [Candidate("all", frozenset(), outputs, cost, outputs)]
+        cands = pairs + ops + [CoverCandidate("all", frozenset(), outputs, cost, outputs)]
         columns.clear()
         quick = solve_cover(cands, outputs, needed=outputs, exact=False)
         assert columns and columns[-1] < len(cands)  # the restricted program

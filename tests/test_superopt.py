@@ -85,11 +85,15 @@ def test_load_rejects_foreign_files(tmp_path):
         mp.load(str(f))
 
 
-def test_same_seed_same_result():
+def test_two_searches_with_one_seed_give_one_answer_whatever_the_workers():
+    """Searched twice (no database: the second is a search too), with two worker processes and
+    with one: the same graph, stages and predicted time."""
     p = get_program("gqa", 1)
-    a = mp.superopt(p, workers=2, seed=0, progress=False)
-    b = mp.superopt(p, workers=1, seed=0, progress=False)
+    a = mp.superopt(p, workers=2, seed=0, progress=False, database=False)
+    b = mp.superopt(p, workers=1, seed=0, progress=False, database=False)
+    assert a.parts[0].source == b.parts[0].source == "search"
     assert a.graph.structural_hash() == b.graph.structural_hash()
+    assert a.stages == b.stages and a.estimated_time_us == b.estimated_time_us
 
 
 def test_time_budget_returns_best_so_far():

@@ -12,7 +12,8 @@ import pytest
 
 from mirage_py.errors import MirageError, ValidationError
 from mirage_py.ugraph import (Accum, BlockOp, DTensor, Fused, GraphKernel, InputIter, KernelGraph,
-                              KernelOp, MaskIter, OutputSaver, ThreadOp, attrs_of, validate)
+                              KernelOp, MaskIter, OutputSaver, Phase, ThreadOp, attrs_of,
+                              validate)
 from ugraph_cases import R, one_kernel, rms_matmul, split_k, thread, tiled_matmul
 
 MM, _ = tiled_matmul()     # ops: a, b, c = matmul, acc, save
@@ -50,8 +51,9 @@ def test_base_graphs_are_valid():
     info = validate(RMS)[0]
     assert info.shapes["x"] == (8, 64) and info.shapes["w"] == (64, 32)
     assert info.shapes["ss"] == (8, 1) and info.shapes["y"] == (8, 32)
-    assert info.phases == {"x": "body", "w": "body", "xw": "body", "sq": "body", "ss": "body",
-                           "acc_xw": "epi", "acc_ss": "epi", "y": "epi"}
+    B, P = Phase.BODY, Phase.POST
+    assert info.phases == {"x": B, "w": B, "xw": B, "sq": B, "ss": B, "acc_xw": P, "acc_ss": P,
+                           "y": P}
     assert info.dtypes["x"] == "float16" and info.dtypes["xw"] == "float32"
     assert MM.validate("a100") is MM
 

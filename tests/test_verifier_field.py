@@ -10,7 +10,7 @@ import pytest
 import mirage_py as mp
 from mirage_py.lax.ops import OPS
 from mirage_py.ugraph import naive_lowering, run
-from mirage_py.verifier.errors import FieldValueError, NestedExpError, UnsupportedOperatorError
+from mirage_py.verifier.errors import FieldValueError, NestedExpError, UnverifiableOperatorError
 from mirage_py.verifier.field import (SAFE_PRIMES, FieldBackend, FieldParams, FieldValue, Modulus,
                                       QCell, random_input)
 
@@ -225,7 +225,7 @@ def test_backend_type_errors():
     be = FieldBackend(fp)
     with pytest.raises(FieldValueError):
         be.input(np.zeros(3), "float16")
-    with pytest.raises(UnsupportedOperatorError):
+    with pytest.raises(UnverifiableOperatorError):
         be.elementwise("no_such_op", [])
 
 

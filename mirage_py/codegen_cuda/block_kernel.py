@@ -23,6 +23,7 @@ from ..lax.ops import OPS
 from ..ugraph.graph import (AXES, Accum, BlockOp, Fused, GraphKernel, InputIter, MaskIter,
                             OutputSaver)
 from ..ugraph.printing import format_block
+from ..ugraph.phase import Phase
 from .cexpr import (CTYPES, REDUCE_INIT, Names, broadcast_coords, declare_coords, elementwise,
                     flit, linear, mask_value, prod, prune_unused, reduce_step, row_major)
 from .errors import CodegenError
@@ -783,7 +784,8 @@ def swizzle_type(s: Swizzle) -> str:
     return f"Swizzle<{s.bits}, {s.base}, {s.shift}>"
 
 
-_SEGMENT_TEXT = {"pre": "before the loop", "body": "loop body", "post": "after the loop"}
+_SEGMENT_TEXT = {Phase.PRE: "before the loop", Phase.BODY: "loop body",
+                 Phase.POST: "after the loop"}
 
 
 def emit_block_kernel(gk: GraphKernel, kplan: KernelPlan, device: DevicePlan,

@@ -9,8 +9,8 @@ import torch
 from ..errors import OptionError, TorchCaptureError
 from ..lax.program import Program
 from .capture import capture
-from .graph import whole_program
-from .runtime import CompiledGraph, describe_signature, float32_matmul_of, signature_of
+from .whole_program import whole_program
+from .runtime import CompiledCapture, describe_signature, float32_matmul_of, signature_of
 
 
 def _torch() -> Any:
@@ -115,14 +115,14 @@ class CompiledModule(torch.nn.Module):
 
     ``module`` is a submodule: its parameters and buffers are this module's, and they are read at
     every call. A call with new shapes, dtypes or argument structure captures and superoptimises
-    again (one :class:`~.runtime.CompiledGraph` per signature in ``graphs``)."""
+    again (one :class:`~.runtime.CompiledCapture` per signature in ``graphs``)."""
 
     def __init__(self, module: Any, options: dict[str, Any], name: str):
         super().__init__()
         self.module = module
         self._options = dict(options)
         self._name = name
-        self.graphs: dict[tuple, CompiledGraph] = {}
+        self.graphs: dict[tuple, CompiledCapture] = {}
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         from torch.utils._pytree import tree_flatten, tree_unflatten
@@ -162,11 +162,11 @@ class CompiledModule(torch.nn.Module):
             (n, tuple(t.shape), str(t.dtype)) for n, t in
             list(self.module.named_parameters()) + list(self.module.named_buffers()))
 
-    def _compile(self, args: tuple, kwargs: dict, sig: tuple) -> CompiledGraph:
+    def _compile(self, args: tuple, kwargs: dict, sig: tuple) -> CompiledCapture:
         cap = capture(self.module, args, kwargs)
         names = [r.name for r in sorted((r for r in cap.roles if r.kind == "user"),
                                         key=lambda r: r.index)]
-        g = CompiledGraph(cap, self._name, self._options, describe_signature(sig, names))
+        g = CompiledCapture(cap, self._name, self._options, describe_signature(sig, names))
         self.graphs[sig] = g
         return g
 

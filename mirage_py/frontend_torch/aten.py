@@ -1,12 +1,12 @@
 """aten operators -> mirage_py operators: the mapping table of the torch frontend.
 
 Each entry of :data:`TABLE` translates one FX node of an aten graph into operators of
-:mod:`mirage_py.lax`. A translator receives a :class:`Context` and the node's arguments with every
-FX node replaced by its value, and returns the node's value: a :class:`Sym` (a symbolic program
-tensor), a tuple of values (multi-output operators such as ``split`` or ``native_layer_norm``), or
-a plain Python value. It raises :class:`Unsupported` with a reason when the node cannot be expressed
--- the caller then runs that node in eager PyTorch (``mp.compile``) or reports it
-(``mp.from_torch``).
+:mod:`mirage_py.lax`. A translator receives a :class:`NodeContext` and the node's arguments with
+every FX node replaced by its value, and returns the node's value: a :class:`Sym` (a symbolic
+program tensor), a tuple of values (multi-output operators such as ``split`` or
+``native_layer_norm``), or a plain Python value. It raises :class:`Unsupported` with a reason
+when the node cannot be expressed -- the caller then runs that node in eager PyTorch
+(``mp.compile``) or reports it (``mp.from_torch``).
 
 Values a translator may meet as arguments:
 
@@ -16,7 +16,7 @@ Values a translator may meet as arguments:
   dims) use the small tensor as it is. Operators that need the full data (a concatenation, a
   reshape that merges an expanded dim) materialise it by concatenating copies.
 * :class:`Boundary` -- a tensor known only when the program runs (a module input, a parameter, the
-  output of an operator run eagerly): :meth:`Context.sym` turns it into a program input.
+  output of an operator run eagerly): :meth:`NodeContext.sym` turns it into a program input.
 * ``torch.Tensor`` -- a constant folded at capture time (``torch.ones(...).tril()``, ``arange``):
   a scalar becomes a ``const``, a 0/1 position pattern a causal / sliding-window ``mask``, anything
   else a program input fed from the constant.
@@ -99,7 +99,7 @@ def mirage_dtype(dtype: Any) -> str | None:
     return name if name in MIRAGE_DTYPES else None
 
 
-class Context:
+class NodeContext:
     """What a translator may ask: the node's output metadata and program inputs for boundaries.
 
     ``make_input(boundary) -> Tensor`` creates (or reuses) the program input of a boundary value;
@@ -325,7 +325,7 @@ def op(*names: str) -> Callable:
     return deco
 
 
-def _result(ctx: Context, t: Tensor | float, i: int | None = None) -> Sym:
+def _result(ctx: NodeContext, t: Tensor | float, i: int | None = None) -> Sym:
     if not isinstance(t, Tensor):
         t = lax.const(_finite(float(t)), ctx.out_dtype(i))
     return Sym(cast(t, ctx.out_dtype(i)), ctx.out_shape(i))
@@ -334,7 +334,7 @@ def _result(ctx: Context, t: Tensor | float, i: int | None = None) -> Sym:
 # element-wise ---------------------------------------------------------------------------------
 
 def _binary_fn(fn: Callable[[Any, Any], Tensor]) -> Callable:
-    def tr(ctx: Context, a: Any, b: Any, *, alpha: Any = None) -> Sym:
+    def tr(ctx: NodeContext, a: Any, b: Any, *, alpha: Any = None) -> Sym:
         dt = ctx.out_dtype()
         x, y = ctx.operand(a, dt), ctx.operand(b, dt)
         if alpha is not None and alpha != 1:
@@ -344,7 +344,7 @@ def _binary_fn(fn: Callable[[Any, Any], Tensor]) -> Callable:
     return tr
 
 
-def _masked_add(ctx: Context, a: Any, b: Any) -> Sym | None:
+def _masked_add(ctx: NodeContext, a: Any, b: Any) -> Sym | None:
     """``x + M`` with a constant M of values {0, c} in a position pattern (an additive attention
     mask): ``where(mask, x, x + c)`` (``-inf`` becomes a finite fill)."""
     for x, m in ((a, b), (b, a)):
@@ -369,7 +369,7 @@ def _masked_add(ctx: Context, a: Any, b: Any) -> Sym | None:
     return None
 
 
-def _masked_mul(ctx: Context, a: Any, b: Any) -> Sym | None:
+def _masked_mul(ctx: NodeContext, a: Any, b: Any) -> Sym | None:
     """``x * M`` with a constant 0/1 M in a position pattern: ``where(mask, x, 0)``."""
     for x, m in ((a, b), (b, a)):
         if not _is_torch_tensor(m) or m.dim() < 2 or uniform_value(m) is not None:
@@ -389,7 +389,7 @@ def _masked_mul(ctx: Context, a: Any, b: Any) -> Sym | None:
 
 
 @op("add")
-def _add(ctx: Context, a: Any, b: Any, *, alpha: Any = None) -> Sym:
+def _add(ctx: NodeContext, a: Any, b: Any, *, alpha: Any = None) -> Sym:
     if alpha in (None, 1):
         r = _masked_add(ctx, a, b)
         if r is not None:
@@ -398,18 +398,18 @@ def _add(ctx: Context, a: Any, b: Any, *, alpha: Any = None) -> Sym:
 
 
 @op("sub")
-def _sub(ctx: Context, a: Any, b: Any, *, alpha: Any = None) -> Sym:
+def _sub(ctx: NodeContext, a: Any, b: Any, *, alpha: Any = None) -> Sym:
     return _binary_fn(lambda x, y: x - y)(ctx, a, b, alpha=alpha)
 
 
 @op("rsub")
-def _rsub(ctx: Context, a: Any, b: Any, *, alpha: Any = None) -> Sym:
+def _rsub(ctx: NodeContext, a: Any, b: Any, *, alpha: Any = None) -> Sym:
     return _binary_fn(lambda x, y: y - x)(ctx, a, b, alpha=alpha) if alpha in (None, 1) else \
         _binary_fn(lambda x, y: y - x * float(alpha))(ctx, a, b)
 
 
 @op("mul")
-def _mul(ctx: Context, a: Any, b: Any) -> Sym:
+def _mul(ctx: NodeContext, a: Any, b: Any) -> Sym:
     r = _masked_mul(ctx, a, b)
     if r is not None:
         return r
@@ -417,24 +417,24 @@ def _mul(ctx: Context, a: Any, b: Any) -> Sym:
 
 
 @op("div", "true_divide")
-def _div(ctx: Context, a: Any, b: Any, *, rounding_mode: Any = None) -> Sym:
+def _div(ctx: NodeContext, a: Any, b: Any, *, rounding_mode: Any = None) -> Sym:
     if rounding_mode is not None:
         raise Unsupported(f"division with rounding_mode={rounding_mode!r}")
     return _binary_fn(lambda x, y: x / y)(ctx, a, b)
 
 
 @op("maximum")
-def _maximum(ctx: Context, a: Any, b: Any) -> Sym:
+def _maximum(ctx: NodeContext, a: Any, b: Any) -> Sym:
     return _binary_fn(lax.maximum)(ctx, a, b)
 
 
 @op("minimum")
-def _minimum(ctx: Context, a: Any, b: Any) -> Sym:
+def _minimum(ctx: NodeContext, a: Any, b: Any) -> Sym:
     return _binary_fn(lax.minimum)(ctx, a, b)
 
 
 def _unary(fn: Callable[[Tensor], Any]) -> Callable:
-    def tr(ctx: Context, x: Any, *args: Any, **kw: Any) -> Sym:
+    def tr(ctx: NodeContext, x: Any, *args: Any, **kw: Any) -> Sym:
         t = ctx.operand(x, ctx.out_dtype())
         if not isinstance(t, Tensor):
             raise Unsupported("its operand is a number")
@@ -469,22 +469,22 @@ for _name in ("alias", "clone", "contiguous", "detach", "lift_fresh_copy", "alia
 
 
 @op("gelu")
-def _gelu(ctx: Context, x: Any, *, approximate: str = "none") -> Sym:
+def _gelu(ctx: NodeContext, x: Any, *, approximate: str = "none") -> Sym:
     return _unary(lambda t: lax.gelu(t, approximate))(ctx, x)
 
 
 @op("leaky_relu")
-def _leaky_relu(ctx: Context, x: Any, negative_slope: float = 0.01) -> Sym:
+def _leaky_relu(ctx: NodeContext, x: Any, negative_slope: float = 0.01) -> Sym:
     return _unary(lambda t: lax.leaky_relu(t, float(negative_slope)))(ctx, x)
 
 
 @op("hardtanh")
-def _hardtanh(ctx: Context, x: Any, min_val: float = -1.0, max_val: float = 1.0) -> Sym:
+def _hardtanh(ctx: NodeContext, x: Any, min_val: float = -1.0, max_val: float = 1.0) -> Sym:
     return _unary(lambda t: lax.clamp(t, float(min_val), float(max_val)))(ctx, x)
 
 
 @op("elu")
-def _elu(ctx: Context, x: Any, alpha: float = 1.0, scale: float = 1.0,
+def _elu(ctx: NodeContext, x: Any, alpha: float = 1.0, scale: float = 1.0,
          input_scale: float = 1.0) -> Sym:
     def f(t: Tensor) -> Tensor:
         u = t * float(input_scale) if input_scale != 1 else t
@@ -497,13 +497,13 @@ def _elu(ctx: Context, x: Any, alpha: float = 1.0, scale: float = 1.0,
 
 
 @op("softplus")
-def _softplus(ctx: Context, x: Any, beta: float = 1.0, threshold: float = 20.0) -> Sym:
+def _softplus(ctx: NodeContext, x: Any, beta: float = 1.0, threshold: float = 20.0) -> Sym:
     # above ``threshold`` torch returns x itself; log(1 + e^x) differs from x there by < 2e-9
     b = float(beta)
     return _unary(lambda t: lax.softplus(t) if b == 1 else lax.softplus(t * b) / b)(ctx, x)
 
 
-def _bound(ctx: Context, v: Any) -> float | None | Tensor:
+def _bound(ctx: NodeContext, v: Any) -> float | None | Tensor:
     if v is None:
         return None
     if isinstance(v, numbers.Real):
@@ -516,7 +516,7 @@ def _bound(ctx: Context, v: Any) -> float | None | Tensor:
 
 
 @op("clamp", "clip")
-def _clamp(ctx: Context, x: Any, min: Any = None, max: Any = None) -> Sym:  # noqa: A002
+def _clamp(ctx: NodeContext, x: Any, min: Any = None, max: Any = None) -> Sym:  # noqa: A002
     lo, hi = _bound(ctx, min), _bound(ctx, max)
     t = ctx.operand(x, ctx.out_dtype())
     if not isinstance(t, Tensor):
@@ -535,17 +535,17 @@ def _clamp(ctx: Context, x: Any, min: Any = None, max: Any = None) -> Sym:  # no
 
 
 @op("clamp_min")
-def _clamp_min(ctx: Context, x: Any, m: Any) -> Sym:
+def _clamp_min(ctx: NodeContext, x: Any, m: Any) -> Sym:
     return _clamp(ctx, x, m, None)
 
 
 @op("clamp_max")
-def _clamp_max(ctx: Context, x: Any, m: Any) -> Sym:
+def _clamp_max(ctx: NodeContext, x: Any, m: Any) -> Sym:
     return _clamp(ctx, x, None, m)
 
 
 @op("pow")
-def _pow(ctx: Context, a: Any, b: Any) -> Sym:
+def _pow(ctx: NodeContext, a: Any, b: Any) -> Sym:
     dt = ctx.out_dtype()
     if _is_torch_tensor(b):
         c = uniform_value(b)
@@ -578,7 +578,7 @@ def _pow(ctx: Context, a: Any, b: Any) -> Sym:
 
 # where / masks --------------------------------------------------------------------------------
 
-def _select(ctx: Context, cond: Any, a: Any, b: Any) -> Sym:
+def _select(ctx: NodeContext, cond: Any, a: Any, b: Any) -> Sym:
     if isinstance(cond, (Sym, Boundary)):
         raise Unsupported("its condition is computed at run time (only constant causal / "
                           "sliding-window patterns are expressible)")
@@ -604,19 +604,19 @@ def _select(ctx: Context, cond: Any, a: Any, b: Any) -> Sym:
 
 
 @op("where")
-def _where(ctx: Context, cond: Any, a: Any = None, b: Any = None) -> Sym:
+def _where(ctx: NodeContext, cond: Any, a: Any = None, b: Any = None) -> Sym:
     if a is None:
         raise Unsupported("where(cond) with one argument (nonzero indices)")
     return _select(ctx, cond, a, b)
 
 
 @op("masked_fill")
-def _masked_fill(ctx: Context, x: Any, mask: Any, value: Any) -> Sym:
+def _masked_fill(ctx: NodeContext, x: Any, mask: Any, value: Any) -> Sym:
     return _select(ctx, mask, value, x)
 
 
 @op("tril", "triu")
-def _tri(ctx: Context, x: Any, diagonal: int = 0) -> Sym:
+def _tri(ctx: NodeContext, x: Any, diagonal: int = 0) -> Sym:
     s = ctx.sym(x)
     if len(s.shape) < 2:
         raise Unsupported(f"{ctx.node.target} of a tensor of rank {len(s.shape)}")
@@ -637,19 +637,19 @@ def _mat(s: Sym) -> Tensor:
     return materialize(s, (-1,) if len(s.shape) == 1 else (-2, -1))
 
 
-def _matmul_syms(ctx: Context, a: Any, b: Any) -> Tensor:
+def _matmul_syms(ctx: NodeContext, a: Any, b: Any) -> Tensor:
     dt = ctx.out_dtype()
     x, y = ctx.sym(a), ctx.sym(b)
     return lax.matmul(cast(_mat(x), dt), cast(_mat(y), dt))
 
 
 @op("mm", "bmm", "matmul", "mv", "dot")
-def _mm(ctx: Context, a: Any, b: Any) -> Sym:
+def _mm(ctx: NodeContext, a: Any, b: Any) -> Sym:
     return _result(ctx, _matmul_syms(ctx, a, b))
 
 
 @op("addmm", "baddbmm", "addmv")
-def _addmm(ctx: Context, bias: Any, a: Any, b: Any, *, beta: Any = 1, alpha: Any = 1) -> Sym:
+def _addmm(ctx: NodeContext, bias: Any, a: Any, b: Any, *, beta: Any = 1, alpha: Any = 1) -> Sym:
     prod = _matmul_syms(ctx, a, b)
     if alpha != 1:
         prod = prod * float(alpha)
@@ -662,7 +662,7 @@ def _addmm(ctx: Context, bias: Any, a: Any, b: Any, *, beta: Any = 1, alpha: Any
 
 
 @op("linear")
-def _linear(ctx: Context, x: Any, w: Any, bias: Any = None) -> Sym:
+def _linear(ctx: NodeContext, x: Any, w: Any, bias: Any = None) -> Sym:
     dt = ctx.out_dtype()
     ws = ctx.sym(w, "weight")
     wt = _mat(ws)
@@ -683,7 +683,7 @@ def _axes(dims: Any, n: int) -> tuple[int, ...]:
     return tuple(sorted({_dim(int(d), n) for d in dims}))
 
 
-def _reduce(ctx: Context, kind: str, x: Any, dims: Any, keepdim: bool, dtype: Any = None,
+def _reduce(ctx: NodeContext, kind: str, x: Any, dims: Any, keepdim: bool, dtype: Any = None,
             i: int | None = None) -> Sym:
     s = ctx.sym(x)
     dt = mirage_dtype(dtype) if dtype is not None else ctx.out_dtype(i)
@@ -723,14 +723,15 @@ def _reduce(ctx: Context, kind: str, x: Any, dims: Any, keepdim: bool, dtype: An
 
 
 @op("sum")
-def _sum(ctx: Context, x: Any, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Sym:
+def _sum(ctx: NodeContext, x: Any, dim: Any = None, keepdim: bool = False, *,
+         dtype: Any = None) -> Sym:
     if _is_dtype(dim):  # sum.default(x, dtype)
         dim, dtype = None, dim
     return _reduce(ctx, "sum", x, dim, keepdim, dtype)
 
 
 @op("mean")
-def _mean(ctx: Context, x: Any, dim: Any = None, keepdim: bool = False, *,
+def _mean(ctx: NodeContext, x: Any, dim: Any = None, keepdim: bool = False, *,
           dtype: Any = None) -> Sym:
     if _is_dtype(dim):
         dim, dtype = None, dim
@@ -738,17 +739,17 @@ def _mean(ctx: Context, x: Any, dim: Any = None, keepdim: bool = False, *,
 
 
 @op("amax")
-def _amax(ctx: Context, x: Any, dim: Any = (), keepdim: bool = False) -> Sym:
+def _amax(ctx: NodeContext, x: Any, dim: Any = (), keepdim: bool = False) -> Sym:
     return _reduce(ctx, "max", x, dim, keepdim)
 
 
 @op("amin")
-def _amin(ctx: Context, x: Any, dim: Any = (), keepdim: bool = False) -> Sym:
+def _amin(ctx: NodeContext, x: Any, dim: Any = (), keepdim: bool = False) -> Sym:
     return _reduce(ctx, "min", x, dim, keepdim)
 
 
 def _max_min(kind: str) -> Callable:
-    def tr(ctx: Context, x: Any, dim: Any = None, keepdim: bool = False) -> Any:
+    def tr(ctx: NodeContext, x: Any, dim: Any = None, keepdim: bool = False) -> Any:
         if dim is None:  # max.default: the maximum of everything
             return _reduce(ctx, kind, x, None, False)
         if isinstance(dim, (Sym, Boundary)) or _is_torch_tensor(dim):  # max.other
@@ -764,11 +765,11 @@ TABLE["min"] = _max_min("min")
 
 
 @op("logsumexp")
-def _logsumexp(ctx: Context, x: Any, dim: Any = None, keepdim: bool = False) -> Sym:
+def _logsumexp(ctx: NodeContext, x: Any, dim: Any = None, keepdim: bool = False) -> Sym:
     return _reduce(ctx, "logsumexp", x, dim, keepdim)
 
 
-def _variance(ctx: Context, s: Sym, axes: tuple[int, ...], correction: float, dt: str
+def _variance(ctx: NodeContext, s: Sym, axes: tuple[int, ...], correction: float, dt: str
               ) -> tuple[Tensor, Tensor]:
     t = cast(materialize(s, axes), dt)
     n = math.prod(s.shape[a] for a in axes)
@@ -793,7 +794,7 @@ def _squeeze_axes(t: Tensor, axes: tuple[int, ...], keepdim: bool) -> Tensor:
 
 
 @op("var", "std")
-def _var(ctx: Context, x: Any, dim: Any = None, *, correction: Any = None,
+def _var(ctx: NodeContext, x: Any, dim: Any = None, *, correction: Any = None,
          keepdim: bool = False, unbiased: Any = None) -> Sym:
     s = ctx.sym(x)
     axes = _axes(dim, len(s.shape))
@@ -804,7 +805,7 @@ def _var(ctx: Context, x: Any, dim: Any = None, *, correction: Any = None,
 
 
 @op("var_mean", "std_mean")
-def _var_mean(ctx: Context, x: Any, dim: Any = None, *, correction: Any = None,
+def _var_mean(ctx: NodeContext, x: Any, dim: Any = None, *, correction: Any = None,
               keepdim: bool = False, unbiased: Any = None) -> tuple:
     s = ctx.sym(x)
     axes = _axes(dim, len(s.shape))
@@ -822,7 +823,8 @@ def _is_dtype(v: Any) -> bool:
 # softmax and norms ----------------------------------------------------------------------------
 
 def _softmax_like(fn: Callable) -> Callable:
-    def tr(ctx: Context, x: Any, dim: int, half_to_float: Any = False, *, dtype: Any = None) -> Sym:
+    def tr(ctx: NodeContext, x: Any, dim: int, half_to_float: Any = False, *,
+           dtype: Any = None) -> Sym:
         # softmax.int(x, dim, dtype) / _softmax(x, dim, half_to_float): the result dtype is the
         # node's, read from its metadata
         s = ctx.sym(x)
@@ -839,7 +841,7 @@ TABLE["_softmax"] = TABLE["softmax"] = TABLE["_safe_softmax"] = _softmax_like(la
 TABLE["_log_softmax"] = TABLE["log_softmax"] = _softmax_like(lax.log_softmax)
 
 
-def _param(ctx: Context, v: Any, shape: tuple[int, ...], dt: str, what: str) -> Tensor | None:
+def _param(ctx: NodeContext, v: Any, shape: tuple[int, ...], dt: str, what: str) -> Tensor | None:
     if v is None:
         return None
     s = ctx.sym(v, what)
@@ -848,7 +850,7 @@ def _param(ctx: Context, v: Any, shape: tuple[int, ...], dt: str, what: str) -> 
     return cast(materialize(s), dt)
 
 
-def _layer_norm_core(ctx: Context, x: Any, normalized_shape: Any, weight: Any, bias: Any,
+def _layer_norm_core(ctx: NodeContext, x: Any, normalized_shape: Any, weight: Any, bias: Any,
                      eps: float, dt: str) -> tuple[Sym, Tensor, Tensor]:
     s = ctx.sym(x)
     k = len(tuple(normalized_shape))
@@ -867,21 +869,21 @@ def _layer_norm_core(ctx: Context, x: Any, normalized_shape: Any, weight: Any, b
 
 
 @op("layer_norm")
-def _layer_norm(ctx: Context, x: Any, normalized_shape: Any, weight: Any = None, bias: Any = None,
-                eps: float = 1e-5, cudnn_enable: Any = True) -> Sym:
+def _layer_norm(ctx: NodeContext, x: Any, normalized_shape: Any, weight: Any = None,
+                bias: Any = None, eps: float = 1e-5, cudnn_enable: Any = True) -> Sym:
     y, _, _ = _layer_norm_core(ctx, x, normalized_shape, weight, bias, eps, ctx.out_dtype())
     return _result(ctx, y.t)
 
 
 @op("native_layer_norm")
-def _native_layer_norm(ctx: Context, x: Any, normalized_shape: Any, weight: Any, bias: Any,
+def _native_layer_norm(ctx: NodeContext, x: Any, normalized_shape: Any, weight: Any, bias: Any,
                        eps: float) -> tuple:
     y, m, rstd = _layer_norm_core(ctx, x, normalized_shape, weight, bias, eps, ctx.out_dtype(0))
     return (_result(ctx, y.t, 0), _result(ctx, m, 1), _result(ctx, rstd, 2))
 
 
 @op("rms_norm")
-def _rms_norm(ctx: Context, x: Any, normalized_shape: Any, weight: Any = None,
+def _rms_norm(ctx: NodeContext, x: Any, normalized_shape: Any, weight: Any = None,
               eps: Any = None) -> Sym:
     s = ctx.sym(x)
     k = len(tuple(normalized_shape))
@@ -906,7 +908,7 @@ def _torch_dtype(name: str) -> Any:
 
 
 @op("group_norm")
-def _group_norm(ctx: Context, x: Any, num_groups: int, weight: Any = None, bias: Any = None,
+def _group_norm(ctx: NodeContext, x: Any, num_groups: int, weight: Any = None, bias: Any = None,
                 eps: float = 1e-5, cudnn_enabled: Any = True) -> Sym:
     s = ctx.sym(x)
     dt = ctx.out_dtype()
@@ -919,7 +921,7 @@ def _group_norm(ctx: Context, x: Any, num_groups: int, weight: Any = None, bias:
 
 
 @op("native_group_norm")
-def _native_group_norm(ctx: Context, x: Any, weight: Any, bias: Any, n: int, c: int, hw: int,
+def _native_group_norm(ctx: NodeContext, x: Any, weight: Any, bias: Any, n: int, c: int, hw: int,
                        group: int, eps: float) -> tuple:
     if ctx.users_of_output(1) or ctx.users_of_output(2):
         raise Unsupported("its saved mean / rstd are used")
@@ -927,7 +929,7 @@ def _native_group_norm(ctx: Context, x: Any, weight: Any, bias: Any, n: int, c: 
             _NotComputed("rstd"))
 
 
-def _batch_norm_core(ctx: Context, x: Any, weight: Any, bias: Any, mean: Any, var: Any,
+def _batch_norm_core(ctx: NodeContext, x: Any, weight: Any, bias: Any, mean: Any, var: Any,
                      eps: float, dt: str) -> Tensor:
     s = ctx.sym(x)
     if len(s.shape) < 2:
@@ -942,7 +944,7 @@ def _batch_norm_core(ctx: Context, x: Any, weight: Any, bias: Any, mean: Any, va
 
 
 @op("_native_batch_norm_legit_no_training")
-def _bn_no_training(ctx: Context, x: Any, weight: Any, bias: Any, mean: Any, var: Any,
+def _bn_no_training(ctx: NodeContext, x: Any, weight: Any, bias: Any, mean: Any, var: Any,
                     momentum: float, eps: float) -> tuple:
     if ctx.users_of_output(1) or ctx.users_of_output(2):
         raise Unsupported("its saved statistics are used")
@@ -952,7 +954,7 @@ def _bn_no_training(ctx: Context, x: Any, weight: Any, bias: Any, mean: Any, var
 
 
 @op("batch_norm")
-def _batch_norm(ctx: Context, x: Any, weight: Any, bias: Any, mean: Any, var: Any,
+def _batch_norm(ctx: NodeContext, x: Any, weight: Any, bias: Any, mean: Any, var: Any,
                 training: bool, momentum: float, eps: float, cudnn_enabled: Any = True) -> Sym:
     if training:
         raise Unsupported("batch_norm in training mode (put the module in eval())")
@@ -960,7 +962,7 @@ def _batch_norm(ctx: Context, x: Any, weight: Any, bias: Any, mean: Any, var: An
 
 
 @op("_native_batch_norm_legit")
-def _bn_legit(ctx: Context, x: Any, weight: Any, bias: Any, *args: Any) -> tuple:
+def _bn_legit(ctx: NodeContext, x: Any, weight: Any, bias: Any, *args: Any) -> tuple:
     """Batch norm from the batch's own statistics (``no_stats``: instance norm, or a batch norm
     without running statistics), biased variance over every dim but the channels (dim 1). With
     running statistics and ``training`` the module updates them: not a program."""
@@ -991,8 +993,8 @@ def _bn_legit(ctx: Context, x: Any, weight: Any, bias: Any, *args: Any) -> tuple
 
 
 @op("linalg_vector_norm", "norm")
-def _vector_norm(ctx: Context, x: Any, ord: Any = 2, dim: Any = None, keepdim: bool = False,  # noqa: A002
-                 *, dtype: Any = None) -> Sym:
+def _vector_norm(ctx: NodeContext, x: Any, ord: Any = 2,  # noqa: A002
+                 dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Sym:
     """2-norm ``sqrt(sum(x^2))``, 1-norm ``sum(|x|)``, inf-norm ``max(|x|)``, p-norm
     ``sum(|x|^p)^(1/p)`` over ``dim``."""
     s = ctx.sym(x)
@@ -1018,7 +1020,7 @@ def _pool(kind: str, dims: int) -> Callable:
     """Average / max pooling whose windows tile the input (stride = kernel, no padding, no
     dilation): a reshape of each spatial dim into (windows, kernel) and a mean / max over the
     kernel dims. Rows past the last whole window are dropped, as torch does."""
-    def tr(ctx: Context, x: Any, kernel_size: Any, stride: Any = (), padding: Any = 0,
+    def tr(ctx: NodeContext, x: Any, kernel_size: Any, stride: Any = (), padding: Any = 0,
            *rest: Any, **kw: Any) -> Any:
         s = ctx.sym(x)
         k = _tuple(kernel_size, dims)
@@ -1071,14 +1073,14 @@ TABLE["max_pool3d_with_indices"] = _pool("max", 3)
 
 
 @op("dropout", "feature_dropout", "alpha_dropout")
-def _dropout(ctx: Context, x: Any, p: float, train: bool) -> Sym:
+def _dropout(ctx: NodeContext, x: Any, p: float, train: bool) -> Sym:
     if train and p > 0:
         raise Unsupported(f"dropout with p={p} in training mode (put the module in eval())")
     return _unary(lambda t: t)(ctx, x)
 
 
 @op("native_dropout")
-def _native_dropout(ctx: Context, x: Any, p: float, train: Any) -> tuple:
+def _native_dropout(ctx: NodeContext, x: Any, p: float, train: Any) -> tuple:
     if train and p > 0:
         raise Unsupported(f"dropout with p={p} in training mode (put the module in eval())")
     if ctx.users_of_output(1):
@@ -1088,7 +1090,7 @@ def _native_dropout(ctx: Context, x: Any, p: float, train: Any) -> tuple:
 
 # attention ------------------------------------------------------------------------------------
 
-def attention(ctx: Context, q: Any, k: Any, v: Any, attn_mask: Any, dropout_p: float,
+def attention(ctx: NodeContext, q: Any, k: Any, v: Any, attn_mask: Any, dropout_p: float,
               is_causal: bool, scale: Any, enable_gqa: bool, i: int | None = None) -> Sym:
     """``softmax(q @ k^T * scale + mask) @ v`` as ``torch.nn.functional.scaled_dot_product_
     attention`` defines it: ``is_causal`` keeps key j for query i when ``j <= i`` (top-left
@@ -1130,7 +1132,7 @@ def attention(ctx: Context, q: Any, k: Any, v: Any, attn_mask: Any, dropout_p: f
     return _result(ctx, out, i)
 
 
-def _apply_attn_mask(ctx: Context, scores: Tensor, m: Any, L: int, S: int, group: int,
+def _apply_attn_mask(ctx: NodeContext, scores: Tensor, m: Any, L: int, S: int, group: int,
                      dt: str) -> Tensor:
     torch = _torch()
     if _is_torch_tensor(m):
@@ -1166,7 +1168,7 @@ def _apply_attn_mask(ctx: Context, scores: Tensor, m: Any, L: int, S: int, group
 
 
 @op("scaled_dot_product_attention")
-def _sdpa(ctx: Context, q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: float = 0.0,
+def _sdpa(ctx: NodeContext, q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: float = 0.0,
           is_causal: bool = False, *, scale: Any = None, enable_gqa: bool = False) -> Sym:
     return attention(ctx, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 
@@ -1174,7 +1176,7 @@ def _sdpa(ctx: Context, q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p
 def _sdpa_variant(*, mask_arg: bool) -> Callable:
     """The backend-specific forms torch lowers SDPA to (CPU flash, CUDA flash / efficient /
     cuDNN): output 0 is the attention, the others (log-sum-exp, RNG state) are not computed."""
-    def tr(ctx: Context, q: Any, k: Any, v: Any, *args: Any, attn_mask: Any = None,
+    def tr(ctx: NodeContext, q: Any, k: Any, v: Any, *args: Any, attn_mask: Any = None,
            scale: Any = None, **kw: Any) -> tuple:
         args = list(args)
         if mask_arg:  # (q, k, v, attn_bias, compute_log_sumexp, dropout_p, is_causal, ...)
@@ -1201,7 +1203,7 @@ TABLE["_scaled_dot_product_cudnn_attention"] = _sdpa_variant(mask_arg=True)
 
 @op("_to_copy", "to", "_to_dtype", "type_as", "_autocast_to_reduced_precision",
     "_autocast_to_full_precision")
-def _to_copy(ctx: Context, x: Any, *args: Any, **kw: Any) -> Sym:
+def _to_copy(ctx: NodeContext, x: Any, *args: Any, **kw: Any) -> Sym:
     s = ctx.sym(x)
     dt = ctx.out_dtype()
     return Sym(cast(s.t, dt), s.shape)
@@ -1228,12 +1230,12 @@ def reshape_sym(s: Sym, new: tuple[int, ...]) -> Sym:
 @op("view", "_unsafe_view", "reshape", "view_copy", "_reshape_alias", "flatten", "unflatten",
     "squeeze", "squeeze_copy", "unsqueeze", "unsqueeze_copy", "expand_as", "view_as",
     "reshape_as", "_unsafe_view_copy", "numpy_T_copy")
-def _view(ctx: Context, x: Any, *args: Any, **kw: Any) -> Sym:
+def _view(ctx: NodeContext, x: Any, *args: Any, **kw: Any) -> Sym:
     return reshape_sym(ctx.sym(x), ctx.out_shape())
 
 
 @op("expand", "expand_copy", "broadcast_to")
-def _expand(ctx: Context, x: Any, size: Any, *args: Any, **kw: Any) -> Sym:
+def _expand(ctx: NodeContext, x: Any, size: Any, *args: Any, **kw: Any) -> Sym:
     s = ctx.sym(x)
     new = ctx.out_shape()
     if s.t.op == "const":
@@ -1244,7 +1246,7 @@ def _expand(ctx: Context, x: Any, size: Any, *args: Any, **kw: Any) -> Sym:
 
 
 @op("permute", "permute_copy")
-def _permute(ctx: Context, x: Any, dims: Any) -> Sym:
+def _permute(ctx: NodeContext, x: Any, dims: Any) -> Sym:
     s = ctx.sym(x)
     n = len(s.shape)
     perm = tuple(_dim(int(d), n) for d in dims)
@@ -1255,7 +1257,7 @@ def _permute(ctx: Context, x: Any, dims: Any) -> Sym:
 
 
 @op("transpose", "transpose_copy", "swapaxes", "swapdims")
-def _transpose(ctx: Context, x: Any, d0: int, d1: int) -> Sym:
+def _transpose(ctx: NodeContext, x: Any, d0: int, d1: int) -> Sym:
     s = ctx.sym(x)
     n = len(s.shape)
     perm = list(range(n))
@@ -1265,7 +1267,7 @@ def _transpose(ctx: Context, x: Any, d0: int, d1: int) -> Sym:
 
 
 @op("t", "t_copy", "numpy_T", "mT", "adjoint")
-def _t(ctx: Context, x: Any) -> Sym:
+def _t(ctx: NodeContext, x: Any) -> Sym:
     s = ctx.sym(x)
     n = len(s.shape)
     if n < 2:
@@ -1292,7 +1294,7 @@ def _norm_range(start: Any, end: Any, n: int) -> tuple[int, int]:
 
 
 @op("slice", "slice_copy")
-def _slice(ctx: Context, x: Any, dim: int = 0, start: Any = None, end: Any = None,
+def _slice(ctx: NodeContext, x: Any, dim: int = 0, start: Any = None, end: Any = None,
            step: int = 1) -> Sym:
     s = ctx.sym(x)
     if step != 1:
@@ -1305,7 +1307,7 @@ def _slice(ctx: Context, x: Any, dim: int = 0, start: Any = None, end: Any = Non
 
 
 @op("narrow", "narrow_copy")
-def _narrow(ctx: Context, x: Any, dim: int, start: Any, length: int) -> Sym:
+def _narrow(ctx: NodeContext, x: Any, dim: int, start: Any, length: int) -> Sym:
     s = ctx.sym(x)
     d = _dim(int(dim), len(s.shape))
     lo = int(start) + (s.shape[d] if int(start) < 0 else 0)
@@ -1313,7 +1315,7 @@ def _narrow(ctx: Context, x: Any, dim: int, start: Any, length: int) -> Sym:
 
 
 @op("select", "select_copy")
-def _select_index(ctx: Context, x: Any, dim: int, index: int) -> Sym:
+def _select_index(ctx: NodeContext, x: Any, dim: int, index: int) -> Sym:
     s = ctx.sym(x)
     d = _dim(int(dim), len(s.shape))
     i = int(index) % s.shape[d]
@@ -1329,7 +1331,7 @@ def _pieces(s: Sym, d: int, sizes: list[int]) -> tuple:
 
 
 @op("split", "split_copy", "unsafe_split")
-def _split(ctx: Context, x: Any, split_size: Any, dim: int = 0) -> tuple:
+def _split(ctx: NodeContext, x: Any, split_size: Any, dim: int = 0) -> tuple:
     s = ctx.sym(x)
     d = _dim(int(dim), len(s.shape))
     n = s.shape[d]
@@ -1344,12 +1346,12 @@ def _split(ctx: Context, x: Any, split_size: Any, dim: int = 0) -> tuple:
 
 
 @op("split_with_sizes", "split_with_sizes_copy", "unsafe_split_with_sizes")
-def _split_with_sizes(ctx: Context, x: Any, sizes: Any, dim: int = 0) -> tuple:
+def _split_with_sizes(ctx: NodeContext, x: Any, sizes: Any, dim: int = 0) -> tuple:
     return _split(ctx, x, list(sizes), dim)
 
 
 @op("chunk", "unsafe_chunk")
-def _chunk(ctx: Context, x: Any, chunks: int, dim: int = 0) -> tuple:
+def _chunk(ctx: NodeContext, x: Any, chunks: int, dim: int = 0) -> tuple:
     s = ctx.sym(x)
     d = _dim(int(dim), len(s.shape))
     n = s.shape[d]
@@ -1358,7 +1360,7 @@ def _chunk(ctx: Context, x: Any, chunks: int, dim: int = 0) -> tuple:
 
 
 @op("unbind", "unbind_copy")
-def _unbind(ctx: Context, x: Any, dim: int = 0) -> tuple:
+def _unbind(ctx: NodeContext, x: Any, dim: int = 0) -> tuple:
     s = ctx.sym(x)
     d = _dim(int(dim), len(s.shape))
     new = s.shape[:d] + s.shape[d + 1:]
@@ -1366,7 +1368,7 @@ def _unbind(ctx: Context, x: Any, dim: int = 0) -> tuple:
 
 
 @op("cat", "concat", "concatenate")
-def _cat(ctx: Context, tensors: Any, dim: int = 0) -> Sym:
+def _cat(ctx: NodeContext, tensors: Any, dim: int = 0) -> Sym:
     # empty pieces add nothing (and torch skips 1-D empty tensors of any other shape)
     syms = [ctx.sym(t) for t in tensors if 0 not in _shape_of(t)]
     if not syms:
@@ -1387,7 +1389,7 @@ def _shape_of(v: Any) -> tuple[int, ...]:
 
 
 @op("stack")
-def _stack(ctx: Context, tensors: Any, dim: int = 0) -> Sym:
+def _stack(ctx: NodeContext, tensors: Any, dim: int = 0) -> Sym:
     syms = [ctx.sym(t) for t in tensors]
     shape = ctx.out_shape()
     d = _dim(int(dim), len(shape))
@@ -1398,7 +1400,7 @@ def _stack(ctx: Context, tensors: Any, dim: int = 0) -> Sym:
 
 
 @op("repeat")
-def _repeat(ctx: Context, x: Any, repeats: Any) -> Sym:
+def _repeat(ctx: NodeContext, x: Any, repeats: Any) -> Sym:
     s = ctx.sym(x)
     reps = [int(r) for r in repeats]
     t = ranked(Sym(materialize(s), s.shape))
@@ -1410,7 +1412,7 @@ def _repeat(ctx: Context, x: Any, repeats: Any) -> Sym:
 
 
 @op("getitem")
-def _getitem(ctx: Context, seq: Any, i: int) -> Any:
+def _getitem(ctx: NodeContext, seq: Any, i: int) -> Any:
     v = seq[i]
     if isinstance(v, _NotComputed):
         raise Unsupported(f"it reads the {v.what}, which programs do not compute")
@@ -1450,6 +1452,6 @@ def op_label(target: Any) -> str:
     return s
 
 
-__all__ = ["TABLE", "Context", "Sym", "Boundary", "Unsupported", "match_mask", "mirage_dtype",
+__all__ = ["TABLE", "NodeContext", "Sym", "Boundary", "Unsupported", "match_mask", "mirage_dtype",
            "packet_name", "op_label", "SHAPE_ONLY", "RANDOM", "ASSERTS", "MirageError", "BIG",
            "make_input"]

@@ -26,8 +26,8 @@ from typing import Any
 import torch  # noqa: F401 -- this module is torch's backend: torch must be there
 
 from .capture import capture_graph_module
-from .graph import identifier
-from .runtime import CompiledGraph, float32_matmul_of, signature_of
+from .classify import identifier
+from .runtime import CompiledCapture, float32_matmul_of, signature_of
 
 NAME = "mirage_py"
 
@@ -63,7 +63,7 @@ class DynamoCompiled:
         self.gm = gm
         self.options = dict(options)
         self.names, self.kinds = _placeholders(gm)
-        self.graphs: dict[tuple, CompiledGraph] = {}
+        self.graphs: dict[tuple, CompiledCapture] = {}
 
     def __call__(self, *args: Any) -> Any:
         from torch.utils._pytree import tree_unflatten
@@ -72,13 +72,13 @@ class DynamoCompiled:
         if g is None:
             cap = capture_graph_module(self.gm, list(args), [identifier(n) for n in self.names],
                                        self.kinds)
-            g = CompiledGraph(cap, "dynamo", self.options, _sig_text(sig, self.names))
+            g = CompiledCapture(cap, "dynamo", self.options, _sig_text(sig, self.names))
             self.graphs[sig] = g
         state = {r.node: args[r.index] for r in g.cap.roles}
         if not g.masks_hold(state):  # a mask buffer changed since the capture: capture again
             cap = capture_graph_module(self.gm, list(args), [identifier(n) for n in self.names],
                                        self.kinds)
-            g = self.graphs[sig] = CompiledGraph(cap, "dynamo", self.options,
+            g = self.graphs[sig] = CompiledCapture(cap, "dynamo", self.options,
                                                  _sig_text(sig, self.names))
             state = {r.node: args[r.index] for r in g.cap.roles}
         outs = g.run(state)

@@ -1,9 +1,9 @@
 """Running a captured graph: superoptimised regions, eager PyTorch between them.
 
-A :class:`CompiledGraph` is one captured graph specialised to one input signature (shapes,
+A :class:`CompiledCapture` is one captured graph specialised to one input signature (shapes,
 dtypes, pytree structure, non-tensor values). Its regions are superoptimised once (results are
 cached in memory by program structure and options, and superopt's results database keeps them
-across processes), and :meth:`CompiledGraph.run` executes the schedule:
+across processes), and :meth:`CompiledCapture.run` executes the schedule:
 
 * a region on **CUDA** tensors runs the generated kernels (``OptimizedProgram.__call__``: CuPy
   and NVRTC) on the tensors themselves through DLPack, on PyTorch's current stream; outputs come
@@ -26,7 +26,8 @@ import numpy as np
 
 from ..errors import MirageError, OptionError, TorchCaptureError
 from .capture import Captured
-from .graph import RegionSpec, Source, analyse, describe
+from .classify import describe
+from .region_programs import RegionSpec, Source, analyse
 
 #: superopt answers by (program structural hash, options): a recompile of a seen region is free
 _SUPEROPT_CACHE: dict[tuple, Any] = {}
@@ -64,7 +65,7 @@ def clear_cache() -> None:
     _SUPEROPT_CACHE.clear()
 
 
-class CompiledGraph:
+class CompiledCapture:
     """A captured graph with superoptimised regions, for one input signature."""
 
     def __init__(self, cap: Captured, name: str, options: dict[str, Any], signature: str = ""):
@@ -363,5 +364,5 @@ def describe_signature(sig: tuple, names: list[str]) -> str:
     return "(" + ", ".join(items) + ")"
 
 
-__all__ = ["CompiledGraph", "superopt_cached", "clear_cache", "signature_of",
+__all__ = ["CompiledCapture", "superopt_cached", "clear_cache", "signature_of",
            "describe_signature"]

@@ -42,7 +42,8 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Iterable
 
-from ..lax.ops import EXACT_POW
+from ..errors import MirageError
+from ..lax.ops import EXACT_POW, OPS, lax_class
 
 # Atom: ("var", name) | ("const", v) | ("exp", Poly) | ("uf", name, Poly) | ("inv", Poly)
 #       | ("sel", "max" | "min", ((label, n),), Poly) | ("slice", label, start, stop, Poly)
@@ -246,7 +247,12 @@ def apply(op: str, args: list[Poly], reduce: tuple = (), attrs: dict | None = No
             out = add(out, a)
         return out
     # sqrt, silu, gelu, relu, sigmoid, ..., maximum, minimum: uninterpreted functions of their
-    # arguments (a binary one of their sum)
+    # arguments (a binary one of their sum); an operator the verifier computes exactly needs a
+    # rule above (tests/test_op_table.py walks the table)
+    if op not in OPS or lax_class(op, attrs or {}) not in ("uf", "select"):
+        raise MirageError(f"abstract expression: no rule for operator {op!r} (Lax class "
+                          f"{OPS[op].lax if op in OPS else 'unknown'}); add one to "
+                          "generator/absexpr.apply")
     arg = args[0] if len(args) == 1 else add(args[0], args[1])
     return uf(_uf_key(op, attrs), arg)
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from ..errors import MirageError
 from ..ugraph.graph import (Accum, BlockGraph, BlockOp, DTensor, Fused, GraphKernel, InputIter,
                             MaskIter, OutputSaver, ThreadGraph, ThreadOp, attrs_of, tiles_read)
+from ..ugraph.phase import BODY, POST, PRE, RUN, Phase, combine
 from ..ugraph.validate import check_block
 from . import absexpr as ae
 
@@ -83,11 +84,11 @@ class Val:
     vid: int
     dims: tuple[Dim, ...]
     expr: ae.Poly
-    phase: str
+    phase: Phase
     consumed: frozenset
     # ("iter", i, imap, fmap) | ("op", name, operands, attrs) | ("fused", tpl, operands)
     # | ("accum", a, kind, running, rescale, shift) -- running: readable in the loop body
-    # (phase "run"); rescale: the id of the running value a sum is rescaled by, or None;
+    # (phase RUN); rescale: the id of the running value a sum is rescaled by, or None;
     # shift: the id of the partial maximum ``a`` is relative to (each iteration's input is
     # brought to the running maximum first: ``a * exp(shift - running)``), or None
     node: tuple
@@ -139,18 +140,6 @@ class Context:
     max_template_combos: int = 64
     deadline: float | None = None
     stats: dict = field(default_factory=lambda: {"states": 0, "pruned": 0})
-
-
-def _phase(*ps: str) -> str | None:
-    """The phase of a value computed from values of phases ``ps`` (None: they do not mix). A
-    running value ("run") goes with the body (its current value) and with the epilogue (its
-    final value); alone it is a body value."""
-    s = set(ps) - {"inv"}
-    running = "run" in s
-    s.discard("run")
-    if len(s) > 1:
-        return None
-    return s.pop() if s else "body" if running else "inv"
 
 
 def _runs(*vs: "Val") -> frozenset:
@@ -209,12 +198,12 @@ def saturate(plan: Plan, avail: list[Avail], ctx: Context) -> list[Val]:
     def add(v: Val) -> bool:
         ctx.stats["states"] += 1
         if v.node[0] in ("op", "fused"):  # a body value computed from running values
-            body = v.phase == "body"
+            body = v.phase is BODY
             v.runs = _runs(*(pool[o] for o in v.operands)) if body else frozenset()
             v.shifts = frozenset().union(*(pool[o].shifts for o in v.operands)) \
                 if body else frozenset()
             v.rel = frozenset().union(*(pool[o].rel for o in v.operands)) \
-                if v.phase == "epi" else frozenset()
+                if v.phase is POST else frozenset()
         elif v.node[0] == "accum" and v.node[4] is not None:
             v.rel = frozenset([v.node[4]])
         if v.key in seen:
@@ -230,11 +219,11 @@ def saturate(plan: Plan, avail: list[Avail], ctx: Context) -> list[Val]:
     for i, t in enumerate(avail):
         imap, fmap, dims = make_iterator(t, plan, F)
         first.setdefault(t.name, len(pool))
-        add(Val(len(pool), dims, t.expr, "body" if fmap >= 0 else "inv", frozenset(),
+        add(Val(len(pool), dims, t.expr, BODY if fmap >= 0 else PRE, frozenset(),
                 ("iter", i, imap, fmap)))
     for v in pool:  # a partial relative to its split's maximum, iterated beside that maximum
         t = avail[v.node[1]]
-        if t.shift is not None and t.shift in first and v.phase == "body":
+        if t.shift is not None and t.shift in first and v.phase is BODY:
             v.shifts = frozenset([first[t.shift]])
     new_from = 0
     for _ in range(ctx.max_rounds):
@@ -264,7 +253,7 @@ def _round(pool: list[Val], new_from: int, add, ctx: Context, F: int, loop: str)
         for b in by_rows.get(a.dims[-1], ()):
             if a.vid < new_from and b.vid < new_from:
                 continue
-            ph = _phase(a.phase, b.phase)
+            ph = combine(a.phase, b.phase)
             batch = _bcast(a.dims[:-2], b.dims[:-2])
             if ph is None or batch is None:
                 continue
@@ -280,7 +269,7 @@ def _round(pool: list[Val], new_from: int, add, ctx: Context, F: int, loop: str)
                 continue
             for red, keep in ctx.reductions:
                 dims = a.dims[:j] + (((),) if keep else ()) + a.dims[j + 1:]
-                add(Val(len(pool), dims, ae.apply(red, [a.expr], d), _phase(a.phase),
+                add(Val(len(pool), dims, ae.apply(red, [a.expr], d), combine(a.phase),
                         a.consumed | {c[0] for c in d},
                         ("op", red, (a.vid,), _reduce_attrs(j, keep)), a.cost + 1))
     # the target's slices and concatenations, inside a tile that holds the whole dim
@@ -299,30 +288,30 @@ def _round(pool: list[Val], new_from: int, add, ctx: Context, F: int, loop: str)
         for i in range(new_from, n):
             a = cur[i]
             kind = _selection_over(a.expr, loop)
-            if a.phase != "body" or kind is None or a.runs or a.shifts:
+            if a.phase is not BODY or kind is None or a.runs or a.shifts:
                 continue
             sel = ae.selected(kind, F, a.expr, loop)
-            add(Val(len(pool), a.dims, sel, "epi", a.consumed | {loop},
+            add(Val(len(pool), a.dims, sel, POST, a.consumed | {loop},
                     ("accum", a.vid, kind, False, None, None), a.cost + 1))
             # the running value stands for the maximum of the whole row, also where the grid
             # splits the label and a block sees only its part: any per-row value cancels from
             # a normalised exponential, and the part's maximum is saved beside the part's sums
             # for a combine
             vid = len(pool)
-            add(Val(vid, a.dims, _whole_selection(kind, a.expr, loop, ctx), "run",
+            add(Val(vid, a.dims, _whole_selection(kind, a.expr, loop, ctx), RUN,
                     a.consumed | {loop}, ("accum", a.vid, kind, True, None, None), a.cost + 1,
                     frozenset([vid])))
-        running = {v.node[1]: v.vid for v in pool if v.phase == "run"}  # of value id
+        running = {v.node[1]: v.vid for v in pool if v.phase is RUN}  # of value id
         for i in range(new_from, n):
             a = cur[i]
-            if a.phase != "body" or len(a.runs) > 1 or len(a.shifts) > 1 or \
+            if a.phase is not BODY or len(a.runs) > 1 or len(a.shifts) > 1 or \
                     (a.runs and a.shifts):
                 continue
             shift = next(iter(a.shifts)) if a.shifts else None
             rescale = next(iter(a.runs)) if a.runs else running.get(shift)
             if shift is not None and rescale is None:
                 continue  # the partial maxima are not iterated: no way to combine
-            add(Val(len(pool), a.dims, ae.summed(F, a.expr, loop), "epi", a.consumed | {loop},
+            add(Val(len(pool), a.dims, ae.summed(F, a.expr, loop), POST, a.consumed | {loop},
                     ("accum", a.vid, "sum", False, rescale, shift), a.cost + 1))
     # elementwise templates from the target, as fused thread graphs
     by_len: dict[int, list[Val]] = {}  # a leaf is filled by values with as many monomials
@@ -351,7 +340,7 @@ def _round(pool: list[Val], new_from: int, add, ctx: Context, F: int, loop: str)
             if tried >= ctx.max_template_combos:
                 break
             tried += 1
-            ph = _phase(*(v.phase for v in combo))
+            ph = combine(*(v.phase for v in combo))
             if ph is None:
                 continue
             dims = combo[0].dims
@@ -404,7 +393,7 @@ def _slices_and_concats(cur: list[Val], new_from: int, n: int, add, ctx: Context
         for j, d in enumerate(a.dims):
             if len(d) > 1 and tuple(lbl for lbl, _ in d) in ctx.reshapes:
                 dims = a.dims[:j] + tuple((c,) for c in d) + a.dims[j + 1:]
-                new(dims, a.expr, _phase(a.phase), a.consumed,
+                new(dims, a.expr, combine(a.phase), a.consumed,
                     ("op", "reshape", (a.vid,),
                      attrs_of(shape=tuple(dim_size(x) for x in dims))), a.cost + 1)
         for parts in ctx.reshapes:
@@ -414,7 +403,7 @@ def _slices_and_concats(cur: list[Val], new_from: int, n: int, add, ctx: Context
                 if all(len(d) == 1 for d in window) and \
                         tuple(d[0][0] for d in window) == parts:
                     dims = a.dims[:j] + (tuple(d[0] for d in window),) + a.dims[j + k:]
-                    new(dims, a.expr, _phase(a.phase), a.consumed,
+                    new(dims, a.expr, combine(a.phase), a.consumed,
                         ("op", "reshape", (a.vid,),
                          attrs_of(shape=tuple(dim_size(x) for x in dims))), a.cost + 1)
 
@@ -426,7 +415,7 @@ def _slices_and_concats(cur: list[Val], new_from: int, n: int, add, ctx: Context
                 if lbl is None or sl != lbl:
                     continue
                 dims = a.dims[:j] + (((out, stop - start),),) + a.dims[j + 1:]
-                new(dims, ae.sliced(a.expr, lbl, start, stop), _phase(a.phase), a.consumed,
+                new(dims, ae.sliced(a.expr, lbl, start, stop), combine(a.phase), a.consumed,
                     ("op", "slice", (a.vid,), attrs_of(axis=j, start=start, stop=stop)),
                     a.cost + 1)
     fresh = {_whole(d, ctx) for v in cur[new_from:n] for d in v.dims} - {None}
@@ -443,7 +432,7 @@ def _slices_and_concats(cur: list[Val], new_from: int, n: int, add, ctx: Context
                 continue
             axes = {j for _, j in combo}
             vals = [v for v, _ in combo]
-            ph = _phase(*(v.phase for v in vals))
+            ph = combine(*(v.phase for v in vals))
             if len(axes) != 1 or ph is None:
                 continue
             j = axes.pop()
@@ -656,7 +645,7 @@ def kernels_for_plan(plan: Plan, avail: list[Avail], ctx: Context, target, count
         for v in pool:
             if v.expr != texpr or v.node[0] == "iter":
                 continue
-            if v.phase == "body" and plan.loop[0] is not None and plan.loop[1] > 1:
+            if v.phase is BODY and plan.loop[0] is not None and plan.loop[1] > 1:
                 continue
             lay = save_layout(v, plan)
             if lay is None:
@@ -671,7 +660,7 @@ def kernels_for_plan(plan: Plan, avail: list[Avail], ctx: Context, target, count
     if finals:
         kc = _valid_kernel(plan, avail, pool, finals, [n for _, n, _ in finals], target)
         return [kc] if kc else []
-    epi = "epi" if plan.loop[0] is not None and plan.loop[1] > 1 else None
+    epi = POST if plan.loop[0] is not None and plan.loop[1] > 1 else None
     saveable = [v for v in pool if v.node[0] != "iter" and (v.phase == epi or epi is None) and
                 v.expr not in have and save_layout(v, plan) is not None]
     used = {k for v in pool for k in v.operands}

@@ -43,6 +43,15 @@ class SearchStats:
     interrupted: bool = False
     gave_up: bool = False  # ``patience`` states visited and no candidate yet
 
+    def __iadd__(self, other: "SearchStats") -> "SearchStats":
+        """Count ``other``'s work into this one (a program's forms, a part's regions)."""
+        for f in ("states", "pruned", "plans", "kernels", "candidates", "seconds"):
+            setattr(self, f, getattr(self, f) + getattr(other, f))
+        self.timed_out |= other.timed_out
+        self.interrupted |= other.interrupted
+        self.gave_up |= other.gave_up
+        return self
+
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]

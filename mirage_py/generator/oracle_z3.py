@@ -10,16 +10,22 @@ larger magnitude; per label, no more sums and sizes dividing).
 
 The direct matcher in ``absexpr`` is what the search uses: ``tests/test_oracle.py`` keeps the two
 in agreement on every value the search meets for several programs, and records how much faster
-the matcher is (see ``docs/generator.md``).
+the matcher is (see ``docs/generator.md``). It needs z3, an extra: ``pip install
+'mirage_py[z3]'`` (the test extra has it).
 """
 
 from __future__ import annotations
 
 import math
 
-import z3
-
+from ..errors import OptionError
 from . import absexpr as ae
+
+try:
+    import z3
+except ImportError:  # pragma: no cover - the test extra installs z3
+    raise OptionError("generator.oracle_z3 needs z3, which is not installed; pip install "
+                      "'mirage_py[z3]' (or pip install z3-solver)") from None
 
 
 def _powers(m: ae.Mono) -> dict:

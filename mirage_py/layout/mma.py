@@ -37,6 +37,7 @@ from typing import Any
 
 from ..lax.ops import DTYPES
 from ..lax.precision import MatmulMath, fma_micro_tile, op_math  # noqa: F401 (re-exported)
+from ..ugraph.phase import Phase
 from .swizzle import CANONICAL_ROW_BYTES
 
 WARP = 32
@@ -245,7 +246,7 @@ def find_register_operand_pairs(bg: Any, info: Any) -> tuple[RegisterOperand, ..
     out = []
     warps = bg.threads // WARP if bg.threads % WARP == 0 else 0
     for s in bg.ops:
-        if not warps or getattr(s, "op", None) != "matmul" or info.phases.get(s.out) != "body":
+        if not warps or getattr(s, "op", None) != "matmul" or info.phases.get(s.out) is not Phase.BODY:
             continue
         rs = readers.get(s.out, [])
         if len(rs) != 1 or not isinstance(rs[0], (BlockOp, Fused)) or rs[0].out == s.out:
@@ -258,7 +259,7 @@ def find_register_operand_pairs(bg: Any, info: Any) -> tuple[RegisterOperand, ..
             if not (OPS.get(e.op) and OPS[e.op].elementwise):
                 continue
         shape = tuple(info.shapes[s.out])
-        if tuple(info.shapes[e.out]) != shape or info.phases.get(e.out) != "body" or \
+        if tuple(info.shapes[e.out]) != shape or info.phases.get(e.out) is not Phase.BODY or \
                 any(t != s.out and tuple(info.shapes[t]) == shape for t in tiles_read(e)):
             continue
         batch, m, ks = math.prod(shape[:-2]), shape[-2], shape[-1]
@@ -267,7 +268,7 @@ def find_register_operand_pairs(bg: Any, info: Any) -> tuple[RegisterOperand, ..
         consumers, sums, ok = [], [], True
         for r in readers.get(e.out, []):
             if getattr(r, "op", None) == "matmul" and r.operands[0] == e.out and \
-                    r.operands[1] != e.out and info.phases.get(r.out) == "body" and \
+                    r.operands[1] != e.out and info.phases.get(r.out) is Phase.BODY and \
                     math.prod(info.shapes[r.out][:-2]) == batch and info.shapes[r.out][-2] == m:
                 consumers.append(r)
             elif getattr(r, "op", None) == "sum" and \

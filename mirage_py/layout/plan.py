@@ -9,6 +9,7 @@ from typing import Any, Sequence
 from ..errors import MirageError
 from ..targets import Target, get_target
 from ..ugraph.graph import GraphKernel, KernelGraph
+from ..ugraph.phase import Phase
 from ..ugraph.validate import BlockInfo, validate
 from .mma import register_operand_pairs, wgmma_operands
 from .schedule import LOAD, BlockSchedule, schedule_block
@@ -54,7 +55,7 @@ DEFAULT_PIPELINE = 2  # cp.async stages of a loop when no annotation says otherw
 def pipeline_tiles(sched: BlockSchedule) -> tuple[str, ...]:
     """Body tiles loaded with 16-byte cp.async copies: the software pipeline prefetches them."""
     return tuple(st.writes for st in sched.steps
-                 if st.kind == LOAD and st.segment == "body" and st.vector > 1 and not st.into)
+                 if st.kind == LOAD and st.segment is Phase.BODY and st.vector > 1 and not st.into)
 
 
 def plan_graph(graph: KernelGraph, target: Any = "h100",

@@ -1,8 +1,9 @@
 """Order the operators of a block graph into barrier-separated *stages*.
 
-A graph-defined kernel runs in three segments: ``pre`` (loads of loop-invariant tiles, operators on
-them, accumulators set to zero), ``body`` (the for-loop: per-iteration loads, operators,
-accumulator updates) and ``post`` (the epilogue: operators on accumulated tiles, output savers).
+A graph-defined kernel runs in three segments, the phases of :mod:`mirage_py.ugraph.phase`:
+``PRE`` (loads of loop-invariant tiles, operators on them, accumulators set to zero), ``BODY``
+(the for-loop: per-iteration loads, operators, accumulator updates) and ``POST`` (the epilogue:
+operators on accumulated tiles, output savers).
 Inside a segment, steps are grouped into stages; one ``__syncthreads()`` separates consecutive
 stages. A step goes into the earliest stage after every stage that wrote a tile it reads,
 except that it may share the producer's stage when it reads the tile *aligned*: the step and the
@@ -37,11 +38,11 @@ from typing import Any
 from ..lax.ops import DTYPES, OPS
 from ..ugraph.graph import (Accum, BlockGraph, BlockOp, Fused, InputIter, MaskIter, OutputSaver,
                             tiles_read)
+from ..ugraph.phase import BODY, POST, PRE, SEGMENTS, Phase
 from ..ugraph.validate import BlockInfo
 from .mma import register_accumulators, register_operand_pairs, register_tile
 from .tensors import ROW_ALIGN, TensorLayout
 
-SEGMENTS = ("pre", "body", "post")
 
 # step kinds
 LOAD, COMPUTE, INIT, ACCUMULATE, RESCALE, SAVE = ("load", "compute", "init", "accumulate",
@@ -54,7 +55,7 @@ class Step:
 
     kind: str
     node: Any  # the block node it comes from
-    segment: str
+    segment: Phase
     stage: int
     writes: str | None
     reads: tuple[str, ...]
@@ -79,7 +80,7 @@ class Step:
 @dataclass(frozen=True)
 class BlockSchedule:
     steps: tuple[Step, ...]  # in emission order (by stage, then graph order)
-    stages: dict[str, tuple[int, ...]]  # segment -> its stage numbers (consecutive)
+    stages: dict[Phase, tuple[int, ...]]  # segment -> its stage numbers (consecutive)
     loop_barrier: bool  # a barrier closes every loop iteration
     registers: dict = field(default_factory=dict)  # accumulator -> RegisterAccumulator
     spilled: tuple[str, ...] = ()  # register accumulators also written to shared memory
@@ -171,14 +172,14 @@ def fold_into_accumulators(bg: BlockGraph, info: BlockInfo) -> dict[str, str]:
             readers.setdefault(t, []).append(node)
     out = {}
     for node in bg.ops:
-        if isinstance(node, (InputIter, BlockOp, Fused)) and info.phases[node.out] == "body":
+        if isinstance(node, (InputIter, BlockOp, Fused)) and info.phases[node.out] is BODY:
             r = readers.get(node.out, [])
             if len(r) == 1 and isinstance(r[0], Accum) and r[0].kind == "sum":
                 out[node.out] = r[0].out
     return out
 
 
-def _fragment_reader(node: Any, info: BlockInfo, tiles: dict, phase: str) -> str | None:
+def _fragment_reader(node: Any, info: BlockInfo, tiles: dict, phase: Phase) -> str | None:
     """The register tile an element-wise (or fused) operator of ``phase`` can compute from:
     its register operands share one warp tiling and have the operator's own shape."""
     if not isinstance(node, (BlockOp, Fused)) or info.phases.get(node.out) != phase:
@@ -219,17 +220,17 @@ def register_tiles(bg: BlockGraph, info: BlockInfo,
             readers.setdefault(t, []).append(node)
     for node in bg.ops:
         if getattr(node, "op", None) != "matmul" or node.out in folded or \
-                info.phases.get(node.out) != "body":
+                info.phases.get(node.out) is not BODY:
             continue
         reg = register_tile(node, info, bg.threads, carried=False, bg=bg)
         rs = readers.get(node.out, [])
         if reg is not None and rs and all(
-                _fragment_reader(r, info, {node.out: reg}, "body") == node.out for r in rs):
+                _fragment_reader(r, info, {node.out: reg}, BODY) == node.out for r in rs):
             tiles[node.out] = reg
     frags = {}
     for node in bg.ops:
-        for phase in ("epi", "body"):
-            owners = {t: r for t, r in tiles.items() if r.carried == (phase == "epi")}
+        for phase in (POST, BODY):
+            owners = {t: r for t, r in tiles.items() if r.carried == (phase is POST)}
             t = _fragment_reader(node, info, owners, phase)
             if t is not None:
                 frags[node.out] = t
@@ -266,40 +267,39 @@ def schedule_block(bg: BlockGraph, info: BlockInfo, input_layouts: list[TensorLa
     for node in bg.ops:
         if isinstance(node, Accum) and node.rescale is not None:
             rescaled.setdefault(node.rescale, []).append(node)
-    raw: list[tuple[str, str, Any, str | None, tuple[str, ...], int, bool]] = []
+    raw: list[tuple[str, Phase, Any, str | None, tuple[str, ...], int, bool]] = []
     for node in bg.ops:
         if isinstance(node, InputIter):
-            seg = "body" if info.phases[node.out] == "body" else "pre"
+            seg = info.phases[node.out]  # an iterator's: BODY or PRE
             acc = folded.get(node.out)
             vec = vector_width(input_layouts[node.input], info.shapes[node.out])
             raw.append((LOAD, seg, node, acc or node.out, (), vec, acc is not None))
         elif isinstance(node, MaskIter):  # computed from indices, element i on thread i % T
-            seg = "body" if info.phases[node.out] == "body" else "pre"
-            raw.append((LOAD, seg, node, node.out, (), 1, False))
+            raw.append((LOAD, info.phases[node.out], node, node.out, (), 1, False))
         elif isinstance(node, (BlockOp, Fused)):
-            seg = {"inv": "pre", "body": "body", "epi": "post"}[info.phases[node.out]]
+            seg = info.phases[node.out]  # an operator's: PRE, BODY or POST
             acc = folded.get(node.out)
             reads = tuple(t for t in tiles_read(node) if not (node.out in frags and
                                                             t in registers))
             raw.append((COMPUTE, seg, node, acc or node.out, reads, 1, acc is not None))
         elif isinstance(node, Accum):
-            raw.append((INIT, "pre", node, node.out, (), 1, False))
+            raw.append((INIT, PRE, node, node.out, (), 1, False))
             if node.input not in folded and adds.get(node.input) != node.out:
-                raw.append((ACCUMULATE, "body", node, node.out, (node.input,), 1, False))
+                raw.append((ACCUMULATE, BODY, node, node.out, (node.input,), 1, False))
             for acc in rescaled.get(node.out, ()):  # before anything adds into them
-                raw.append((RESCALE, "body", acc, acc.out, (node.out,), 1, False))
+                raw.append((RESCALE, BODY, acc, acc.out, (node.out,), 1, False))
         elif isinstance(node, OutputSaver):
             vec = 1 if output_layouts is None else \
                 vector_width(output_layouts[node.output], info.shapes[node.input])
-            raw.append((SAVE, "post", node, None, (node.input,), vec, False))
+            raw.append((SAVE, POST, node, None, (node.input,), vec, False))
 
-    stages: dict[str, tuple[int, ...]] = {}
+    stages: dict[Phase, tuple[int, ...]] = {}
     placed: list[Step] = []
     writer: dict[str, Step] = {}
     rescaler: dict[str, Step] = {}  # a rescaled sum -> this iteration's rescale step
     start = 0
     for seg in SEGMENTS:
-        mine = [r for r in raw if r[1] == seg]
+        mine = [r for r in raw if r[1] is seg]
         top = start - 1
         for kind, _, node, out, reads, vec, into in mine:
             stage = top + 1 if lean else start
@@ -341,5 +341,5 @@ def schedule_block(bg: BlockGraph, info: BlockInfo, input_layouts: list[TensorLa
     # a register accumulator goes to shared memory after the loop unless every reader of it
     # computes from its fragments
     spilled = tuple(a for a in registers if any(a in st.reads for st in steps))
-    return BlockSchedule(steps, stages, loop_barrier=len(stages["body"]) > 1,
+    return BlockSchedule(steps, stages, loop_barrier=len(stages[BODY]) > 1,
                          registers=registers, spilled=spilled)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..lax.ops import DTYPES
+from ..ugraph.phase import Phase
 from ..ugraph.validate import BlockInfo, accum_copies
 from .intervals import Buffer, conflicts, first_fit, peak_live_bytes
 from .schedule import BlockSchedule
@@ -49,14 +50,14 @@ def live_ranges(sched: BlockSchedule, info: BlockInfo,
     copies = copies or {}
     start: dict[str, int] = {}
     end: dict[str, int] = {}
-    body = sched.stages["body"]
+    body = sched.stages[Phase.BODY]
     for st in sched.steps:
         if st.writes is not None:
             start.setdefault(st.writes, st.stage)
             end[st.writes] = max(end.get(st.writes, st.stage), st.stage)
         for t in st.reads + ((st.writes,) if st.writes is not None else ()):
             end[t] = max(end[t], st.stage)
-            if st.segment == "body" and start[t] not in body:
+            if st.segment is Phase.BODY and start[t] not in body:
                 end[t] = max(end[t], body[-1])  # read or updated by every iteration
     last = max(body, default=0)
     in_registers = set(sched.registers) - set(sched.spilled)  # never stored in shared memory

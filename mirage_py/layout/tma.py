@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from ..lax.ops import DTYPES
 from ..targets import Target
 from ..ugraph.graph import GraphKernel, InputIter
+from ..ugraph.phase import Phase
 from ..ugraph.validate import BlockInfo
 from .schedule import LOAD, BlockSchedule
 from .swizzle import CANONICAL_ROW_BYTES, Swizzle, canonical_swizzle
@@ -138,7 +139,7 @@ def plan_tma_once(gk: GraphKernel, info: BlockInfo, sched: BlockSchedule, device
         return {}
     once = [st for st in sched.steps
             if st.kind == LOAD and st.vector > 1 and not st.into and st.writes not in pipelined
-            and (st.segment == "pre" or st.segment == "body" and gk.block.forloop == 1)]
+            and (st.segment is Phase.PRE or st.segment is Phase.BODY and gk.block.forloop == 1)]
     return _one_stage(gk, info, sched, device, swizzles, once)
 
 

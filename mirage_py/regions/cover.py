@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import MirageError
+from ..errors import MirageError, OptionError
 
 TIE = 1e-6  # us added per chosen candidate: among equal costs, fewer kernels
 # a quick cover keeps the candidates whose reduced cost is under this times the mean cost of
@@ -73,7 +73,7 @@ class CoverError(MirageError):
 
 
 @dataclass(frozen=True)
-class Candidate:
+class CoverCandidate:
     """A kernel or a group of kernels: what it reads, what it writes, what it costs."""
 
     key: str
@@ -99,8 +99,8 @@ class Cover:
     proven: bool = True  # a cheapest cover (False: a quick cover with no proof)
 
 
-def solve_cover(cands: list[Candidate], outputs: frozenset, *, needed: frozenset = frozenset(),
-                solver: str = "highs", time_limit_s: float = 60.0,
+def solve_cover(cands: list[CoverCandidate], outputs: frozenset, *,
+                needed: frozenset = frozenset(), solver: str = "highs", time_limit_s: float = 60.0,
                 max_cuts: int = 1000, exact: bool = True) -> Cover:
     """The cheapest cover (see the module docstring). Candidates of infinite cost are left out;
     keys must be unique. ``needed``: operators every cover computes (those the outputs depend
@@ -254,7 +254,11 @@ def _highs(cands, rows, time_limit_s, exact: bool = True) -> tuple[list[int], bo
 
 
 def _z3(cands, rows, time_limit_s) -> list[int]:
-    import z3
+    try:
+        import z3
+    except ImportError:
+        raise OptionError("cover: solver='z3' needs z3, which is not installed; pip install "
+                          "'mirage_py[z3]' (or pip install z3-solver)") from None
 
     n = len(cands)
     opt = z3.Optimize()

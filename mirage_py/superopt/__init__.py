@@ -11,7 +11,8 @@ layer (:mod:`.part`, docs/generator.md) builds the answer:
    regions -- unions of up to three matmuls / reductions with the element-wise glue around them,
    plus the whole part when it is small enough for one search (the nine benchmarks are);
 2. **per region**, as a part was searched before regions existed: the **results database**
-   (a verified answer for the region's structural hash and the target is used as is), the
+   (a verified answer for the region's structural hash and the target, made by this code,
+   cost model and settings -- :mod:`.store` --, is used as is), the
    **search** (``workers`` processes sharing its plans, or one process per region when several
    regions are searched at once; candidates stream back, so a time budget or Ctrl-C keeps what
    was found), **tuning** of the ``tune_top`` best structures (part counts, threads, pipeline
@@ -39,11 +40,13 @@ from ..lax.program import Program
 from ..targets import get_target
 from ..tuning.database import open_database
 from .executors import ClusterError, Executor, LocalExecutor, RayExecutor, resolve
-from .part import Run, solve_part
-from .result import (Answer, OptimizedProgram, PartResult, Piece, RegionResult, join_parts,
-                     load, parts_of)
-from .search import (SavedVerification, Settings, _parallel_search, _Progress, _rank, _shape,
-                     calibrated_model, default_model, tuning_choice)
+from .part import solve_part
+from .result import (Answer, OptimizedProgram, PartResult, Piece, RegionResult,
+                     SavedVerification, join_parts, load, parts_of)
+from .run import Run
+from .search import (_parallel_search, _Progress, _rank, _shape, calibrated_model,
+                     default_model, tuning_choice)
+from .store import AnswerSettings
 
 
 def _check_options(program, time_budget_s, workers, max_kernels, max_verify, tune_top,
@@ -126,10 +129,13 @@ def superopt(program: Program, *, target: Any = "h100", time_budget_s: float | N
     if progress is None:
         progress = sys.stderr.isatty()
     t0 = time.perf_counter()
-    run = Run(tgt, model, runner, db, Settings(max_kernels, tune_top, tune_rounds, seed),
-              workers, t0 + 0.8 * time_budget_s if time_budget_s else None,
-              t0 + time_budget_s if time_budget_s else None, verify_tests, max_verify,
-              measure_top, progress, seed, executor=ex)
+    # what shapes the answers, and so keys them in the results database (superopt.store)
+    settings = AnswerSettings(max_kernels=max_kernels, tune_top=tune_top,
+                              tune_rounds=tune_rounds, seed=seed, verify_tests=verify_tests,
+                              max_verify=max_verify, measure_top=measure_top)
+    run = Run(tgt, model, runner, db, settings, workers,
+              t0 + 0.8 * time_budget_s if time_budget_s else None,
+              t0 + time_budget_s if time_budget_s else None, progress, ex)
     parts = parts_of(program)
     # every operator has field semantics (uninterpreted functions and max / min as random
     # functions; a part may nest exps, no region does), so every part goes to the region layer
@@ -139,4 +145,5 @@ def superopt(program: Program, *, target: Any = "h100", time_budget_s: float | N
 
 __all__ = ["superopt", "OptimizedProgram", "PartResult", "RegionResult", "Piece", "Answer",
            "SavedVerification", "load", "join_parts", "default_model", "tuning_choice",
-           "get_target", "Executor", "LocalExecutor", "RayExecutor", "ClusterError"]
+           "get_target", "Executor", "LocalExecutor", "RayExecutor", "ClusterError",
+           "AnswerSettings"]

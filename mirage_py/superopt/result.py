@@ -15,10 +15,30 @@ from ..lax.program import Program
 from ..tuning.annotations import AnnotatedGraph, Schedule
 from ..ugraph.graph import DTensor, GraphKernel, KernelGraph, KernelOp
 from ..ugraph.lower import naive_lowering
-from .search import SavedVerification, default_model
+from .search import default_model
 
 FORMAT = "mirage_py.optimized"
 FORMAT_VERSION = 2
+
+
+@dataclass(frozen=True)
+class SavedVerification:
+    """A verification result as stored in a saved file or the results database (or the union of
+    several: the bound is then the sum of the regions' bounds)."""
+
+    equivalent: bool
+    bound: float
+    tests_run: int
+    seconds: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"equivalent": bool(self.equivalent), "bound": float(self.bound),
+                "tests_run": int(self.tests_run), "seconds": float(self.seconds)}
+
+    @classmethod
+    def of(cls, v: Any) -> "SavedVerification":
+        """Any verification result (a VerifyResult, a saved one) as stored."""
+        return cls(bool(v.equivalent), float(v.bound), int(v.tests_run), float(v.seconds))
 
 
 @dataclass
@@ -269,8 +289,7 @@ class OptimizedProgram:
 
 
 def _verification_json(v) -> dict | None:
-    return None if v is None else {"equivalent": bool(v.equivalent), "bound": float(v.bound),
-                                   "tests_run": int(v.tests_run), "seconds": float(v.seconds)}
+    return None if v is None else SavedVerification.of(v).to_json()
 
 
 def _answer_json(a: Answer) -> dict:

@@ -1,10 +1,10 @@
-"""Searching one program (a region): search -> rank -> tune -> measure, and the lazy
-verification of what was found.
+"""Searching one program (a region): search -> rank -> tune, into ranked options
+(:class:`~.option.Option`), and the runner's measurement of a few of them, wherever it runs.
 
 ``explore`` is the unit of work the region layer schedules: a pure function from a program and
 settings to ranked, tuned options, so it can run in this process (its search spread over worker
 processes by first-level plans) or as a job in a worker process of its own, one region each.
-Verification and the results database stay with the caller.
+Verification and the results database stay with the caller (:mod:`.part`, :mod:`.store`).
 """
 
 from __future__ import annotations
@@ -17,23 +17,18 @@ import queue as _queue
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..cost_model import AnalyticModel, CalibratedModel
-from ..errors import MirageError
 from ..generator.kernel_search import Candidate, SearchStats, search, trace_from_json
 from ..generator.rewrite import forms
 from ..lax.program import Program
 from ..layout.plan import planned_shared_memory
 from ..targets import get_target
-from ..tuning.annotations import AnnotatedGraph, Schedule, threads_of
-from ..tuning.database import Record, ResultsDB
-from ..tuning.runners import Measurement
+from ..tuning.annotations import AnnotatedGraph
 from ..tuning.scheduler import TaskScheduler
 from ..tuning.tuner import make_task
 from ..ugraph.graph import GraphKernel, KernelGraph
-
-Option = tuple  # (predicted us, AnnotatedGraph, untuned us, Schedule | None)
+from .option import Option, best_options
 
 
 def default_model() -> AnalyticModel:
@@ -65,7 +60,7 @@ class Explored:
     """What :func:`explore` found: the options (tuned bests first, then the untuned rest, each
     ranked by (predicted time, structural hash)) and how the search went."""
 
-    options: list = field(default_factory=list)
+    options: list[Option] = field(default_factory=list)
     stats: SearchStats = field(default_factory=SearchStats)
     candidates: int = 0
     best_untuned_us: float | None = None
@@ -76,18 +71,16 @@ class Explored:
     pending: list = field(default_factory=list)
 
     def to_json(self) -> dict:
-        return {"options": [[o[0], o[1].graph.to_json(), list(o[1].stages), o[2],
-                             None if o[3] is None else o[3].to_json()] for o in self.options],
-                "stats": self.stats.__dict__, "candidates": self.candidates,
-                "best_untuned_us": self.best_untuned_us, "tune_rounds": self.tune_rounds,
-                "tune_evaluations": self.tune_evaluations, "pending": self.pending}
+        return {"options": [o.to_json() for o in self.options], "stats": self.stats.__dict__,
+                "candidates": self.candidates, "best_untuned_us": self.best_untuned_us,
+                "tune_rounds": self.tune_rounds, "tune_evaluations": self.tune_evaluations,
+                "pending": self.pending}
 
     @classmethod
     def from_json(cls, d: dict) -> "Explored":
-        opts = [(o[0], AnnotatedGraph(KernelGraph.from_json(o[1]), tuple(o[2])), o[3],
-                 None if o[4] is None else Schedule.from_json(o[4])) for o in d["options"]]
-        return cls(opts, SearchStats(**d["stats"]), d["candidates"], d["best_untuned_us"],
-                   d["tune_rounds"], d["tune_evaluations"], d.get("pending", []))
+        return cls([Option.from_json(o) for o in d["options"]], SearchStats(**d["stats"]),
+                   d["candidates"], d["best_untuned_us"], d["tune_rounds"],
+                   d["tune_evaluations"], d.get("pending", []))
 
 
 def explore(program: Program, target, model, settings: Settings, deadline: float | None,
@@ -99,16 +92,12 @@ def explore(program: Program, target, model, settings: Settings, deadline: float
     inputs; which form it came from does not matter to the verifier."""
     tgt = get_target(target)
     out = Explored()
-    opts: list = []
+    opts: list[Option] = []
     for form in forms(program):
         found, stats = _parallel_search(form, tgt, settings.max_kernels, deadline, workers,
                                         progress or (lambda *a, **k: None), settings.patience,
                                         settings.cap)
-        for f in ("states", "pruned", "plans", "kernels", "candidates", "seconds"):
-            setattr(out.stats, f, getattr(out.stats, f) + getattr(stats, f))
-        out.stats.timed_out |= stats.timed_out
-        out.stats.interrupted |= stats.interrupted
-        out.stats.gave_up |= stats.gave_up
+        out.stats += stats
         ranked = _rank(found, tgt, model)
         out.candidates += len(ranked)
         if ranked and (out.best_untuned_us is None or ranked[0][0] < out.best_untuned_us):
@@ -121,10 +110,10 @@ def explore(program: Program, target, model, settings: Settings, deadline: float
                                                      for c in picks]])
         else:
             opts += _tune(out, form, picks, tgt, model, settings, deadline)
-        opts += [(cost, AnnotatedGraph(c.graph), cost, None) for cost, c in ranked]
+        opts += [Option(cost, AnnotatedGraph(c.graph), cost) for cost, c in ranked]
         if out.stats.interrupted:
             break
-    out.options = _best_options(opts)
+    out.options = best_options(opts)
     return out
 
 
@@ -152,20 +141,8 @@ def tune_pending(ex: Explored, target, model, settings: Settings,
         if ex.stats.interrupted:
             break
     ex.pending = []
-    ex.options = _best_options(opts)
+    ex.options = best_options(opts)
     return ex
-
-
-def _best_options(opts: list) -> list:
-    """The cheapest option of each (structure, stages), ranked by (predicted time, structural
-    hash, stages)."""
-    best: dict[str, tuple] = {}
-    for o in opts:
-        key = o[1].graph.structural_hash() + str(o[1].stages_full())
-        if key not in best or o[0] < best[key][0]:
-            best[key] = o
-    return sorted(best.values(), key=lambda o: (o[0], o[1].graph.structural_hash(),
-                                                 o[1].stages_full()))
 
 
 # ---- search ---------------------------------------------------------------------------------
@@ -249,12 +226,7 @@ def _collect(procs: list, q, workers: int, stats: SearchStats, found: list, prog
                          sum(v[1] for v in seen.values()))
             else:
                 done += 1
-                s = json.loads(payload)
-                for k in ("states", "pruned", "plans", "kernels", "candidates"):
-                    setattr(stats, k, getattr(stats, k) + s[k])
-                stats.timed_out |= s["timed_out"]
-                stats.interrupted |= s["interrupted"]
-                stats.gave_up |= s.get("gave_up", False)
+                stats += SearchStats(**json.loads(payload))  # seconds: this one's, below
     except KeyboardInterrupt:
         stats.interrupted = True
         while True:  # keep what the workers already sent
@@ -372,18 +344,8 @@ def _tune(out: Explored, program: Program, picks: list, target, model, settings:
         out.tune_evaluations += len(tuner.seen)
         for ev in tuner.top(2):
             sch = None if ev.schedule == tuner.base else ev.schedule
-            opts.append((ev.cost, ev.graph, tuner.base_cost, sch))
+            opts.append(Option(ev.cost, ev.graph, tuner.base_cost, sch))
     return opts
-
-
-def measure(opts: list[Option], naive: KernelGraph, runner, target, top: int) -> dict:
-    """Time the naive graph and the ``top`` best options with a measuring runner; those options
-    are then re-ordered by measured time (in place). Returns measurements by option id, the
-    naive graph's under -1."""
-    if not measures(runner) or top <= 0 or not opts:
-        return {}
-    nm, ms = measure_graphs(runner, naive, [o[1] for o in opts[:top]], target)
-    return apply_measurements(opts, top, nm, ms)
 
 
 def measures(runner) -> bool:
@@ -392,81 +354,7 @@ def measures(runner) -> bool:
 
 
 def measure_graphs(runner, naive: KernelGraph, graphs: list, target) -> tuple:
-    """(naive's measurement, one per graph, in order): the runner's calls of :func:`measure`,
-    wherever they run (here, or in a GPU task on a cluster: one device times them all)."""
+    """(naive's measurement, one per graph, in order), wherever they run (here, or in a GPU
+    task on a cluster: one device times them all)."""
     return runner.run(naive, target), [runner.run(g, target) for g in graphs]
 
-
-def apply_measurements(opts: list[Option], top: int, naive_m, ms: list) -> dict:
-    """:func:`measure`'s bookkeeping for measurements ``ms`` of ``opts[:top]``: re-order those
-    options by (measured time, predicted time) in place; measurements by option id, -1: naive."""
-    out = {id(o): m for o, m in zip(opts[:top], ms)}
-    head = sorted(opts[:top], key=lambda o: (out[id(o)].us, o[0]))
-    opts[:top] = head
-    out[-1] = naive_m
-    return out
-
-
-# ---- the results database -------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class SavedVerification:
-    """A verification result as stored in a saved file or the results database (or the union of
-    several: the bound is then the sum of the regions' bounds)."""
-
-    equivalent: bool
-    bound: float
-    tests_run: int
-    seconds: float
-
-
-def stored_answer(db: ResultsDB, program: Program, target, model):
-    """(graph, stages, cost, verification, schedule, measured, untuned, origin) of a stored
-    verified answer for ``program`` on ``target``, or None (none there, or unusable)."""
-    rec = db.lookup(program.structural_hash(), target.name)
-    if rec is None or not rec.verification:
-        return None
-    try:
-        g = KernelGraph.from_json(rec.graph)
-        stages = tuple(rec.annotations.get("stages", ()))
-        cost = model.predict(AnnotatedGraph(g, stages), target)
-        sched = rec.annotations.get("schedule")
-        schedule = Schedule.from_json(sched) if sched else None
-        v = SavedVerification(**{k: rec.verification[k] for k in
-                                 ("equivalent", "bound", "tests_run", "seconds")})
-    except (MirageError, KeyError, TypeError, ValueError):
-        return None  # written by another version or for another model: search again
-    return (g, stages, cost, v, schedule, rec.measured_us, rec.annotations.get("untuned_us"),
-            rec.annotations.get("source", ""))
-
-
-def record(db: ResultsDB, program: Program, naive: tuple, opts: list[Option], measured: dict,
-           chosen: tuple | None, complete: bool, target, keep: int = 8) -> None:
-    """One transaction per program: every measurement, the best few predictions, and the answer
-    (``chosen``: (AnnotatedGraph, cost, schedule, verification, source, untuned); marked chosen
-    only when verified and the search ran to completion). ``naive``: (graph, cost)."""
-    def rec(ag: AnnotatedGraph, pred: float, sch, m: Measurement | None, **kw) -> Record:
-        ann = {"threads": list(threads_of(ag.graph)), "stages": list(ag.stages_full()),
-               "schedule": None if sch is None else sch.to_json()}
-        ann.update(kw.pop("extra", {}))
-        return Record(ag.graph.to_json(), target.name, ag.graph.structural_hash(), ann,
-                      predicted_us=pred, measured_us=None if m is None else m.us,
-                      runner=(m.runner if m is not None else "model"),
-                      samples=None if m is None else list(m.samples), **kw)
-
-    rows: list[Record] = []
-    if -1 in measured:
-        rows.append(rec(AnnotatedGraph(naive[0]), naive[1], None, measured[-1],
-                        extra={"source": "naive"}))
-    for i, o in enumerate(opts):
-        m = measured.get(id(o))
-        if m is not None or i < keep:
-            rows.append(rec(o[1], o[0], o[3], m))
-    if chosen is not None:
-        ag, cost, sch, v, source, untuned = chosen
-        vdoc = {"equivalent": bool(v.equivalent), "bound": float(v.bound),
-                "tests_run": int(v.tests_run), "seconds": float(v.seconds)}
-        rows.append(rec(ag, cost, sch, measured.get("chosen"), chosen=complete,
-                        verification=vdoc, extra={"source": source, "untuned_us": untuned}))
-    if rows:
-        db.add(program, rows)

@@ -4,14 +4,20 @@ SQLite (stdlib ``sqlite3``) in WAL mode, so several processes can read and write
 every write is one ``BEGIN IMMEDIATE`` ... ``COMMIT`` transaction, so a process killed mid-write
 leaves the file as it was before that transaction. Tables::
 
-    meta(key, value)                 format = "mirage_py.results", schema_version = 1
+    meta(key, value)                 format = "mirage_py.results", schema_version = 2
     workloads(id, hash, name, program_json, created)
         hash: Program.structural_hash() of the subprogram; program_json: its JSON
     records(id, workload_id, target, graph_hash, graph_json, annotations_json,
             predicted_us, measured_us, runner, samples_json, chosen, verification_json,
-            tool_version, created)
+            tool_version, created, answer_key)
         annotations_json: {"threads": [...], "stages": [...], "schedule": {...} or null}
-        chosen = 1: superopt's verified answer for (workload, target); the latest one is reused
+        answer_key: what made the record besides its program and target -- the package's
+            source, the cost model, the settings (``superopt.store.AnswerKey``)
+        chosen = 1: superopt's verified answer for (workload, target, answer_key); the latest
+            one is reused
+
+A file of schema 1 is upgraded in place when opened (its records get an empty answer key, so
+they stay in the file as training data and are never served as answers).
 
 Default file: ``$MIRAGE_PY_DATABASE`` if set (``off``/``0``/empty disables it), else
 ``$XDG_CACHE_HOME/mirage_py/results.sqlite`` (``~/.cache`` when XDG_CACHE_HOME is unset).
@@ -41,7 +47,7 @@ from typing import Any, Iterable, Iterator
 from ..errors import DatabaseError
 
 FORMAT = "mirage_py.results"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 ENV = "MIRAGE_PY_DATABASE"
 _OFF = ("", "0", "off", "none", "false", "no")
 
@@ -54,7 +60,7 @@ _SCHEMA = (
     "graph_hash TEXT NOT NULL, graph_json TEXT NOT NULL, annotations_json TEXT NOT NULL, "
     "predicted_us REAL, measured_us REAL, runner TEXT, samples_json TEXT, "
     "chosen INTEGER NOT NULL DEFAULT 0, verification_json TEXT, tool_version TEXT NOT NULL, "
-    "created TEXT NOT NULL)",
+    "created TEXT NOT NULL, answer_key TEXT NOT NULL DEFAULT '')",
     "CREATE INDEX IF NOT EXISTS records_lookup ON records(workload_id, target, chosen)",
 )
 
@@ -73,7 +79,7 @@ def _now() -> str:
 
 
 def _tool_version() -> str:
-    from .. import __version__
+    from ..version import __version__
     return __version__
 
 
@@ -100,6 +106,7 @@ class Record:
     created: str = ""
     workload_hash: str = ""
     id: int | None = None
+    answer_key: str = ""  # what made it besides program and target (superopt.store.AnswerKey)
 
 
 @dataclass(frozen=True)
@@ -213,6 +220,24 @@ class ResultsDB:
         if missing:
             raise DatabaseError(f"{self.path}: results database lacks table(s) "
                                 f"{', '.join(sorted(missing))}; delete the file")
+        if version < SCHEMA_VERSION:
+            self._upgrade(con)
+
+    @staticmethod
+    def _upgrade(con: sqlite3.Connection) -> None:
+        """Schema 1 -> 2: records gain ``answer_key`` (empty for the old ones, which are then
+        never served: nothing says which code made them)."""
+        con.execute("BEGIN IMMEDIATE")  # another process may be upgrading it right now
+        try:
+            cols = {r[1] for r in con.execute("PRAGMA table_info(records)")}
+            if "answer_key" not in cols:
+                con.execute("ALTER TABLE records ADD COLUMN answer_key TEXT NOT NULL DEFAULT ''")
+            con.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'",
+                        (str(SCHEMA_VERSION),))
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
 
     def close(self) -> None:
         if self._con is not None and self._pid == os.getpid():
@@ -249,15 +274,15 @@ class ResultsDB:
                     cur = con.execute(
                         "INSERT INTO records (workload_id, target, graph_hash, graph_json, "
                         "annotations_json, predicted_us, measured_us, runner, samples_json, "
-                        "chosen, verification_json, tool_version, created) "
-                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        "chosen, verification_json, tool_version, created, answer_key) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         (wid, r.target, r.graph_hash, json.dumps(r.graph, sort_keys=True),
                          json.dumps(r.annotations, sort_keys=True), _num(r.predicted_us),
                          _num(r.measured_us), r.runner,
                          None if r.samples is None else json.dumps(list(r.samples)),
                          int(bool(r.chosen)),
                          None if r.verification is None else json.dumps(r.verification),
-                         r.tool_version or version, r.created or _now()))
+                         r.tool_version or version, r.created or _now(), r.answer_key))
                     ids.append(cur.lastrowid)
                 con.execute("COMMIT")
             except BaseException:
@@ -269,14 +294,15 @@ class ResultsDB:
     # -- reading ------------------------------------------------------------------------------
     _COLS = ("r.id, w.hash, r.target, r.graph_hash, r.graph_json, r.annotations_json, "
              "r.predicted_us, r.measured_us, r.runner, r.samples_json, r.chosen, "
-             "r.verification_json, r.tool_version, r.created")
+             "r.verification_json, r.tool_version, r.created, r.answer_key")
 
     @staticmethod
     def _record(row: tuple) -> Record:
-        (rid, wh, target, gh, gj, aj, pred, meas, runner, sj, chosen, vj, tv, created) = row
+        (rid, wh, target, gh, gj, aj, pred, meas, runner, sj, chosen, vj, tv, created,
+         key) = row
         return Record(json.loads(gj), target, gh, json.loads(aj), pred, meas, runner,
                       None if sj is None else json.loads(sj), bool(chosen),
-                      None if vj is None else json.loads(vj), tv, created, wh, rid)
+                      None if vj is None else json.loads(vj), tv, created, wh, rid, key)
 
     def records(self, *, workload: str | None = None, target: str | None = None,
                 measured: bool | None = None, chosen: bool | None = None) -> list[Record]:
@@ -299,17 +325,18 @@ class ResultsDB:
             rows = self._connect().execute(sql, args).fetchall()
             return [self._record(row) for row in rows]
 
-    def lookup(self, workload: str, target: str, tool_version: str | None = None) -> Record | None:
-        """The latest chosen (verified) record for (subprogram hash, target) written by this
-        version of mirage_py (``tool_version``, default the running one), or None. Answers of
-        other versions stay in the file (training data) but are not reused: their search space,
-        cost model or code generation may differ."""
-        version = _tool_version() if tool_version is None else tool_version
+    def lookup(self, workload: str, target: str, answer_key: str) -> Record | None:
+        """The latest chosen (verified) record for (subprogram hash, target) made under
+        ``answer_key`` (the code, cost model and settings: ``superopt.store.AnswerKey``), or
+        None. Answers made under other keys stay in the file (training data) but are not
+        reused: their search space, cost model, code generation or settings differ."""
+        if not answer_key:
+            return None  # records without a key (schema 1) never answer
         with self._guard("look up a result"):
             row = self._connect().execute(
                 f"SELECT {self._COLS} FROM records r JOIN workloads w ON w.id = r.workload_id "
-                "WHERE w.hash = ? AND r.target = ? AND r.chosen = 1 AND r.tool_version = ? "
-                "ORDER BY r.id DESC LIMIT 1", (workload, target, version)).fetchone()
+                "WHERE w.hash = ? AND r.target = ? AND r.chosen = 1 AND r.answer_key = ? "
+                "ORDER BY r.id DESC LIMIT 1", (workload, target, answer_key)).fetchone()
             return None if row is None else self._record(row)
 
     def workloads(self) -> list[Workload]:
@@ -347,7 +374,8 @@ class ResultsDB:
         return dest
 
     _KEY = ("target", "graph_hash", "graph", "annotations", "predicted_us", "measured_us",
-            "runner", "samples", "chosen", "verification", "tool_version", "created")
+            "runner", "samples", "chosen", "verification", "tool_version", "created",
+            "answer_key")
 
     def merge(self, other: "ResultsDB | str") -> int:
         """Add the records of another results database (a snapshot made elsewhere) that this one

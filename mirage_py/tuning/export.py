@@ -91,6 +91,7 @@ def record_row(r: Record) -> dict[str, Any]:
             "graph_hash": r.graph_hash, "runner": r.runner, "chosen": r.chosen,
             "annotations": r.annotations, "predicted_us": r.predicted_us,
             "measured_us": r.measured_us, "tool_version": r.tool_version,
+            "answer_key": r.answer_key,
             "created": r.created, "features": feats}
 
 

@@ -30,6 +30,7 @@ from ..targets import get_target
 from .graph import (AXES, Accum, BlockGraph, BlockOp, Fused, GraphKernel, InputIter, MaskIter,
                     KernelGraph,
                     KernelOp, OutputSaver)
+from .phase import Phase
 
 # what ``dot -T`` is asked to write, by file suffix; .dot/.gv are written without Graphviz
 RENDER_FORMATS = ("svg", "png", "pdf")
@@ -144,9 +145,9 @@ def _draw_block(d: _Dot, k: int, gk: GraphKernel, tid: Any, tensors: dict[str, A
             return ""
         return f"\n{_shape(info.shapes[name])} {info.dtypes[name]}"
 
-    def phase(node: Any) -> str:
+    def phase(node: Any) -> Phase | None:
         out = getattr(node, "out", None)
-        return info.phases.get(out, "") if info is not None and isinstance(out, str) else ""
+        return info.phases.get(out) if info is not None and isinstance(out, str) else None
 
     ids: dict[str, str] = {}  # tile name -> node id
     nodes: list[tuple[str, str, str, bool]] = []  # id, label, style, in the loop body
@@ -189,7 +190,7 @@ def _draw_block(d: _Dot, k: int, gk: GraphKernel, tid: Any, tensors: dict[str, A
                 edges.append((ids[o], nid))
         if isinstance(getattr(n, "out", None), str):
             ids[n.out] = nid
-        nodes.append((nid, label, style, phase(n) == "body"))
+        nodes.append((nid, label, style, phase(n) is Phase.BODY))
     for nid, label, style, in_body in nodes:
         if not (in_body and bg.forloop > 1):
             d.node(nid, label, style)

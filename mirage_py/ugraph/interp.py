@@ -38,6 +38,7 @@ from ..lax.ops import mask_values
 from ..lax.precision import MatmulMath, op_math
 from .graph import (Accum, BlockGraph, BlockOp, DTensor, Fused, GraphKernel, InputIter,
                     KernelGraph, KernelOp, MaskIter, ThreadGraph)
+from .phase import Phase
 from .validate import check_block
 from ..targets import get_target
 
@@ -181,7 +182,7 @@ def _labels(bg: BlockGraph, label: str) -> dict[str, str]:
     return out
 
 
-def _run_block(bg: BlockGraph, views: dict[str, Any], phases: dict[str, str],
+def _run_block(bg: BlockGraph, views: dict[str, Any], phases: dict[str, Phase],
                be: Backend, label: str = "", dtypes: dict[str, str] | None = None
                ) -> dict[str, Any]:
     """Run the loop and epilogue on batched tiles; returns every tile by name (last iteration's
@@ -205,13 +206,13 @@ def _run_block(bg: BlockGraph, views: dict[str, Any], phases: dict[str, str],
 
     compute_nodes = [n for n in bg.ops if isinstance(n, (InputIter, MaskIter, BlockOp, Fused))]
     for n in compute_nodes:
-        if phases[n.out] == "inv":
+        if phases[n.out] is Phase.PRE:
             step(n, env, 0)
     # the body in graph order: running accumulators update where they stand (later body
     # nodes read the new value); the others after the body, sums rescaled by
     # exp(m_{i-1} - m_i) of their running accumulator first
     body = [n for n in bg.ops if isinstance(n, Accum) and n.running or
-            not isinstance(n, Accum) and n in compute_nodes and phases[n.out] == "body"]
+            not isinstance(n, Accum) and n in compute_nodes and phases[n.out] is Phase.BODY]
     accums = [n for n in bg.ops if isinstance(n, Accum) and not n.running]
     acc: dict[str, Any] = {}
     prev: dict[str, Any] = {}  # a running accumulator's value before this iteration
@@ -234,7 +235,7 @@ def _run_block(bg: BlockGraph, views: dict[str, Any], phases: dict[str, str],
             acc[a.out] = be.accumulate(old, local[a.input], a.kind)
     local.update(acc)
     for n in compute_nodes:
-        if phases[n.out] == "epi":
+        if phases[n.out] is Phase.POST:
             step(n, local, 0)
     return local
 

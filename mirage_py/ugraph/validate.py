@@ -36,6 +36,7 @@ from ..targets import Target, get_target
 from .graph import (ACCUM_KINDS, AXES, Accum, BlockGraph, BlockOp, DTensor, Fused, GraphKernel,
                     InputIter, KernelGraph, KernelOp, MaskIter, OutputSaver, ThreadGraph,
                     iter_tile_shape, matmul_shape, sum_shape, tiles_read)
+from .phase import Phase, combine
 
 REDUCTIONS = ("sum", "max", "min")
 BLOCK_OPS = ("matmul", *REDUCTIONS, "concat", "slice", "reshape")
@@ -53,9 +54,7 @@ class BlockInfo:
 
     shapes: dict[str, tuple[int, ...]]  # tile shapes
     dtypes: dict[str, str]  # tile dtypes: device dtype for loaded tiles, float32 otherwise
-    # "inv" | "body" | "epi" | "run" (a running accumulator: readable in the loop body, where it
-    # holds the value after this iteration's update, and after the loop, where it is final)
-    phases: dict[str, str]
+    phases: dict[str, Phase]  # when each tile is computed (ugraph.phase)
     smem_bytes: int
 
 
@@ -161,25 +160,23 @@ def check_block(bg: BlockGraph, ins: list[DTensor], outs: list[DTensor], target:
 
     shapes: dict[str, tuple[int, ...]] = {}
     dtypes: dict[str, str] = {}
-    phases: dict[str, str] = {}
+    phases: dict[str, Phase] = {}
     saved: dict[int, OutputSaver] = {}
 
     def use(name: Any, who: str) -> None:
         if isinstance(name, str) and name not in shapes:
             raise _err(f"{who} uses undefined tile {name!r}", "ssa", label)
 
-    def define(name: str, shape: tuple[int, ...], dtype: str, phase: str, who: str) -> None:
+    def define(name: str, shape: tuple[int, ...], dtype: str, phase: Phase, who: str) -> None:
         if name in shapes:
             raise _err(f"{who}: tile {name!r} is defined twice", "ssa", label)
         shapes[name], dtypes[name], phases[name] = shape, dtype, phase
 
-    def phase_of(operands: tuple[Any, ...], who: str) -> str:
-        ph = {phases[o] for o in operands if isinstance(o, str)} - {"inv"}
-        running = "run" in ph
-        ph.discard("run")  # a running value goes with both: the current one, or the final one
-        if ph == {"body", "epi"}:
+    def phase_of(operands: tuple[Any, ...], who: str) -> Phase:
+        ph = combine(*(phases[o] for o in operands if isinstance(o, str)))
+        if ph is None:
             raise _err(f"{who} mixes per-iteration tiles with accumulated tiles", "phase", label)
-        return ph.pop() if ph else "body" if running else "inv"
+        return ph
 
     for node in bg.ops:
         if isinstance(node, InputIter):
@@ -207,7 +204,7 @@ def check_block(bg: BlockGraph, ins: list[DTensor], outs: list[DTensor], target:
                            f"does not split evenly over forloop = {bg.forloop}",
                            "tile-divides", label)
             define(node.out, iter_tile_shape(t.shape, bg.grid, node.imap, node.fmap, bg.forloop),
-                   t.dtype, "body" if node.fmap >= 0 else "inv", who)
+                   t.dtype, Phase.BODY if node.fmap >= 0 else Phase.PRE, who)
         elif isinstance(node, MaskIter):
             who = f"mask iterator {node.out!r}"
             shape = tuple(node.shape)
@@ -235,7 +232,7 @@ def check_block(bg: BlockGraph, ins: list[DTensor], outs: list[DTensor], target:
                            f"does not split evenly over forloop = {bg.forloop}", "tile-divides",
                            label)
             define(node.out, iter_tile_shape(shape, bg.grid, node.imap, node.fmap, bg.forloop),
-                   "float16", "body" if node.fmap >= 0 else "inv", who)
+                   "float16", Phase.BODY if node.fmap >= 0 else Phase.PRE, who)
         elif isinstance(node, BlockOp):
             who = f"block op {node.op} -> {node.out!r}"
             for o in node.operands:
@@ -299,7 +296,7 @@ def check_block(bg: BlockGraph, ins: list[DTensor], outs: list[DTensor], target:
             if node.kind not in ACCUM_KINDS:
                 raise _err(f"{who}: unknown kind {node.kind!r} (known: {ACCUM_KINDS})",
                            "operator", label)
-            if phases[node.input] == "epi":
+            if phases[node.input] is Phase.POST:
                 raise _err(f"{who}: accumulates {node.input!r}, which is already after the loop",
                            "phase", label)
             if node.running and node.kind not in ("max", "min"):
@@ -321,8 +318,8 @@ def check_block(bg: BlockGraph, ins: list[DTensor], outs: list[DTensor], target:
                     raise _err(f"{who}: the running value {node.rescale!r} "
                                f"{shapes[node.rescale]} does not broadcast to the sum's "
                                f"{shapes[node.input]}", "shape", label)
-            define(node.out, shapes[node.input], "float32", "run" if node.running else "epi",
-                   who)
+            define(node.out, shapes[node.input], "float32",
+                   Phase.RUN if node.running else Phase.POST, who)
         elif isinstance(node, OutputSaver):
             who = f"output saver {node.input!r} -> output #{node.output}"
             use(node.input, who)
@@ -332,7 +329,7 @@ def check_block(bg: BlockGraph, ins: list[DTensor], outs: list[DTensor], target:
                 raise _err(f"{who}: output #{node.output} is saved twice", "output-coverage",
                            label)
             saved[node.output] = node
-            if phases[node.input] == "body" and bg.forloop > 1:  # ("run": its final value)
+            if phases[node.input] is Phase.BODY and bg.forloop > 1:  # (RUN: its final value)
                 raise _err(f"{who}: {node.input!r} changes every loop iteration; save an "
                            "accumulated tile", "phase", label)
             _check_omap(node, shapes[node.input], outs[node.output], bg.grid, who, label)
@@ -387,20 +384,20 @@ def _tile_bytes(shape: tuple[int, ...], dtype: str) -> int:
 
 
 def shared_memory_bytes(bg: BlockGraph, shapes: dict[str, tuple[int, ...]],
-                        dtypes: dict[str, str], phases: dict[str, str]) -> int:
+                        dtypes: dict[str, str], phases: dict[str, Phase]) -> int:
     """Peak bytes of tiles live at once: invariant tiles and accumulators stay for the whole
     kernel (a running accumulator twice: its value and this iteration's rescale factor); body
     and epilogue tiles live from definition to last use (a fused thread graph keeps its
     intermediates in registers)."""
     fixed = sum(_tile_bytes(shapes[o.out], dtypes[o.out]) * accum_copies(o) for o in bg.ops
                 if isinstance(o, (InputIter, MaskIter, BlockOp, Fused, Accum)) and
-                (phases[o.out] == "inv" or isinstance(o, Accum)))
+                (phases[o.out] is Phase.PRE or isinstance(o, Accum)))
     last: dict[str, int] = {}
     for i, o in enumerate(bg.ops):
         for a in tiles_read(o):
             last[a] = i
     peak = 0
-    for phase in ("body", "epi"):
+    for phase in (Phase.BODY, Phase.POST):
         live: dict[str, int] = {}
         for i, o in enumerate(bg.ops):
             if isinstance(o, (InputIter, MaskIter, BlockOp, Fused)) and phases[o.out] == phase:

@@ -10,7 +10,7 @@ floating-point check of a μGraph against the float64 reference.
 """
 
 from .errors import (FieldValueError, InterfaceMismatchError, NestedExpError,
-                     UnsupportedOperatorError, VerifierArgumentError, VerifierError)
+                     UnverifiableOperatorError, VerifierArgumentError, VerifierError)
 from .field import SAFE_PRIMES, FieldBackend, FieldParams, FieldValue
 from .numerics import (PROBES, NumericEvent, NumericsReport, NumericsVerdict, Probe,
                        check_numerics, numerics_verdict)
@@ -20,4 +20,4 @@ __all__ = ["verify", "Verifier", "VerifyResult", "Mismatch", "check_interface", 
            "numerics_verdict", "NumericsVerdict", "Probe", "PROBES",
            "NumericsReport", "NumericEvent", "FieldBackend", "FieldParams", "FieldValue",
            "SAFE_PRIMES", "VerifierError", "InterfaceMismatchError", "NestedExpError",
-           "UnsupportedOperatorError", "VerifierArgumentError", "FieldValueError"]
+           "UnverifiableOperatorError", "VerifierArgumentError", "FieldValueError"]

@@ -37,7 +37,7 @@ import numpy as np
 
 from ..lax import ops as _ops
 from ..lax.backend import Backend
-from .errors import UnsupportedOperatorError
+from .errors import UnverifiableOperatorError
 
 _uids = itertools.count(1)
 
@@ -172,7 +172,7 @@ class DegreeBackend(Backend):
     def elementwise(self, op: str, args: list[Any], attrs: dict[str, Any] | None = None) -> Deg:
         spec = _ops.OPS.get(op)
         if spec is None or not spec.elementwise:
-            raise UnsupportedOperatorError(f"{self.where or op}: {op!r} is not an elementwise "
+            raise UnverifiableOperatorError(f"{self.where or op}: {op!r} is not an elementwise "
                                            "operator")
         attrs = attrs or {}
         if op in ("add", "sub"):
@@ -206,7 +206,7 @@ class DegreeBackend(Backend):
             for _ in range(k - 1):
                 r = self._mul(r, a)
             return self._div(self.scalar(1.0), r) if attrs["exponent"] < 0 else r
-        raise UnsupportedOperatorError(f"{self.where or op}: no degree rule for {op!r}")
+        raise UnverifiableOperatorError(f"{self.where or op}: no degree rule for {op!r}")
 
     def reduce(self, op: str, x: Deg, axes: tuple[int, ...], keepdims: bool) -> Deg:
         s = self.sum(x, axes, keepdims)

@@ -37,7 +37,7 @@ from ..ugraph.graph import KernelGraph
 from ..ugraph.interp import run
 from ..ugraph.validate import validate
 from .degree import DegreeBackend, Shaped, pair_degree
-from .errors import (InterfaceMismatchError, NestedExpError, UnsupportedOperatorError,
+from .errors import (InterfaceMismatchError, NestedExpError, UnverifiableOperatorError,
                      VerifierArgumentError)
 from .field import SAFE_PRIMES, FieldBackend, FieldParams, FieldValue, random_input
 
@@ -152,7 +152,7 @@ def _check_program(program: Program) -> None:
     if not program.verifiable:
         bad = sorted({t.op for t in program.nodes()
                       if not (OPS[t.op].is_lax or OPS[t.op].elementwise)})
-        raise UnsupportedOperatorError(f"program {program.name!r} uses operators outside the "
+        raise UnverifiableOperatorError(f"program {program.name!r} uses operators outside the "
                                        f"verifiable fragment: {bad}")
 
 

@@ -18,7 +18,7 @@ class NestedExpError(VerifierError, ValueError):
     the field, exp needs its argument mod q, and an exp result exists only mod p."""
 
 
-class UnsupportedOperatorError(VerifierError, ValueError):
+class UnverifiableOperatorError(VerifierError, ValueError):
     """An operator with no finite-field semantics (not in the op table's ``field`` slot)."""
 
 
@@ -31,4 +31,4 @@ class FieldValueError(VerifierError, TypeError):
 
 
 __all__ = ["VerifierError", "InterfaceMismatchError", "NestedExpError",
-           "UnsupportedOperatorError", "VerifierArgumentError", "FieldValueError"]
+           "UnverifiableOperatorError", "VerifierArgumentError", "FieldValueError"]

@@ -62,7 +62,7 @@ import numpy as np
 
 from ..lax import ops as _ops
 from ..lax.backend import Backend
-from .errors import FieldValueError, NestedExpError, UnsupportedOperatorError
+from .errors import FieldValueError, NestedExpError, UnverifiableOperatorError
 
 #: Safe primes p = 2q + 1 (q prime) with 4096 * (p - 1)^2 < 2^53, largest first. Each test
 #: uses one pair, rotating through the table, so no fixed prime is a blind spot.
@@ -546,7 +546,7 @@ class FieldBackend(Backend):
                     attrs: dict[str, Any] | None = None) -> FieldValue:
         impl = _ops.OPS[op].field.get("compute") if op in _ops.OPS else None
         if impl is None:
-            raise UnsupportedOperatorError(f"{self.where or op}: operator {op!r} has no "
+            raise UnverifiableOperatorError(f"{self.where or op}: operator {op!r} has no "
                                            "finite-field semantics")
         return impl(self, *args, **(attrs or {}))
 
@@ -703,7 +703,7 @@ def register() -> None:
             spec.field["compute"] = _uf(name)
             spec.field["uninterpreted"] = True
         elif spec.category != "leaf":
-            raise UnsupportedOperatorError(f"operator {name!r} has no finite-field semantics")
+            raise UnverifiableOperatorError(f"operator {name!r} has no finite-field semantics")
 
 
 register()
