@@ -212,3 +212,50 @@ def test_two_dims_and_a_causal_offset_that_depends_on_both():
     for s, t in ((64, 16), (50, 9), (128, 32), (7, 7), (100, 3)):
         x = _inputs(p, {"S": s, "T": t}, seed=s + t)
         assert _rel(fam.run_numpy(x)["O"], p.evaluate(x)["O"]) <= 2e-3, (s, t)
+
+
+def test_every_size_a_call_runs_at_is_verified_once(decode_family):
+    """The first call at a binding of the sizes verifies the bucket graph there (within the
+    stated bound), the next call at it does not; a graph wrong at that size is a ShapeError,
+    never a wrong answer."""
+    from dataclasses import replace
+    p, fam = decode_family
+    x = _inputs(p, {"S": 45}, seed=45)
+    fam.run_numpy(x)
+    check = fam.size_checks[(("S", 45),)]
+    assert check.bound <= 1e-9 and check.tests >= 1
+    fam.run_numpy(x)
+    assert fam.size_checks[(("S", 45),)] is check
+    assert "each verified on first use" in fam.summary()
+    # a bucket whose region graph lets one padded key through: caught at the first new size
+    piece = next(pc for part in fam.answer.parts for pc in part.pieces if pc.kind == "region")
+
+    def loosen(n):
+        if isinstance(n, MaskIter) and n.valid is not None:
+            return replace(n, valid=(n.valid[0], n.valid[1] + 1))
+        return n
+    good = piece.result.graph
+    piece.result.graph = replace(good, ops=tuple(replace(op, block=replace(op.block, ops=tuple(
+        map(loosen, op.block.ops)))) if isinstance(op, GraphKernel) else op for op in good.ops))
+    try:
+        with pytest.raises(ShapeError, match="wrong for the valid sizes"):
+            fam.check_sizes({"S": 50})
+    finally:
+        piece.result.graph = good
+    assert fam.check_sizes({"S": 50}).bound <= 1e-9
+
+
+def test_several_representatives_the_cheapest_replay_serves_a_bucket(decode_family):
+    """Searched at two buckets; a third bucket replays both answers and keeps the cheaper,
+    never worse than the replay of one alone, and equal to float64."""
+    p, one = decode_family
+    two = mp.superopt(p, workers=1, database=False, representative=[{"S": 64}, {"S": 8}])
+    assert two.representatives == [{"S": 64}, {"S": 8}] and len(two.answers) == 2
+    for s in (20, 100):
+        bucket = two.bucket({"S": s})
+        assert two.instance(bucket).estimated_time_us <= \
+            one.instance(bucket).estimated_time_us + 1e-9
+        x = _inputs(p, {"S": s}, seed=s)
+        assert _rel(two.run_numpy(x)["O"], p.evaluate(x)["O"]) <= 2e-3, s
+    with pytest.raises(mp.OptionError, match="representative names dims"):
+        mp.superopt(p, workers=1, database=False, representative={"T": 4})

@@ -12,10 +12,11 @@ NAMES = ("gqa", "qknorm_gqa", "mha", "mqa", "rmsnorm_linear", "lora", "gated_mlp
          "exp_matmul")
 
 
-def _attention(p: mp.Program, q, k, v, heads: int, rows: int, norm: bool = False) -> None:
+def _attention(p: mp.Program, q, k, v, heads: int, rows: int, norm: bool = False,
+               kv: "int | mp.Dim" = 4096) -> None:
     Q = p.input("Q", (heads, rows, 64), q)
-    K = p.input("K", (heads, 64, 4096), k)
-    V = p.input("V", (heads, 4096, 64), v)
+    K = p.input("K", (heads, 64, kv), k)
+    V = p.input("V", (heads, kv, 64), v)
     if norm:
         # rms_norm over the 64-wide head dim: Q rows are (.., rows, 64); K is stored (.., 64, seq)
         # with unit-RMS rows the logits have standard deviation sqrt(64) = 8 and exp overflows
@@ -27,21 +28,29 @@ def _attention(p: mp.Program, q, k, v, heads: int, rows: int, norm: bool = False
     p.output(E / mp.sum(E, axis=-1, keepdims=True) @ V, name="O")
 
 
-def get_program(name: str, bs: int = 1, dtype: str = "float16") -> mp.Program:
-    """Build benchmark ``name`` at batch size ``bs``."""
+ATTENTION = ("gqa", "qknorm_gqa", "mha", "mqa")
+
+
+def get_program(name: str, bs: int = 1, dtype: str = "float16",
+                kv: "int | mp.Dim" = 4096) -> mp.Program:
+    """Build benchmark ``name`` at batch size ``bs``; ``kv``: the KV length of the attention
+    programs (``ATTENTION``; 4096 in the paper's tables), a size or a dim (``mp.dim``)."""
     if name not in NAMES:
         raise mp.ProgramError(f"unknown benchmark {name!r}; choose one of {', '.join(NAMES)}")
+    if kv != 4096 and name not in ATTENTION:
+        raise mp.ProgramError(f"benchmark {name!r} has no KV length; kv= is for "
+                              f"{', '.join(ATTENTION)}")
     if not isinstance(bs, int) or isinstance(bs, bool) or bs < 1:
         raise mp.ProgramError(f"benchmark {name!r}: batch size must be a positive int, got {bs!r}")
     p = mp.Program(name)
     if name == "gqa":
-        _attention(p, dtype, dtype, dtype, 2 * bs, 256)
+        _attention(p, dtype, dtype, dtype, 2 * bs, 256, kv=kv)
     elif name == "qknorm_gqa":
-        _attention(p, dtype, dtype, dtype, 2 * bs, 256, norm=True)
+        _attention(p, dtype, dtype, dtype, 2 * bs, 256, norm=True, kv=kv)
     elif name == "mha":
-        _attention(p, dtype, dtype, dtype, 32 * bs, 16)
+        _attention(p, dtype, dtype, dtype, 32 * bs, 16, kv=kv)
     elif name == "mqa":
-        _attention(p, dtype, dtype, dtype, bs, 1024)
+        _attention(p, dtype, dtype, dtype, bs, 1024, kv=kv)
     elif name == "rmsnorm_linear":
         X = p.input("X", (2 * bs, 4096), dtype)
         W = p.input("W", (4096, 6144), dtype)

@@ -12,6 +12,8 @@ Depth is bounded (``max_kernels``); states already seen are skipped.
 
 from __future__ import annotations
 
+import enum
+
 import itertools
 import time
 from dataclasses import dataclass
@@ -246,24 +248,48 @@ def trace_from_json(doc: list) -> tuple:
                  for grid, loop, grp in doc)
 
 
-def _rescaled_parts(old: int, new: int, parts: int) -> int:
+class Keep(enum.Enum):
+    """What a rescaled trace keeps of the trace it comes from (:func:`rescale_trace`)."""
+
+    TILES = "tiles"  # tile and loop-chunk sizes: the part counts follow the sizes
+    PARTS = "parts"  # part counts and loop trips: the tiles follow the sizes
+
+
+def _rescaled_parts(old: int, new: int, parts: int, keep: Keep = Keep.TILES) -> int:
     """Parts of a label of ``new`` elements that keep the tiles of ``parts`` parts of ``old``
-    (the most that divide ``new`` without tiles larger than before)."""
+    (the most that divide ``new`` without tiles larger than before) -- or, keeping parts, the
+    most parts up to ``parts`` that divide ``new``."""
     if old == new:
         return parts
+    if keep is Keep.PARTS:
+        return _largest_divisor_at_most(new, parts)
     tile = max(1, old // parts)
     if new % tile == 0:
         return new // tile
     return _largest_divisor_at_most(new, max(1, new // tile))
 
 
-def rescale_trace(trace: tuple, old: dict[str, int], new: dict[str, int]) -> tuple | None:
+def rescale_trace(trace: tuple, old: dict[str, int], new: dict[str, int],
+                  keep: Keep = Keep.TILES) -> tuple | None:
     """``trace`` for the same program at other label sizes (``old`` -> ``new``, a shape family's
     buckets): every grid split and loop keeps its tile and chunk sizes, so only the part counts
-    change. None when the labels differ (a dim of size 1 has no label: the bucket of size 1 is
-    a program of its own)."""
+    change (``keep=Keep.PARTS``: the part counts and loop trips, so the tiles change) -- also
+    those of a split reduction's parts ("l2/16": l2 split in 16 on an earlier kernel's grid,
+    finished by a later one; "l2/4" where the same tiles make 4 parts). None when the labels
+    differ (a dim of size 1 has no label: the bucket of size 1 is a program of its own)."""
     if set(old) != set(new):
         return None
+
+    def relabel(lbl: str) -> tuple[str, int, int] | None:
+        """A label's name at the new sizes, its old and its new size."""
+        if lbl in old:
+            return lbl, old[lbl], new[lbl]
+        base, _, k = lbl.rpartition("/")
+        if base not in old or not k.isdigit():
+            return None
+        k2 = _rescaled_parts(old[base], new[base], int(k), keep)
+        return f"{base}/{k2}", int(k), k2
+
     out = []
     for plan, grp in trace:
         grid, parts = [], {}
@@ -271,14 +297,26 @@ def rescale_trace(trace: tuple, old: dict[str, int], new: dict[str, int]) -> tup
             if lbl is None:
                 grid.append((None, 1))
                 continue
-            parts[lbl] = _rescaled_parts(old[lbl], new[lbl], n)
-            grid.append((lbl, parts[lbl]))
+            got = relabel(lbl)
+            if got is None:
+                return None
+            name, o, w = got
+            parts[lbl] = _rescaled_parts(o, w, n, keep)
+            grid.append((name, parts[lbl]))
         lbl, iters = plan.loop
         if lbl is not None:
-            chunk = max(1, old[lbl] // dict(plan.grid).get(lbl, 1) // iters)
-            rest = new[lbl] // parts.get(lbl, 1)
-            iters = rest // chunk if rest % chunk == 0 and rest >= chunk else \
-                _largest_divisor_at_most(rest, max(1, rest // chunk))
+            got = relabel(lbl)
+            if got is None:
+                return None
+            name, o, w = got
+            rest = w // parts.get(lbl, 1)
+            if keep is Keep.PARTS:
+                iters = _largest_divisor_at_most(rest, iters)
+            else:
+                chunk = max(1, o // dict(plan.grid).get(lbl, 1) // iters)
+                iters = rest // chunk if rest % chunk == 0 and rest >= chunk else \
+                    _largest_divisor_at_most(rest, max(1, rest // chunk))
+            lbl = name
         out.append((Plan(tuple(grid), (lbl, iters)), grp))
     return tuple(out)
 

@@ -84,8 +84,8 @@ def superopt(program: Program, *, target: Any = "h100", time_budget_s: float | N
              tune_rounds: int = 8, measure_top: int = 4, progress: bool | None = None,
              database: Any = None, runner: Any = None, cost_model: Any = None,
              executor: Any = None, float32_matmul: str = "highest",
-             buckets: Any = None, representative: Any = None, sizes: Any = None,
-             replay: Any = None) -> OptimizedProgram:
+             buckets: Any = None, representative: Any = None, verify_sizes: bool = True,
+             sizes: Any = None, replay: Any = None) -> OptimizedProgram:
     """Superoptimise ``program`` for ``target`` (see the module docstring).
 
     ``database``: None -> the default results file (``$MIRAGE_PY_DATABASE``, else under the user
@@ -111,7 +111,9 @@ def superopt(program: Program, *, target: Any = "h100", time_budget_s: float | N
     A *symbolic* program (dims made with ``mp.dim``) gets a :class:`FamilyProgram`: one search
     at the bucket that holds ``representative`` (dim name -> size; default a middle size),
     serving every size of the dims' ranges (``buckets``: dim name -> bucket sizes, default
-    powers of two); other buckets replay it without searching (superopt/family.py).
+    powers of two); other buckets replay it without searching (superopt/family.py). Each binding
+    of the sizes a call uses is verified the first time it is met (``verify_sizes``, default on:
+    the stated bound then holds at every size that ran, docs/verifier.md "Shape families").
     ``sizes`` (the valid sizes a padded program's masks name) and ``replay`` (the answer whose
     cover a padded bucket replays) are how the family layer calls this function.
 
@@ -130,7 +132,7 @@ def superopt(program: Program, *, target: Any = "h100", time_budget_s: float | N
                        max_verify=max_verify, tune_top=tune_top, tune_rounds=tune_rounds,
                        measure_top=measure_top, progress=progress, database=database,
                        runner=runner, cost_model=cost_model, executor=executor)
-        return superopt_family(program, options, buckets, representative)
+        return superopt_family(program, options, buckets, representative, bool(verify_sizes))
     missing = sorted(set(program.params) - set(sizes or {}))
     if missing:
         raise OptionError(f"superopt: program {program.name!r} has masks that name "

@@ -8,25 +8,33 @@ A symbolic program (``mp.dim``, lax/shapes.py) is a family of programs. Its answ
 2. **One search**, at the representative bucket (the one holding ``representative``, default a
    middle size), with the valid sizes bound to the bucket's: the ordinary superopt (regions,
    search, tuning, verification, cover), whose answer is one graph for the whole bucket -- its
-   masks keep the valid sizes as expressions, bound when it runs.
-3. **The family check.** The representative's chosen pieces are verified again with the valid
+   masks keep the valid sizes as expressions, bound when it runs. ``representative`` may list
+   several sizes: one search each (a short KV cache is best served by one kernel, a long one by
+   a split reduction; a structure found at one size does not become the other by rescaling).
+3. **The family check.** The representatives' chosen pieces are verified again with the valid
    sizes bound to the bucket's edge cases (a partial last tile, half the bucket, the dim's
    smallest size): the same graph must be right wherever the valid part ends
    (docs/verifier.md, "Shape families").
 4. **Other buckets without searching.** The first call at a new bucket builds its padded
-   program and *replays* the representative's cover: the same pieces at the same places, each
-   region's schedule replayed with every tile and loop chunk kept (only part counts change,
-   ``generator.kernel_search.rescale_trace``), verified for that bucket; a region whose replay
-   does not apply -- a bucket of size 1, where a dim has no label -- is searched there alone.
-   Buckets are kept, so a sequence of calls searches once per structure.
+   program and *replays* each representative's cover: the same pieces at the same places, each
+   region's schedule replayed keeping its tiles and loop chunks or its part counts, the cheaper
+   under the cost model (``generator.kernel_search.rescale_trace``), verified for that bucket;
+   the cheapest replay is kept. A region whose replay does not apply -- a bucket of size 1,
+   where a dim has no label -- is searched there alone. Buckets are kept, so a sequence of
+   calls searches once per structure.
+5. **Every size that runs is verified.** The first call at a binding of the valid sizes runs
+   the finite-field check of its bucket's graph there (``check_sizes``, kept): the stated bound
+   holds at each size a call used, not only at the checked edges.
 
-``FamilyProgram.run_numpy`` binds the sizes from the inputs, picks the bucket, zero-fills the
-inputs, runs the bucket's graph with the valid sizes bound and cuts the outputs back.
+``FamilyProgram.run_numpy`` binds the sizes from the inputs, picks the bucket, checks the sizes
+(5.), zero-fills the inputs, runs the bucket's graph with the valid sizes bound and cuts the
+outputs back.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 import numpy as np
@@ -42,21 +50,27 @@ REPRESENTATIVE = 512
 
 
 class FamilyProgram:
-    """The answer for a symbolic program (module docstring): ``answer`` is the representative
-    bucket's OptimizedProgram; ``instance(bucket)`` any other bucket's, replayed."""
+    """The answer for a symbolic program (module docstring): ``answers`` are the searched
+    representative buckets' OptimizedPrograms (``answer``, ``representative``: the first);
+    ``instance(bucket)`` any other bucket's, replayed."""
 
     def __init__(self, program: Program, buckets_by_dim: dict[str, tuple[int, ...]],
-                 representative: dict[str, int], answer: Any, options: dict[str, Any],
-                 family_checks: list, search_seconds: float):
+                 answers: dict[tuple, Any], options: dict[str, Any],
+                 family_checks: list, search_seconds: float, verify_sizes: bool = True):
         self.program = program
         self.buckets = buckets_by_dim
-        self.representative = representative
-        self.answer = answer
+        self.answers = answers
+        first = next(iter(answers))
+        self.representative = dict(first)
+        self.answer = answers[first]
         self.options = options
         self.family_checks = family_checks
         self.search_seconds = search_seconds
-        self.instances: dict[tuple, Any] = {self._key(representative): answer}
+        self.instances: dict[tuple, Any] = dict(answers)
         self.instance_seconds: dict[tuple, float] = {}
+        # every binding of the valid sizes a call has used, verified once (verify_sizes)
+        self.verify_sizes = verify_sizes
+        self.size_checks: dict[tuple, SizeCheck] = {}
 
     # -- buckets --------------------------------------------------------------------------------
     @staticmethod
@@ -68,27 +82,47 @@ class FamilyProgram:
         return {n: bucket_of(int(sizes[n]), self.buckets[n], n) for n in self.buckets}
 
     def instance(self, bucket: Mapping[str, int]) -> Any:
-        """The bucket's OptimizedProgram (a padded program), replayed from the representative
-        the first time it is asked for."""
+        """The bucket's OptimizedProgram (a padded program), built the first time it is asked
+        for: each representative's answer replayed there, the cheapest kept."""
         key = self._key(bucket)
         if key not in self.instances:
             from . import superopt
             t0 = time.perf_counter()
             prog = padded(self.program, bucket)
             # sizes of 1 drop no-ops (a max over one element): another structure, searched
-            same = _outline(prog) == _outline(self.answer.program)
-            self.instances[key] = superopt(prog, sizes=dict(bucket),
-                                           replay=self.answer if same else None, **self.options)
+            same = [a for a in self.answers.values() if _outline(prog) == _outline(a.program)]
+            built = [superopt(prog, sizes=dict(bucket), replay=a, **self.options)
+                     for a in same] or [superopt(prog, sizes=dict(bucket), **self.options)]
+            self.instances[key] = min(built, key=lambda o: o.estimated_time_us)
             self.instance_seconds[key] = time.perf_counter() - t0
         return self.instances[key]
 
+    def check_sizes(self, sizes: Mapping[str, int]) -> SizeCheck:
+        """The finite-field check of the bucket graph that serves ``sizes`` at exactly these
+        valid sizes, run the first time they are used and kept: every size a call runs at is
+        verified to ``DEFAULT_BOUND`` (a ShapeError where the graph is wrong there)."""
+        key = self._key({n: int(v) for n, v in sizes.items() if n in self.buckets})
+        hit = self.size_checks.get(key)
+        if hit is None:
+            t0 = time.perf_counter()
+            checks = verify_at(self.instance(self.bucket(dict(key))), dict(key),
+                               self.options.get("seed", 0), self.options.get("target", "h100"))
+            hit = self.size_checks[key] = SizeCheck(
+                key, min(1.0, sum(v.bound for _, v in checks)),
+                sum(v.tests_run for _, v in checks), time.perf_counter() - t0)
+        return hit
+
     # -- running --------------------------------------------------------------------------------
     def run_numpy(self, inputs: Mapping[str, Any], precision: str = "gpu") -> dict[str, Any]:
-        """Run on the CPU interpreter at the inputs' sizes (module docstring)."""
+        """Run on the CPU interpreter at the inputs' sizes (module docstring); a binding of the
+        sizes met for the first time is verified first (:meth:`check_sizes`) unless
+        ``verify_sizes`` is off."""
         arrays = self.program.check_inputs(inputs)
         sizes = self.program.bind({n: a.shape for n, a in arrays.items()})
         bucket = self.bucket(sizes)
         inst = self.instance(bucket)
+        if self.verify_sizes:
+            self.check_sizes(sizes)
         out = inst.graph.run(pad_inputs(self.program, arrays, bucket), precision=precision,
                              sizes=sizes)
         return {n: np.asarray(v) for n, v in cut_outputs(self.program, out, sizes).items()}
@@ -112,19 +146,31 @@ class FamilyProgram:
         return self.answer.verification
 
     @property
+    def representatives(self) -> list[dict[str, int]]:
+        """The searched buckets."""
+        return [dict(k) for k in self.answers]
+
+    @property
     def searches(self) -> int:
         """Region structures searched, over every bucket built so far."""
         return sum(p.searched for inst in self.instances.values() for p in inst.parts)
 
     def summary(self) -> str:
         dims = ", ".join(f"{d.name} in {d.lo} .. {d.hi}" for d in self.program.dims.values())
-        rep = ", ".join(f"{n}={v}" for n, v in self.representative.items())
+        rep = "; ".join(", ".join(f"{n}={v}" for n, v in r.items())
+                        for r in self.representatives)
         lines = [f"mirage_py superopt: {self.program.name} (symbolic: {dims})",
-                 f"  one search at the bucket {rep} ({self.search_seconds:.2f} s); "
+                 f"  {len(self.answers)} search(es), at the bucket(s) {rep} "
+                 f"({self.search_seconds:.2f} s); "
                  f"buckets: " + "; ".join(f"{n}: {', '.join(map(str, b))}"
                                           for n, b in self.buckets.items()),
-                 f"  family check: {len(self.family_checks)} binding(s) of the valid sizes, "
-                 f"all equivalent"]
+                 f"  family check: {len({tuple(sorted(b.items())) for b, _ in self.family_checks})}"
+                 f" edge binding(s) of the valid sizes, all equivalent"]
+        if self.size_checks:
+            worst = max(c.bound for c in self.size_checks.values())
+            spent = sum(c.seconds for c in self.size_checks.values())
+            lines.append(f"  sizes run: {len(self.size_checks)}, each verified on first use "
+                         f"(bound <= {worst:.1e}; {spent:.2f} s in all)")
         for key, inst in self.instances.items():
             b = ", ".join(f"{n}={v}" for n, v in key)
             extra = f", built in {self.instance_seconds[key]:.2f} s" \
@@ -143,13 +189,26 @@ def _outline(program: Program) -> list:
     return [(t.op, tuple(k for k, _ in t.attrs)) for t in program.nodes()]
 
 
-def _representative(program: Program, given: Mapping[str, int] | None,
-                    by_dim: dict[str, tuple[int, ...]]) -> dict[str, int]:
-    out = {}
-    for n, d in program.dims.items():
-        size = int(given[n]) if given and n in given else min(d.hi, max(d.lo, REPRESENTATIVE))
-        d.check(size, f"superopt: representative of {program.name!r}")
-        out[n] = bucket_of(size, by_dim[n], n)
+def _representatives(program: Program, given: Any,
+                     by_dim: dict[str, tuple[int, ...]]) -> list[dict[str, int]]:
+    """The buckets to search: those holding ``given`` (dim name -> size, or a list of them;
+    a dim not named: ``REPRESENTATIVE`` clamped to its range), each once."""
+    out: list[dict[str, int]] = []
+    for one in (given if isinstance(given, (list, tuple)) else [given]):
+        if one is not None and not isinstance(one, Mapping):
+            raise OptionError(f"superopt: representative must map dim names to sizes (or be a "
+                              f"list of such), got {one!r}")
+        unknown = set(one or {}) - set(program.dims)
+        if unknown:
+            raise OptionError(f"superopt: representative names dims {sorted(unknown)} that "
+                              f"program {program.name!r} does not have")
+        rep = {}
+        for n, d in program.dims.items():
+            size = int(one[n]) if one and n in one else min(d.hi, max(d.lo, REPRESENTATIVE))
+            d.check(size, f"superopt: representative of {program.name!r}")
+            rep[n] = bucket_of(size, by_dim[n], n)
+        if rep not in out:
+            out.append(rep)
     return out
 
 
@@ -169,30 +228,48 @@ def family_bindings(dims: Mapping[str, Dim], bucket: Mapping[str, int]) -> list[
     return out
 
 
+@dataclass(frozen=True)
+class SizeCheck:
+    """One binding of the valid sizes verified for the bucket graph that serves it: the union
+    bound of its region pieces (each verified to its share of ``DEFAULT_BOUND``)."""
+
+    sizes: tuple  # ((dim name, size), ...)
+    bound: float
+    tests: int
+    seconds: float
+
+
+def verify_at(answer: Any, sizes: Mapping[str, int], seed: int, target: Any) -> list:
+    """Every region piece of a bucket's answer verified for the valid sizes ``sizes``, each to
+    its share of ``DEFAULT_BOUND`` so that their union bound is within it: ``[(sizes,
+    VerifyResult), ...]``. A piece that is wrong there is a ShapeError naming the region and the
+    sizes (docs/verifier.md, "Shape families")."""
+    from ..verifier import Verifier
+    from ..verifier.equivalence import DEFAULT_BOUND
+    pieces = [pc.result for part in answer.parts for pc in part.pieces if pc.kind == "region"]
+    share = DEFAULT_BOUND / max(1, len(pieces))
+    checks = []
+    for r in pieces:
+        v = Verifier(r.program, seed=seed, target=target, sizes=sizes,
+                     bound_target=share).check(r.graph)
+        if not v.equivalent:
+            raise ShapeError(f"superopt: the answer for region {r.program.name!r} is wrong for "
+                             f"the valid sizes {dict(sizes)}: {v.reason or v.mismatch}")
+        checks.append((dict(sizes), v))
+    return checks
+
+
 def _family_check(answer: Any, dims: Mapping[str, Dim], bucket: Mapping[str, int],
                   seed: int, target: Any) -> list:
-    """Every region piece of the representative's answer verified again at the edge-case
-    bindings; a failure is a ShapeError naming the region and the sizes."""
-    from ..verifier import Verifier
-    checks = []
-    for sizes in family_bindings(dims, bucket):
-        for part in answer.parts:
-            for piece in part.pieces:
-                if piece.kind != "region":
-                    continue
-                r = piece.result
-                v = Verifier(r.program, seed=seed, target=target, sizes=sizes).check(r.graph)
-                if not v.equivalent:
-                    raise ShapeError(f"superopt: the answer for region {r.program.name!r} at "
-                                     f"the bucket {dict(bucket)} is wrong for the valid sizes "
-                                     f"{sizes}: {v.reason or v.mismatch}")
-                checks.append((sizes, v))
-    return checks
+    """The representative's answer verified at the bucket's edge-case bindings
+    (:func:`family_bindings`)."""
+    return [c for sizes in family_bindings(dims, bucket)
+            for c in verify_at(answer, sizes, seed, target)]
 
 
 def superopt_family(program: Program, options: dict[str, Any],
                     bucket_sizes: Mapping[str, Any] | None,
-                    representative: Mapping[str, int] | None) -> FamilyProgram:
+                    representative: Any, verify_sizes: bool = True) -> FamilyProgram:
     """``superopt`` of a symbolic program (module docstring); ``options`` are superopt's."""
     from . import superopt
     dims = program.dims
@@ -201,13 +278,16 @@ def superopt_family(program: Program, options: dict[str, Any],
         raise OptionError(f"superopt: buckets for dims {sorted(unknown)} that program "
                           f"{program.name!r} does not have (its dims: {sorted(dims)})")
     by_dim = {n: buckets(d, (bucket_sizes or {}).get(n)) for n, d in dims.items()}
-    rep = _representative(program, representative, by_dim)
     t0 = time.perf_counter()
-    answer = superopt(padded(program, rep), sizes=dict(rep), **options)
-    checks = _family_check(answer, dims, rep, options.get("seed", 0),
-                           options.get("target", "h100"))
-    return FamilyProgram(program, by_dim, rep, answer, options, checks,
-                         time.perf_counter() - t0)
+    answers, checks = {}, []
+    for rep in _representatives(program, representative, by_dim):
+        answer = answers[tuple(sorted(rep.items()))] = superopt(padded(program, rep),
+                                                                sizes=dict(rep), **options)
+        checks += _family_check(answer, dims, rep, options.get("seed", 0),
+                                options.get("target", "h100"))
+    return FamilyProgram(program, by_dim, answers, options, checks,
+                         time.perf_counter() - t0, verify_sizes)
 
 
-__all__ = ["FamilyProgram", "superopt_family", "family_bindings", "REPRESENTATIVE"]
+__all__ = ["FamilyProgram", "SizeCheck", "superopt_family", "family_bindings", "verify_at",
+           "REPRESENTATIVE"]

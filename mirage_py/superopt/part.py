@@ -624,30 +624,36 @@ def _wanted(cover: Cover, what: dict, run: Run) -> list[Structure]:
 
 def _replayed(st: Structure, rep: RegionResult | None, run: Run) -> RegionResult | None:
     """The structure's answer rebuilt from ``rep`` -- the same region's answer at another
-    bucket of a shape family -- by replaying its schedule with every tile and loop chunk kept
-    (``rescale_trace``), verified for this run's sizes and numerically safe; None when the
-    replay does not apply."""
-    from ..generator.kernel_search import Searcher, rescale_trace
+    bucket of a shape family -- by replaying its schedule at these sizes, keeping either its
+    tiles and loop chunks or its part counts and loop trips (``rescale_trace``, ``Keep``; the
+    best tile at one size is not always the best at another), the cheaper first under the cost
+    model; the first that verifies for this run's sizes and is numerically safe is the answer.
+    None when no replay applies."""
+    from ..generator.kernel_search import Keep, Searcher, rescale_trace
     from ..generator.rewrite import forms
     from ..tuning.tuner import replay_schedule
     if rep is None or rep.schedule is None:
         return None
+    tried, options = set(), []
     for old, new in zip(forms(rep.program), forms(st.program)):
-        trace = rescale_trace(rep.schedule.trace, Searcher(old, run.target).labels.sizes,
-                              Searcher(new, run.target).labels.sizes)
-        if trace is None:
-            continue
-        sched = replace(rep.schedule, trace=trace)
-        try:
-            ag = replay_schedule(new, run.target, sched)
-        except MirageError:
-            ag = None
-        if ag is None:
-            continue
+        old_sizes = Searcher(old, run.target).labels.sizes
+        new_sizes = Searcher(new, run.target).labels.sizes
+        for keep in Keep:
+            trace = rescale_trace(rep.schedule.trace, old_sizes, new_sizes, keep)
+            if trace is None or trace in tried:
+                continue
+            tried.add(trace)
+            sched = replace(rep.schedule, trace=trace)
+            try:
+                ag = replay_schedule(new, run.target, sched)
+            except MirageError:
+                ag = None
+            if ag is not None:
+                options.append((run.model.predict(ag, run.target), len(options), ag, sched))
+    for us, _, ag, sched in sorted(options, key=lambda o: o[:2]):
         v = run.new_verifier(st.program).check(ag.graph, tests=run.settings.verify_tests)
         if v.equivalent and _finite(st, ag.graph, run):
-            return RegionResult(st.program, ag.graph, "replay",
-                                run.model.predict(ag, run.target),
+            return RegionResult(st.program, ag.graph, "replay", us,
                                 st.naive(run.model, run.target).us, v,
                                 stages=ag.stages_full(), schedule=sched)
     return None
