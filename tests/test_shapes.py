@@ -259,3 +259,56 @@ def test_several_representatives_the_cheapest_replay_serves_a_bucket(decode_fami
         assert _rel(two.run_numpy(x)["O"], p.evaluate(x)["O"]) <= 2e-3, s
     with pytest.raises(mp.OptionError, match="representative names dims"):
         mp.superopt(p, workers=1, database=False, representative={"T": 4})
+
+
+def test_mask_mutants_wrong_only_at_some_sizes_are_rejected_by_the_family_check():
+    """Mutants of a chunked prefill's answer that move one mask boundary by one (the causal
+    diagonal that moves with S - T; a valid part's rows or columns, one more or one fewer): each
+    one that is wrong at some sizes of the bucket -- its outputs, run in float64 and cut back,
+    differ from the program's at some (S, T) -- is rejected at the full bucket or at one of its
+    edge bindings, what the family check runs at search time (docs/verifier.md, "Shape
+    families"). Some moves change nothing that is kept (a padded query row's output is cut; the
+    causal diagonal already hides the first padded key) and are equivalent."""
+    from dataclasses import replace
+    p = _chunked_prefill()
+    rep = {"S": 64, "T": 16}
+    fam = mp.superopt(p, workers=1, database=False, representative=rep)
+    padded_program, graph = fam.answer.program, fam.answer.graph
+    bindings = [rep] + family_bindings(p.dims, rep)
+    sizes_to_run = [{"S": s, "T": t} for s in (1, 7, 20, 33, 50, 63, 64) for t in (1, 5, 15, 16)
+                    if t <= s]
+    inputs = {(b["S"], b["T"]): _inputs(p, b, seed=b["S"] * 31 + b["T"]) for b in sizes_to_run}
+
+    def wrong_somewhere(g) -> bool:
+        for b in sizes_to_run:
+            x = inputs[(b["S"], b["T"])]
+            out = g.run(pad_inputs(p, p.check_inputs(x), rep), sizes=b)
+            y = cut_outputs(p, out, b)["O"]
+            if not _rel(np.asarray(y), p.evaluate(x)["O"]) <= 1e-9:
+                return True
+        return False
+
+    assert not wrong_somewhere(graph)
+    sites = [(ki, j) for ki, op in enumerate(graph.ops) if isinstance(op, GraphKernel)
+             for j, n in enumerate(op.block.ops) if isinstance(n, MaskIter)]
+    assert sites
+    wrong = 0
+    for ki, j in sites:
+        node = graph.ops[ki].block.ops[j]
+        changes = [replace(node, offset=node.offset + d) for d in (1, -1)]
+        if node.valid is not None:
+            rows, cols = node.valid
+            changes += [replace(node, valid=(rows + d, cols)) for d in (1, -1)]
+            changes += [replace(node, valid=(rows, cols + d)) for d in (1, -1)]
+        for changed in changes:
+            op = graph.ops[ki]
+            ops = list(op.block.ops)
+            ops[j] = changed
+            g = replace(graph, ops=tuple(
+                replace(op, block=replace(op.block, ops=tuple(ops))) if i == ki else o
+                for i, o in enumerate(graph.ops)))
+            if wrong_somewhere(g):
+                wrong += 1
+                assert any(not verify(padded_program, g, sizes=b).equivalent
+                           for b in bindings), changed
+    assert wrong >= 4
