@@ -103,7 +103,7 @@ def test_wal_mode_and_schema_version(tmp_path):
     con = sqlite3.connect(path)
     assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     meta = dict(con.execute("SELECT key, value FROM meta"))
-    assert meta["format"] == "mirage_py.results" and meta["schema_version"] == "2"
+    assert meta["format"] == "mirage_py.results" and meta["schema_version"] == "3"
     con.close()
 
 
@@ -353,7 +353,8 @@ def test_command_line_database_option(tmp_path):
     assert r.returncode == 0, r.stderr
     assert ResultsDB(db).lookup(small_program().structural_hash(), "h100",
                                 superopt_key()) is None
-    assert len(ResultsDB(db).workloads()) == 1
+    # the region's records and the whole program's answer, kept for the next call
+    assert "tiny" in {w.name for w in ResultsDB(db).workloads()}
     r = run()
     assert r.returncode == 0 and "from the results database" in r.stdout
     junk = tmp_path / "junk.sqlite"
@@ -411,8 +412,10 @@ def test_a_schema_1_file_is_upgraded_and_its_answers_are_not_served(tmp_path):
         assert db.lookup(p.structural_hash(), "h100", "") is None
         db.add(p, [record(1, chosen=True)])
         assert db.lookup(p.structural_hash(), "h100", KEY).predicted_us == 11.0
+        db.keep(p, "h100", KEY, "search:{}", None, {"options": []})  # the table schema 3 added
+        assert db.kept(p.structural_hash(), "h100", KEY, "search:{}") == (None, {"options": []})
     meta = dict(sqlite3.connect(f).execute("SELECT key, value FROM meta"))
-    assert meta["schema_version"] == "2"
+    assert meta["schema_version"] == "3"
 
 
 def test_the_answer_key_names_code_model_runner_and_settings():

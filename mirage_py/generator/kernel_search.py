@@ -12,9 +12,9 @@ Depth is bounded (``max_kernels``); states already seen are skipped.
 
 from __future__ import annotations
 
-import enum
 
 import itertools
+import math
 import time
 from dataclasses import dataclass
 
@@ -248,35 +248,43 @@ def trace_from_json(doc: list) -> tuple:
                  for grid, loop, grp in doc)
 
 
-class Keep(enum.Enum):
-    """What a rescaled trace keeps of the trace it comes from (:func:`rescale_trace`)."""
-
-    TILES = "tiles"  # tile and loop-chunk sizes: the part counts follow the sizes
-    PARTS = "parts"  # part counts and loop trips: the tiles follow the sizes
+#: the growths a shape family's replay tries (``rescale_trace``): from keeping every tile
+#: (part counts grow with the sizes) to keeping every part count (tiles grow)
+GROWTHS = (1.0, 0.75, 0.5, 0.25, 0.0)
 
 
-def _rescaled_parts(old: int, new: int, parts: int, keep: Keep = Keep.TILES) -> int:
-    """Parts of a label of ``new`` elements that keep the tiles of ``parts`` parts of ``old``
-    (the most that divide ``new`` without tiles larger than before) -- or, keeping parts, the
-    most parts up to ``parts`` that divide ``new``."""
+def _divisor_near(n: int, target: float) -> int:
+    """The divisor of ``n`` nearest ``target`` on a log scale (the smaller on a tie)."""
+    target = max(1.0, target)
+    best, gap = 1, math.inf
+    for d in range(1, int(math.isqrt(n)) + 1):
+        if n % d:
+            continue
+        for c in (d, n // d):
+            g = abs(math.log(c / target))
+            if g < gap - 1e-12 or (abs(g - gap) <= 1e-12 and c < best):
+                best, gap = c, g
+    return best
+
+
+def _rescaled_parts(old: int, new: int, parts: int, growth: float = 1.0) -> int:
+    """Parts of a label of ``new`` elements for ``parts`` parts of ``old``: the size change
+    ``new / old`` goes ``growth`` to the part count and the rest to the tiles (1: the same tiles,
+    0: the same part count), rounded to a divisor of ``new``."""
     if old == new:
         return parts
-    if keep is Keep.PARTS:
-        return _largest_divisor_at_most(new, parts)
-    tile = max(1, old // parts)
-    if new % tile == 0:
-        return new // tile
-    return _largest_divisor_at_most(new, max(1, new // tile))
+    return _divisor_near(new, parts * (new / old) ** growth)
 
 
 def rescale_trace(trace: tuple, old: dict[str, int], new: dict[str, int],
-                  keep: Keep = Keep.TILES) -> tuple | None:
+                  growth: float = 1.0) -> tuple | None:
     """``trace`` for the same program at other label sizes (``old`` -> ``new``, a shape family's
-    buckets): every grid split and loop keeps its tile and chunk sizes, so only the part counts
-    change (``keep=Keep.PARTS``: the part counts and loop trips, so the tiles change) -- also
-    those of a split reduction's parts ("l2/16": l2 split in 16 on an earlier kernel's grid,
-    finished by a later one; "l2/4" where the same tiles make 4 parts). None when the labels
-    differ (a dim of size 1 has no label: the bucket of size 1 is a program of its own)."""
+    buckets): the same plans, with every grid split's part count and every loop's trip count
+    rescaled -- ``growth`` of the size change to the counts, the rest to the tiles and chunks
+    (1.0: tiles and chunks kept; 0.0: counts kept) -- also those of a split reduction's parts
+    ("l2/16": l2 split in 16 on an earlier kernel's grid, finished by a later one; "l2/4" where
+    the same tiles make 4 parts). None when the labels differ (a dim of size 1 has no label: the
+    bucket of size 1 is a program of its own)."""
     if set(old) != set(new):
         return None
 
@@ -287,7 +295,7 @@ def rescale_trace(trace: tuple, old: dict[str, int], new: dict[str, int],
         base, _, k = lbl.rpartition("/")
         if base not in old or not k.isdigit():
             return None
-        k2 = _rescaled_parts(old[base], new[base], int(k), keep)
+        k2 = _rescaled_parts(old[base], new[base], int(k), growth)
         return f"{base}/{k2}", int(k), k2
 
     out = []
@@ -301,7 +309,7 @@ def rescale_trace(trace: tuple, old: dict[str, int], new: dict[str, int],
             if got is None:
                 return None
             name, o, w = got
-            parts[lbl] = _rescaled_parts(o, w, n, keep)
+            parts[lbl] = _rescaled_parts(o, w, n, growth)
             grid.append((name, parts[lbl]))
         lbl, iters = plan.loop
         if lbl is not None:
@@ -309,13 +317,9 @@ def rescale_trace(trace: tuple, old: dict[str, int], new: dict[str, int],
             if got is None:
                 return None
             name, o, w = got
-            rest = w // parts.get(lbl, 1)
-            if keep is Keep.PARTS:
-                iters = _largest_divisor_at_most(rest, iters)
-            else:
-                chunk = max(1, o // dict(plan.grid).get(lbl, 1) // iters)
-                iters = rest // chunk if rest % chunk == 0 and rest >= chunk else \
-                    _largest_divisor_at_most(rest, max(1, rest // chunk))
+            rest_old = max(1, o // dict(plan.grid).get(lbl, 1))
+            rest = max(1, w // parts.get(lbl, 1))
+            iters = _rescaled_parts(rest_old, rest, iters, growth)
             lbl = name
         out.append((Plan(tuple(grid), (lbl, iters)), grp))
     return tuple(out)

@@ -29,12 +29,14 @@ seeded, so the same seed and settings give the same answer.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from typing import Any
 
 from ..cost_model import create as create_model
-from ..errors import MirageError, OptionError, ProgramError
+from ..errors import MirageError, OptionError, ProgramError, SerializationError
+from ..generator.kernel_search import SearchStats
 from ..lax.precision import Float32Matmul
 from ..lax.program import Program
 from ..targets import get_target
@@ -46,7 +48,7 @@ from .result import (Answer, OptimizedProgram, PartResult, Piece, RegionResult,
 from .run import Run
 from .search import (_parallel_search, _Progress, _rank, _shape, calibrated_model,
                      default_model, tuning_choice)
-from .store import AnswerSettings
+from .store import AnswerSettings, program_kind, stored_program
 
 
 def _check_options(program, time_budget_s, workers, max_kernels, max_verify, tune_top,
@@ -166,11 +168,28 @@ def superopt(program: Program, *, target: Any = "h100", time_budget_s: float | N
     if replay is not None and len(replay.parts) != len(parts):
         raise OptionError(f"superopt: the answer to replay has {len(replay.parts)} part(s), "
                           f"program {program.name!r} {len(parts)}")
+    # seen before (by this code, model, runner and settings): the whole answer, no cover
+    kind = program_kind(sizes, replay is not None)
+    if db is not None:
+        doc = stored_program(db, program, tgt, run.key, kind)
+        if doc is not None:
+            with contextlib.suppress(SerializationError):
+                opt = OptimizedProgram.from_json(doc, model=model, origin="database",
+                                                 search_seconds=time.perf_counter() - t0)
+                for a in [p for p in opt.parts] + [pc.result for p in opt.parts
+                                                   for pc in p.pieces if pc.result is not None]:
+                    # what this call did: read them (how they were found stays in origin)
+                    a.origin, a.source = a.origin or a.source, "database"
+                    a.stats, a.candidates, a.verified = SearchStats(), 0, 0
+                return opt
     # every operator has field semantics (uninterpreted functions and max / min as random
     # functions; a part may nest exps, no region does), so every part goes to the region layer
     results = [solve_part(part, run, None if replay is None else replay.parts[i].pieces)
                for i, part in enumerate(parts)]
-    return OptimizedProgram(program, tgt.name, results, time.perf_counter() - t0, model, parts)
+    opt = OptimizedProgram(program, tgt.name, results, time.perf_counter() - t0, model, parts)
+    if db is not None and opt.complete and not run.interrupted:
+        db.keep(program, tgt.name, run.key.digest, kind, None, opt.to_json())
+    return opt
 
 
 from .family import FamilyProgram  # noqa: E402 -- it calls back into superopt

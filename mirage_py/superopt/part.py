@@ -53,7 +53,8 @@ from .option import Option
 from .result import PartResult, Piece, RegionResult, SavedVerification
 from .run import Run
 from .search import Explored, Settings, explore, measures
-from .store import Recording, record, stored_answer
+from .store import (Recording, keep_exploration, record, stored_answer,
+                    stored_exploration)
 from .structure import Status, Structure, lower_bound
 from .bound import Checked, settled_verification
 
@@ -219,7 +220,14 @@ class PartCover:
                 continue
             share = max(0.05, (FLOOR_SECONDS - (time.perf_counter() - tf)) /
                         (len(self.floor_keys) - i))
-            ex = explore(st.program, run.target, run.model, FLOOR, time.perf_counter() + share)
+            ex = None if run.db is None else \
+                stored_exploration(run.db, st.program, run.target, run.key, FLOOR, floor=True)
+            if ex is None:
+                ex = explore(st.program, run.target, run.model, FLOOR,
+                             time.perf_counter() + share)
+                if run.db is not None:
+                    keep_exploration(run.db, st.program, run.target, run.key, FLOOR, ex,
+                                     floor=True)
             st.floor = self._first_verified(st, ex.options, "floor", ex, tries=2)
         self.floor_seconds = time.perf_counter() - tf
         self.floor_cover = self._solve(self.candidates(floor_only=True)[0])
@@ -355,13 +363,27 @@ class PartCover:
         structure whose job does not come back is skipped (a search) or keeps its untuned
         options (a tuning)."""
         run = self.run
-        jobs = [ExploreJob(st.key, st.program, _settings(st, run), st.prior) for st in sts]
-        got = run.executor.explore(jobs, run, progress=run.progress and self.bar.bar is None)
+        got: dict = {}
+        if run.db is not None:  # searches another call completed: no search
+            for st in sts:
+                if st.prior is None:
+                    ex = stored_exploration(run.db, st.program, run.target, run.key,
+                                            _settings(st, run))
+                    if ex is not None:
+                        got[st.key] = ex
+        jobs = [ExploreJob(st.key, st.program, _settings(st, run), st.prior) for st in sts
+                if st.key not in got]
+        kept = set(got)
+        got.update(run.executor.explore(jobs, run,
+                                        progress=run.progress and self.bar.bar is None))
         ready = []
         for st in sts:
             ex = got.get(st.key)
             if ex is not None and ex.stats.interrupted:
                 run.interrupted = True
+            if ex is not None and run.db is not None and st.key not in kept:
+                keep_exploration(run.db, st.program, run.target, run.key, _settings(st, run),
+                                 ex)
             floor = tuned_floor(ex.options, st.program, run.model, run.target) \
                 if ex is not None and ex.pending else 0.0
             if st.land(ex, floor):
@@ -624,12 +646,12 @@ def _wanted(cover: Cover, what: dict, run: Run) -> list[Structure]:
 
 def _replayed(st: Structure, rep: RegionResult | None, run: Run) -> RegionResult | None:
     """The structure's answer rebuilt from ``rep`` -- the same region's answer at another
-    bucket of a shape family -- by replaying its schedule at these sizes, keeping either its
-    tiles and loop chunks or its part counts and loop trips (``rescale_trace``, ``Keep``; the
-    best tile at one size is not always the best at another), the cheaper first under the cost
-    model; the first that verifies for this run's sizes and is numerically safe is the answer.
-    None when no replay applies."""
-    from ..generator.kernel_search import Keep, Searcher, rescale_trace
+    bucket of a shape family -- by replaying its schedule at these sizes with the size change
+    given to the part and trip counts or to the tiles and loop chunks, in the shares
+    ``GROWTHS`` (``rescale_trace``; the best tile at one size is not the best at another), the
+    cheapest first under the cost model; the first that verifies for this run's sizes and is
+    numerically safe is the answer. None when no replay applies."""
+    from ..generator.kernel_search import GROWTHS, Searcher, rescale_trace
     from ..generator.rewrite import forms
     from ..tuning.tuner import replay_schedule
     if rep is None or rep.schedule is None:
@@ -638,8 +660,8 @@ def _replayed(st: Structure, rep: RegionResult | None, run: Run) -> RegionResult
     for old, new in zip(forms(rep.program), forms(st.program)):
         old_sizes = Searcher(old, run.target).labels.sizes
         new_sizes = Searcher(new, run.target).labels.sizes
-        for keep in Keep:
-            trace = rescale_trace(rep.schedule.trace, old_sizes, new_sizes, keep)
+        for growth in GROWTHS:
+            trace = rescale_trace(rep.schedule.trace, old_sizes, new_sizes, growth)
             if trace is None or trace in tried:
                 continue
             tried.add(trace)

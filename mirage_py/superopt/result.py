@@ -165,11 +165,14 @@ class OptimizedProgram:
     """What ``superopt`` returns: the chosen μGraphs per subprogram, joined into one graph."""
 
     def __init__(self, program: Program, target: str, parts: list[PartResult],
-                 search_seconds: float, model: Any = None, partitioned: Any = None):
+                 search_seconds: float, model: Any = None, partitioned: Any = None,
+                 origin: str = "search"):
         self.program = program
         self.target = target
         self.parts = parts
         self.search_seconds = search_seconds
+        # "search": made by this call; "database": another call's whole answer, kept
+        self.origin = origin
         self.model = model or default_model()
         # superopt hands over the partition it already made; a loaded result makes it again
         self.partition = partitioned if partitioned is not None else parts_of(program)
@@ -183,6 +186,13 @@ class OptimizedProgram:
     @property
     def num_kernels(self) -> int:
         return self.graph.num_kernels
+
+    @property
+    def complete(self) -> bool:
+        """Every part verified and no search cut short (by the time budget or an interrupt):
+        an answer other calls may be given whole."""
+        return all(p.verification is not None and bool(p.verification.equivalent)
+                   and not p.stats.timed_out and not p.stats.interrupted for p in self.parts)
 
     @property
     def naive_num_kernels(self) -> int:
@@ -241,7 +251,9 @@ class OptimizedProgram:
                  f"  estimated time: {self.naive_estimated_time_us:.1f} us naive -> "
                  f"{self.estimated_time_us:.1f} us "
                  f"({self.naive_estimated_time_us / self.estimated_time_us:.2f}x)",
-                 f"  search: {self.search_seconds:.2f} s"]
+                 f"  search: {self.search_seconds:.2f} s"
+                 + (" (the whole answer from the results database)"
+                    if self.origin == "database" else "")]
         for i, p in enumerate(self.parts):
             lines += _part_lines(i, p)
         return "\n".join(lines)
@@ -267,7 +279,8 @@ class OptimizedProgram:
             json.dump(self.to_json(), f, indent=1)
 
     @classmethod
-    def from_json(cls, doc: Mapping[str, Any]) -> "OptimizedProgram":
+    def from_json(cls, doc: Mapping[str, Any], model: Any = None, origin: str = "search",
+                  search_seconds: float | None = None) -> "OptimizedProgram":
         if not isinstance(doc, Mapping) or doc.get("format") != FORMAT:
             raise SerializationError("not a saved mirage_py superopt result")
         if doc.get("version") not in (1, FORMAT_VERSION):
@@ -283,7 +296,9 @@ class OptimizedProgram:
                 p.regions, p.searched = d.get("regions", 0), d.get("searched", 0)
                 p.floor_us = d.get("floor_us")
                 parts.append(p)
-            return cls(program, doc["target"], parts, doc["search_seconds"])
+            return cls(program, doc["target"], parts,
+                       doc["search_seconds"] if search_seconds is None else search_seconds,
+                       model, origin=origin)
         except (KeyError, TypeError, MirageError) as e:
             if isinstance(e, SerializationError):
                 raise
@@ -319,7 +334,7 @@ def _answer_from_json(cls, d: Mapping[str, Any]):
 
 def _piece_json(x: Piece) -> dict:
     d = {"kind": x.kind, "estimated_us": x.estimated_us, "kernels": x.kernels, "ops": x.ops,
-         "op": x.op}
+         "op": x.op, "positions": list(x.positions)}
     if x.result is not None:
         d["result"] = _answer_json(x.result)
         d["result"]["uses"] = x.result.uses
@@ -331,7 +346,8 @@ def _piece_from_json(d: Mapping[str, Any]) -> Piece:
     if d.get("result") is not None:
         res = _answer_from_json(RegionResult, d["result"])
         res.uses = d["result"].get("uses", 0)
-    return Piece(d["kind"], d["estimated_us"], d["kernels"], d["ops"], res, d.get("op", ""))
+    return Piece(d["kind"], d["estimated_us"], d["kernels"], d["ops"], res, d.get("op", ""),
+                 tuple(d.get("positions", ())))
 
 
 def _vtext(v) -> str:

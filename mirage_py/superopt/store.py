@@ -24,7 +24,7 @@ from ..ugraph.graph import KernelGraph
 from ..version import source_fingerprint
 from .option import Option, option_key
 from .result import RegionResult, SavedVerification
-from .search import Settings, measures
+from .search import Explored, Settings, measures
 
 
 @dataclass(frozen=True)
@@ -131,6 +131,55 @@ def stored_answer(db: ResultsDB, program: Program, target, model,
                             rec.annotations.get("untuned_us"), rec.annotations.get("source", ""))
     except (MirageError, KeyError, TypeError, ValueError):
         return None  # a damaged record: search again
+
+
+def search_kind(settings: Any, floor: bool = False) -> str:
+    """The database's name for a search's settings, all but its cap (``stored_exploration``)."""
+    d = {k: v for k, v in asdict(settings).items() if k != "cap"}
+    return ("floor:" if floor else "search:") + json.dumps(d, sort_keys=True)
+
+
+def stored_exploration(db: ResultsDB, program: Program, target, key: AnswerKey,
+                       settings: Any, floor: bool = False) -> Any:
+    """A completed search of ``program`` made by another call under ``key`` with these
+    settings (an ``Explored``), or None. A search kept under a cap serves a search whose cap is
+    no higher (it kept every kernel sequence the new one would keep); an uncapped one, only an
+    uncapped one."""
+    got = db.kept(program.structural_hash(), target.name, key.digest,
+                  search_kind(settings, floor))
+    if got is None:
+        return None
+    cap, doc = got
+    if (cap is None) != (settings.cap is None) or \
+            (cap is not None and cap < settings.cap):
+        return None
+    try:
+        return Explored.from_json(doc)
+    except (MirageError, KeyError, TypeError, ValueError):
+        return None  # a damaged row: search again
+
+
+def keep_exploration(db: ResultsDB, program: Program, target, key: AnswerKey, settings: Any,
+                     explored: Any, floor: bool = False) -> None:
+    """Keep a search that ran to completion (cut-short ones are not kept) for other calls."""
+    if explored.stats.timed_out or explored.stats.interrupted:
+        return
+    db.keep(program, target.name, key.digest, search_kind(settings, floor), settings.cap,
+            explored.to_json())
+
+
+def program_kind(sizes: Any, replayed: bool) -> str:
+    """The kept-result kind of a whole program's answer: its valid sizes (a shape family's
+    bucket) and whether it was replayed from another bucket's answer."""
+    return "program:" + json.dumps({"sizes": dict(sizes or {}), "replayed": bool(replayed)},
+                                   sort_keys=True)
+
+
+def stored_program(db: ResultsDB, program: Program, target, key: AnswerKey, kind: str) -> Any:
+    """A whole program's answer (``OptimizedProgram`` JSON) another call made under ``key``,
+    or None."""
+    got = db.kept(program.structural_hash(), target.name, key.digest, kind)
+    return None if got is None else got[1]
 
 
 @dataclass(frozen=True)

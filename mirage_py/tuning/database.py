@@ -47,9 +47,18 @@ from typing import Any, Iterable, Iterator
 from ..errors import DatabaseError
 
 FORMAT = "mirage_py.results"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 ENV = "MIRAGE_PY_DATABASE"
 _OFF = ("", "0", "off", "none", "false", "no")
+
+# results kept whole for other calls (schema 3), one per (subprogram, target, answer key, kind):
+# a completed search's options ("search:<settings>", "floor:<settings>"; ``cap``: the bound its
+# kernel sequences were kept under, NULL: none) or a whole program's answer ("program:...")
+_KEPT = (
+    "CREATE TABLE IF NOT EXISTS kept (workload_id INTEGER NOT NULL REFERENCES "
+    "workloads(id), target TEXT NOT NULL, answer_key TEXT NOT NULL, kind TEXT NOT NULL, "
+    "cap REAL, doc_json TEXT NOT NULL, created TEXT NOT NULL, "
+    "PRIMARY KEY (workload_id, target, answer_key, kind))")
 
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -62,6 +71,7 @@ _SCHEMA = (
     "chosen INTEGER NOT NULL DEFAULT 0, verification_json TEXT, tool_version TEXT NOT NULL, "
     "created TEXT NOT NULL, answer_key TEXT NOT NULL DEFAULT '')",
     "CREATE INDEX IF NOT EXISTS records_lookup ON records(workload_id, target, chosen)",
+    _KEPT,
 )
 
 
@@ -226,12 +236,13 @@ class ResultsDB:
     @staticmethod
     def _upgrade(con: sqlite3.Connection) -> None:
         """Schema 1 -> 2: records gain ``answer_key`` (empty for the old ones, which are then
-        never served: nothing says which code made them)."""
+        never served: nothing says which code made them); 2 -> 3: the ``kept`` table."""
         con.execute("BEGIN IMMEDIATE")  # another process may be upgrading it right now
         try:
             cols = {r[1] for r in con.execute("PRAGMA table_info(records)")}
             if "answer_key" not in cols:
                 con.execute("ALTER TABLE records ADD COLUMN answer_key TEXT NOT NULL DEFAULT ''")
+            con.execute(_KEPT)
             con.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'",
                         (str(SCHEMA_VERSION),))
             con.execute("COMMIT")
@@ -290,6 +301,49 @@ class ResultsDB:
                     con.execute("ROLLBACK")
                 raise
         return ids
+
+    def keep(self, program: Any, target: str, answer_key: str, kind: str,
+             cap: float | None, doc: dict) -> None:
+        """Keep a result of ``program`` whole (a completed search's options, a program's
+        answer: ``doc`` as JSON) made under ``answer_key``, as ``kind``, replacing an earlier
+        one (a tuning that finished what its search left pending is the newer one)."""
+        if not answer_key:
+            return
+        h, name, pjson = program.structural_hash(), program.name, program.to_json()
+        con = self._connect()
+        with self._guard("keep a result"):
+            con.execute("BEGIN IMMEDIATE")
+            try:
+                con.execute("INSERT OR IGNORE INTO workloads (hash, name, program_json, created) "
+                            "VALUES (?, ?, ?, ?)", (h, name, json.dumps(pjson), _now()))
+                wid = con.execute("SELECT id FROM workloads WHERE hash = ?", (h,)).fetchone()[0]
+                con.execute("INSERT OR REPLACE INTO kept (workload_id, target, answer_key, kind, "
+                            "cap, doc_json, created) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                            (wid, target, answer_key, kind, _num(cap),
+                             json.dumps(doc, sort_keys=True), _now()))
+                con.execute("COMMIT")
+            except BaseException:
+                with contextlib.suppress(sqlite3.Error):
+                    con.execute("ROLLBACK")
+                raise
+
+    def kept(self, workload: str, target: str, answer_key: str,
+             kind: str) -> tuple[float | None, dict] | None:
+        """The result kept for subprogram ``workload`` (its hash), target, answer key and kind:
+        ``(cap, doc)``, or None."""
+        if not answer_key:
+            return None
+        with self._guard("look up a kept result"):
+            row = self._connect().execute(
+                "SELECT k.cap, k.doc_json FROM kept k JOIN workloads w ON w.id = k.workload_id "
+                "WHERE w.hash = ? AND k.target = ? AND k.answer_key = ? AND k.kind = ?",
+                (workload, target, answer_key, kind)).fetchone()
+        if row is None:
+            return None
+        try:
+            return row[0], json.loads(row[1])
+        except ValueError:
+            return None  # a damaged row: compute it again
 
     # -- reading ------------------------------------------------------------------------------
     _COLS = ("r.id, w.hash, r.target, r.graph_hash, r.graph_json, r.annotations_json, "
