@@ -11,7 +11,7 @@ from .errors import (ClusterError, DatabaseError, DTypeError, MirageError, Optio
 from .lax import (Output, Partition, Program, Tensor, abs, batch_norm, cast, causal_mask, clamp,
                   concat, exp, gelu, group_norm, hardtanh, layer_norm, leaky_relu, log,
                   log_softmax, logsumexp, matmul, max, maximum, mean, min, minimum, mish,
-                  partition, pow, relu, reshape, rms_norm, sigmoid, silu, slice,
+                  partition, pow, relu, reshape, rms_norm, sigmoid, silu, sin, cos, slice,
                   sliding_window_mask, softmax, softplus, split, sqrt, square, sum, tanh,
                   transpose, where)
 from .verifier import check_numerics, verify
@@ -42,7 +42,8 @@ __all__ = ["ClusterError", "DatabaseError", "DTypeError", "MirageError", "Option
            "Tensor", "abs", "batch_norm", "cast", "causal_mask", "clamp", "concat", "exp", "gelu",
            "group_norm", "hardtanh", "layer_norm", "leaky_relu", "log", "log_softmax",
            "logsumexp", "matmul", "max", "maximum", "mean", "min", "minimum", "mish",
-           "partition", "pow", "relu", "reshape", "rms_norm", "sigmoid", "silu", "slice",
+           "partition", "pow", "relu", "reshape", "rms_norm", "sigmoid", "silu", "sin", "cos",
+           "slice",
            "sliding_window_mask", "softmax", "softplus", "split", "sqrt", "square", "sum", "tanh",
            "transpose", "where", "verify", "check_numerics", "superopt", "OptimizedProgram",
            "load", "RayExecutor", "from_torch", "compile", "__version__"]

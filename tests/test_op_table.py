@@ -44,6 +44,8 @@ EXAMPLES = {
     "relu": lambda x, w: mp.relu(x),
     "sigmoid": lambda x, w: mp.sigmoid(x),
     "tanh": lambda x, w: mp.tanh(x),
+    "sin": lambda x, w: mp.sin(x),
+    "cos": lambda x, w: mp.cos(x * 4.0),
     "log": lambda x, w: mp.log(x * x + 1.0),
     "abs": lambda x, w: mp.abs(x),
     "softplus": lambda x, w: mp.softplus(x),
@@ -87,7 +89,7 @@ NO_SWAP = {
 # the aten operator (frontend_torch/aten.TABLE) each row comes from, or why none is needed
 ATEN = {
     "neg": "neg", "square": "square", "exp": "exp", "sqrt": "sqrt", "silu": "silu",
-    "gelu": "gelu", "relu": "relu", "sigmoid": "sigmoid", "tanh": "tanh", "log": "log",
+    "gelu": "gelu", "relu": "relu", "sigmoid": "sigmoid", "tanh": "tanh", "sin": "sin", "cos": "cos", "log": "log",
     "abs": "abs", "softplus": "softplus", "mish": "mish", "leaky_relu": "leaky_relu",
     "clamp": "clamp", "pow": "pow", "cast": "_to_copy", "add": "add", "sub": "sub", "mul": "mul",
     "div": "div", "maximum": "maximum", "minimum": "minimum", "where": "where", "matmul": "mm",

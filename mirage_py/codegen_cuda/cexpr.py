@@ -25,6 +25,8 @@ UNARY = {
     "relu": "relu({0})",
     "sigmoid": "sigmoid({0})",
     "tanh": "tanhf({0})",
+    "sin": "sinf({0})",
+    "cos": "cosf({0})",
     "log": "logf({0})",
     "abs": "fabsf({0})",
     "softplus": "softplus({0})",

@@ -5,7 +5,7 @@ from .partition import Partition, partition
 from .program import Output, Program
 from .tensor import (Tensor, abs, add, amax, amin, broadcast_shapes, cast, causal_mask, clamp,
                      concat, const, div, exp, gelu, hardtanh, leaky_relu, log, matmul, maximum,
-                     minimum, mish, mul, neg, pow, relu, reshape, sigmoid, silu,
+                     minimum, mish, mul, neg, pow, relu, reshape, sigmoid, silu, sin, cos,
                      sliding_window_mask, slice_axis, softplus, split, sqrt, square, sub, sum,
                      tanh, topo_order, transpose, where)
 from .composites import (batch_norm, group_norm, layer_norm, log_softmax, logsumexp, mean,
@@ -20,6 +20,6 @@ __all__ = ["DTYPES", "OPS", "OpSpec", "lax_class", "Partition", "partition", "Ou
            "causal_mask", "clamp", "concat", "const", "div", "exp", "gelu", "group_norm",
            "hardtanh", "layer_norm", "leaky_relu", "log", "log_softmax", "logsumexp", "matmul",
            "max", "maximum", "mean", "min", "minimum", "mish", "mul", "neg", "pow", "relu",
-           "reshape", "rms_norm", "sigmoid", "silu", "slice", "slice_axis",
+           "reshape", "rms_norm", "sigmoid", "silu", "sin", "cos", "slice", "slice_axis",
            "sliding_window_mask", "softmax", "softplus", "split", "sqrt", "square", "sub", "sum",
            "tanh", "topo_order", "transpose", "where"]

@@ -16,7 +16,7 @@ Lax classes (:func:`lax_class` gives a node's; ``pow`` depends on its exponent):
   modular inverses in the field.
 * ``exp``         -- exponentiation; Lax as long as it is not nested inside another exp.
 * ``uf``          -- non-Lax elementwise functions (sqrt, silu, gelu, relu, sigmoid, tanh, log,
-  ...). They split a program into Lax subprograms; the verifier can still treat them as
+  sin, cos, ...). They split a program into Lax subprograms; the verifier can still treat them as
   uninterpreted functions (keyed by name and attributes).
 * ``select``      -- the order-based operators max / min (reductions) and maximum / minimum
   (elementwise): non-Lax; the verifier models each as a random function of the *multiset* of
@@ -217,6 +217,10 @@ OPS: dict[str, OpSpec] = _table(
     OpSpec("relu", "unary", "uf", lambda x: np.maximum(x, 0)),
     OpSpec("sigmoid", "unary", "uf", _sigmoid, cost=3),
     OpSpec("tanh", "unary", "uf", np.tanh),
+    # rotary embeddings' tables from positions: sinf / cosf with full range reduction (positions
+    # times frequencies reach thousands of radians), counted as a few operations each
+    OpSpec("sin", "unary", "uf", np.sin, cost=4),
+    OpSpec("cos", "unary", "uf", np.cos, cost=4),
     OpSpec("log", "unary", "uf", np.log),
     OpSpec("abs", "unary", "uf", np.abs),
     OpSpec("softplus", "unary", "uf", _softplus, cost=5),

@@ -322,6 +322,16 @@ def tanh(x: Tensor) -> Tensor:
     return _unary("tanh", x)
 
 
+def sin(x: Tensor) -> Tensor:
+    """Elementwise sine, radians (non-Lax)."""
+    return _unary("sin", x)
+
+
+def cos(x: Tensor) -> Tensor:
+    """Elementwise cosine, radians (non-Lax)."""
+    return _unary("cos", x)
+
+
 def log(x: Tensor) -> Tensor:
     """Elementwise natural logarithm (non-Lax)."""
     return _unary("log", x)

@@ -48,7 +48,7 @@ from ..ugraph.validate import validate
 SWAP_OP = {"add": "sub", "sub": "add", "mul": "div", "div": "mul", "exp": "square",
            "square": "neg", "neg": "square", "sqrt": "square", "silu": "relu", "relu": "silu",
            "gelu": "silu", "maximum": "minimum", "minimum": "maximum", "max": "min", "min": "max",
-           "sigmoid": "tanh", "tanh": "sigmoid", "log": "exp", "abs": "neg", "softplus": "relu",
+           "sigmoid": "tanh", "tanh": "sigmoid", "sin": "cos", "cos": "sin", "log": "exp", "abs": "neg", "softplus": "relu",
            "mish": "silu", "leaky_relu": "relu", "clamp": "relu", "pow": "square",
            "where": "add", "cast": "neg"}
 
