@@ -143,7 +143,7 @@ class BlockKernelEmitter:
             return self.emit_matmul(st)
         if n.op in ("sum", "max", "min"):
             return self.emit_reduce(st)
-        if n.op in ("concat", "slice", "reshape"):
+        if n.op in ("concat", "slice", "reshape", "transpose"):
             return self.emit_concat(st)
         raise NotImplementedError(f"block operator {n.op!r}")
 
@@ -495,7 +495,8 @@ class BlockKernelEmitter:
 
     def emit_concat(self, st: Step) -> list[str]:
         """Concatenation (each element reads the operand that holds it), slices (a
-        concatenation of one operand, read from an offset) and reshapes (a copy)."""
+        concatenation of one operand, read from an offset), reshapes (a copy) and transposes
+        (a copy with permuted strides)."""
         n: BlockOp = st.node
         out_shape = self.shape(n.out)
         if n.op == "reshape":  # both tiles row-major: element i is element i
@@ -503,6 +504,15 @@ class BlockKernelEmitter:
             return [self._header(st, f"{n.out} = reshape({src}) {self.shape(src)} -> "
                                      f"{out_shape}"),
                     *self.loop(prod(out_shape), self._result(st, self.read(src, "i")))]
+        if n.op == "transpose":  # output dim k is source dim perm[k]
+            src = n.operands[0]
+            perm = tuple(n.attr("perm"))
+            decls, cs = _declare("i", out_shape)
+            strides = row_major(self.shape(src))
+            off = linear([(cs[k], strides[p]) for k, p in enumerate(perm)])
+            return [self._header(st, f"{n.out} = transpose({src}, {perm})"),
+                    *self.loop(prod(out_shape),
+                               [*_const_ints(decls), *self._result(st, self.read(src, off))])]
         if n.op == "slice":
             ax, start = n.attr("axis"), n.attr("start")
             decls, cs = _declare("i", out_shape)

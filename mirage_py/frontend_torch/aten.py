@@ -408,19 +408,34 @@ def _rsub(ctx: NodeContext, a: Any, b: Any, *, alpha: Any = None) -> Sym:
         _binary_fn(lambda x, y: y - x * float(alpha))(ctx, a, b)
 
 
+def _times_one(x: Any, y: Any) -> Tensor | None:
+    """``x`` when ``x * y`` or ``x / y`` is ``x`` itself (``y`` the number 1: rotary tables
+    scaled by an ``attention_scaling`` of 1), else None."""
+    if isinstance(x, Tensor) and not isinstance(y, Tensor) and float(y) == 1.0:
+        return x
+    return None
+
+
 @op("mul")
 def _mul(ctx: NodeContext, a: Any, b: Any) -> Sym:
     r = _masked_mul(ctx, a, b)
     if r is not None:
         return r
-    return _binary_fn(lambda x, y: x * y)(ctx, a, b)
+
+    def mul(x: Any, y: Any) -> Any:
+        one = _times_one(x, y)
+        if one is None:
+            one = _times_one(y, x)
+        return one if one is not None else x * y
+    return _binary_fn(mul)(ctx, a, b)
 
 
 @op("div", "true_divide")
 def _div(ctx: NodeContext, a: Any, b: Any, *, rounding_mode: Any = None) -> Sym:
     if rounding_mode is not None:
         raise Unsupported(f"division with rounding_mode={rounding_mode!r}")
-    return _binary_fn(lambda x, y: x / y)(ctx, a, b)
+    return _binary_fn(lambda x, y: _times_one(x, y) if _times_one(x, y) is not None
+                      else x / y)(ctx, a, b)
 
 
 @op("maximum")
@@ -1109,6 +1124,15 @@ def attention(ctx: NodeContext, q: Any, k: Any, v: Any, attn_mask: Any, dropout_
     sc = float(scale) if scale is not None else 1.0 / math.sqrt(E)
     Q, K, V = (cast(_mat(x), dt) for x in (qs, ks, vs))
     group = 1
+    # key / value heads repeated per query head by the caller (transformers' ``repeat_kv``:
+    # expand, then a reshape that merges the copies): read the heads before the copies instead
+    rk, rv = _repeated_heads(K), _repeated_heads(V)
+    repeated = rk is not None and rv is not None and rk[1] == rv[1] > 1 and \
+        len(qs.shape) >= 3 and qs.shape[-3] == ks.shape[-3]
+    if repeated:
+        ks = Sym(K, ks.shape[:-3] + (ks.shape[-3] // rk[1],) + ks.shape[-2:])
+        vs = Sym(V, vs.shape[:-3] + (vs.shape[-3] // rv[1],) + vs.shape[-2:])
+        enable_gqa = True
     if len(qs.shape) >= 3 and len(ks.shape) >= 3 and qs.shape[-3] != ks.shape[-3]:
         hq, hk = qs.shape[-3], ks.shape[-3]
         if not enable_gqa or hk == 0 or hq % hk:
@@ -1118,8 +1142,11 @@ def attention(ctx: NodeContext, q: Any, k: Any, v: Any, attn_mask: Any, dropout_
         # query heads h = g * group + r read key head g: (.., Hk, group, L, E) against
         # (.., Hk, 1, E, S) keys -- a broadcast matmul, no copies
         Q = lax.reshape(ranked(Sym(Q, qs.shape)), qs.shape[:-3] + (hk, group, L, E))
-        K = lax.reshape(ranked(Sym(K, ks.shape)), ks.shape[:-3] + (hk, 1, S, E))
-        V = lax.reshape(ranked(Sym(V, vs.shape)), vs.shape[:-3] + (hk, 1, S, vs.shape[-1]))
+        if repeated:  # (.., Hk, 1, S, E) before the copies
+            K, V = rk[0], rv[0]
+        else:
+            K = lax.reshape(ranked(Sym(K, ks.shape)), ks.shape[:-3] + (hk, 1, S, E))
+            V = lax.reshape(ranked(Sym(V, vs.shape)), vs.shape[:-3] + (hk, 1, S, vs.shape[-1]))
     kt = lax.transpose(K, tuple(range(K.ndim - 2)) + (K.ndim - 1, K.ndim - 2))
     scores = lax.matmul(Q, kt) * sc
     if is_causal:
@@ -1132,6 +1159,22 @@ def attention(ctx: NodeContext, q: Any, k: Any, v: Any, attn_mask: Any, dropout_
     if group > 1:
         out = lax.reshape(out, out.shape[:-4] + (out.shape[-4] * group,) + out.shape[-2:])
     return _result(ctx, out, i)
+
+
+def _repeated_heads(t: Tensor) -> tuple[Tensor, int] | None:
+    """``t`` = ``reshape(concat([x] * g, axis=j))`` of ``x`` (.., Hk, 1, S, E), merging dims
+    ``j - 1`` and ``j`` into the heads dim (third from last): ``(x, g)``, else None."""
+    if t.op != "reshape" or t.inputs[0].op != "concat":
+        return None
+    c = t.inputs[0]
+    j = c.attr("axis")
+    x = c.inputs[0]
+    g = len(c.inputs)
+    n = c.ndim
+    if any(y != x for y in c.inputs) or x.shape[j] != 1 or j != n - 3 or j < 1 or \
+            t.shape != c.shape[:j - 1] + (c.shape[j - 1] * g,) + c.shape[j + 1:]:
+        return None
+    return x, g
 
 
 def _apply_attn_mask(ctx: NodeContext, scores: Tensor, m: Any, L: int, S: int, group: int,

@@ -132,6 +132,9 @@ class Context:
     slices: dict = field(default_factory=dict)  # (label, start, stop) -> the slice's label
     concats: dict = field(default_factory=dict)  # (part labels...) -> the result's label
     reshapes: frozenset = frozenset()  # component label tuples the target splits / merges
+    # the target's transposes and size-1 reshapes: (operand's outer labels, result's, a
+    # transpose's permutation or None)
+    views: frozenset = frozenset()
     # how every tile matmul multiplies (a float32 program's ``math``, lax/precision.py); none
     # for 16-bit programs, whose tiles follow the tensor cores' operand rule
     matmul_attrs: tuple = ()
@@ -274,6 +277,9 @@ def _round(pool: list[Val], new_from: int, add, ctx: Context, F: int, loop: str)
                         ("op", red, (a.vid,), _reduce_attrs(j, keep)), a.cost + 1))
     # the target's slices and concatenations, inside a tile that holds the whole dim
     _slices_and_concats(cur, new_from, n, add, ctx, len(pool))
+    # the target's transposes and size-1 reshapes of a tile
+    if ctx.views:
+        _views(cur, new_from, n, add, ctx, len(pool))
     # for-loop accumulators: sums of anything; the max / min of a maximum / minimum over the
     # loop's label (the running maximum of chunk maxima), after the loop and as a running value
     # the body reads. Abstractly the running value *is* the full maximum: a sum of a value
@@ -447,6 +453,32 @@ def _slices_and_concats(cur: list[Val], new_from: int, n: int, add, ctx: Context
                 frozenset().union(*(v.consumed for v in vals)),
                 ("op", "concat", tuple(v.vid for v in vals), attrs_of(axis=j)),
                 sum(v.cost for v in vals) + 1)
+
+
+def _views(cur: list[Val], new_from: int, n: int, add, ctx: Context, first_id: int) -> None:
+    """Tiles viewed as the target views its tensors (``Context.views``): a tile whose dims carry
+    the operand's outer labels in order gets the result's order -- its dims permuted (a
+    transpose: a copy in shared memory), or size-1 dims added or dropped (a reshape: the data
+    stays put). The abstract expression is the same; the dims say which is which."""
+    count = [first_id]
+    for i in range(new_from, n):
+        a = cur[i]
+        have = tuple(_outer(d) for d in a.dims)
+        for src, dst, perm in ctx.views:
+            if have != src:
+                continue
+            if perm is not None:
+                dims = tuple(a.dims[p] for p in perm)
+                node = ("op", "transpose", (a.vid,), attrs_of(perm=perm))
+            else:
+                kept = iter(d for d in a.dims if _outer(d) is not None)
+                dims = tuple(() if lbl is None else next(kept) for lbl in dst)
+                node = ("op", "reshape", (a.vid,),
+                        attrs_of(shape=tuple(dim_size(d) for d in dims)))
+            if dims == a.dims:
+                continue
+            if add(Val(count[0], dims, a.expr, combine(a.phase), a.consumed, node, a.cost + 1)):
+                count[0] += 1
 
 
 def _selection_over(e: ae.Poly, label: str | None) -> str | None:

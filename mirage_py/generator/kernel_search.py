@@ -288,6 +288,7 @@ class Searcher:
                 if t.op in ("sum", "max", "min") and (t.op != "sum" or not t.attr("keepdims"))})),
             label_sizes=self.labels.sizes, slices=self.labels.slices,
             concats=self.labels.concats, reshapes=self.labels.reshapes,
+            views=self.labels.views,
             matmul_attrs=math_attrs(program_matmul_math(program)))
         self.avail0 = [Avail(t.name, t.shape, t.dtype, exprs[t.digest],
                              self.labels.inputs[t.name]) for t in program.inputs]

@@ -146,6 +146,9 @@ def _block_op(node: BlockOp, env: dict[str, Any], be: Backend,
     if node.op == "reshape":
         shape = tuple(node.attr("shape"))
         return be.layout(args[0], lambda x: x.reshape(x.shape[:3] + shape))
+    if node.op == "transpose":  # the tile dims permuted; the three grid dims stay in front
+        perm = (0, 1, 2) + tuple(3 + p for p in node.attr("perm"))
+        return be.layout(args[0], lambda x: x.transpose(perm))
     if node.op == "concat":
         arrs = _align(args, be)
         lead = tuple(np.broadcast_shapes(*[a.shape[:3] for a in arrs]))

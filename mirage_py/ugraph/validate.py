@@ -39,7 +39,7 @@ from .graph import (ACCUM_KINDS, AXES, Accum, BlockGraph, BlockOp, DTensor, Fuse
 from .phase import Phase, combine
 
 REDUCTIONS = ("sum", "max", "min")
-BLOCK_OPS = ("matmul", *REDUCTIONS, "concat", "slice", "reshape")
+BLOCK_OPS = ("matmul", *REDUCTIONS, "concat", "slice", "reshape", "transpose")
 KERNEL_OPS = ("matmul", *REDUCTIONS, "rms_norm", "reshape", "transpose", "slice", "concat",
               "mask")
 
@@ -266,6 +266,13 @@ def check_block(bg: BlockGraph, ins: list[DTensor], outs: list[DTensor], target:
                 if len(node.operands) != 1 or len(tiles) != 1:
                     raise _err(f"{who}: slice takes one tile", "operator", label)
                 shape = _slice_shape(tiles[0], dict(node.attrs), who, label)
+            elif node.op == "transpose":
+                perm = tuple(node.attr("perm", ()))
+                if len(node.operands) != 1 or len(tiles) != 1 or \
+                        sorted(perm) != list(range(len(tiles[0]))):
+                    raise _err(f"{who}: cannot permute tile {tiles[0]} by {perm}", "shape",
+                               label)
+                shape = tuple(tiles[0][p] for p in perm)
             elif node.op == "reshape":
                 shape = tuple(node.attr("shape", ()))
                 n = 1
