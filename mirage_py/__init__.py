@@ -8,14 +8,14 @@ in ``ugraph`` are the language every stage shares.
 from .errors import (ClusterError, DatabaseError, DTypeError, MirageError, OptionError,
                      ProgramError, SerializationError, ShapeError, TargetError,
                      TorchCaptureError, UnsupportedOperatorError, ValidationError)
-from .lax import (Output, Partition, Program, Tensor, abs, batch_norm, cast, causal_mask, clamp,
+from .lax import (Dim, Output, Partition, Program, Tensor, dim, abs, batch_norm, cast, causal_mask, clamp,
                   concat, exp, gelu, group_norm, hardtanh, layer_norm, leaky_relu, log,
                   log_softmax, logsumexp, matmul, max, maximum, mean, min, minimum, mish,
                   partition, pow, relu, reshape, rms_norm, sigmoid, silu, sin, cos, slice,
                   sliding_window_mask, softmax, softplus, split, sqrt, square, sum, tanh,
                   transpose, where)
 from .verifier import check_numerics, verify
-from .superopt import OptimizedProgram, RayExecutor, load, superopt
+from .superopt import FamilyProgram, OptimizedProgram, RayExecutor, load, superopt
 from . import regions
 from .version import __version__
 
@@ -39,11 +39,11 @@ __all__ = ["ClusterError", "DatabaseError", "DTypeError", "MirageError", "Option
            "ProgramError", "SerializationError", "ShapeError", "TargetError",
            "TorchCaptureError", "UnsupportedOperatorError", "ValidationError", "Output",
            "Partition", "Program",
-           "Tensor", "abs", "batch_norm", "cast", "causal_mask", "clamp", "concat", "exp", "gelu",
+           "Tensor", "Dim", "dim", "abs", "batch_norm", "cast", "causal_mask", "clamp", "concat", "exp", "gelu",
            "group_norm", "hardtanh", "layer_norm", "leaky_relu", "log", "log_softmax",
            "logsumexp", "matmul", "max", "maximum", "mean", "min", "minimum", "mish",
            "partition", "pow", "relu", "reshape", "rms_norm", "sigmoid", "silu", "sin", "cos",
            "slice",
            "sliding_window_mask", "softmax", "softplus", "split", "sqrt", "square", "sum", "tanh",
-           "transpose", "where", "verify", "check_numerics", "superopt", "OptimizedProgram",
+           "transpose", "where", "verify", "check_numerics", "superopt", "OptimizedProgram", "FamilyProgram",
            "load", "RayExecutor", "from_torch", "compile", "__version__"]

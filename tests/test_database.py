@@ -13,7 +13,7 @@ import pytest
 
 import mirage_py as mp
 from mirage_py.errors import DatabaseError
-from mirage_py.tuning import Record, ResultsDB, default_path, export_training_set, open_database
+from mirage_py.tuning import TuningRecord, ResultsDB, default_path, export_training_set, open_database
 from mirage_py.tuning.runners import FakeRunner
 from ugraph_cases import tiled_matmul
 
@@ -31,7 +31,7 @@ KEY = "k" * 64  # an answer key (superopt's: AnswerKey.digest)
 
 def record(i=0, chosen=False, measured=None, target="h100", key=KEY):
     g, _ = tiled_matmul()
-    return Record(g.to_json(), target, g.structural_hash(),
+    return TuningRecord(g.to_json(), target, g.structural_hash(),
                   {"threads": [128], "stages": [1 + i % 4], "schedule": None},
                   predicted_us=10.0 + i, measured_us=measured, runner="model",
                   chosen=chosen, verification={"equivalent": True, "bound": 1e-12,

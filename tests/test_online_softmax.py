@@ -8,7 +8,6 @@ the CPU emulator (shared-memory and register accumulators, every thread order), 
 logits around 30, the safe-softmax rewrite, the search finding the one-kernel form, and superopt
 rejecting a candidate that overflows."""
 
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -311,6 +310,17 @@ def test_a_causal_prefill_without_its_max_meets_the_stated_bound():
     assert fixed.verification[0].tests_run == 2 * 3  # tests fixed by the caller: none added
 
 
+def _run(**settings):
+    """The run one ``superopt`` call would make on the h100 target (no database, no workers)."""
+    from mirage_py.superopt.local import LocalExecutor
+    from mirage_py.superopt.run import Run
+    from mirage_py.superopt.search import default_model
+    from mirage_py.superopt.store import AnswerSettings
+    from mirage_py.targets import get_target
+    return Run(get_target("h100"), default_model(), None, None, AnswerSettings(**settings), 1,
+               None, None, False, LocalExecutor())
+
+
 def test_the_union_bound_is_settled_within_the_stated_bound():
     """Pieces above their share are verified again with their share as the target (in place);
     below the bound, or with the tests fixed, nothing is redone."""
@@ -321,7 +331,7 @@ def test_the_union_bound_is_settled_within_the_stated_bound():
     p.output(mp.exp(x @ w), name="Y")
     g = naive_lowering(p)
     one = verify(p, g, tests=1)
-    run = SimpleNamespace(settings=SimpleNamespace(verify_tests=None, seed=0), target="h100")
+    run = _run()
     pieces = [Checked(p, g, one) for _ in range(3)]
     assert sum(c.verification.bound for c in pieces) > 1e-9
     v = settled_verification(pieces[:2], pieces[2:], run)
@@ -329,16 +339,13 @@ def test_the_union_bound_is_settled_within_the_stated_bound():
     assert all(c.verification.bound <= 1e-9 / 3 for c in pieces)
     assert all(c.verification.tests_run > one.tests_run for c in pieces)
     kept = [Checked(p, g, one)]
-    run.settings.verify_tests = 1
-    assert settled_verification(kept, [], run).bound == one.bound > 1e-9
+    assert settled_verification(kept, [], _run(verify_tests=1)).bound == one.bound > 1e-9
     assert kept[0].verification is one
 
 
 def test_superopt_rejects_an_equivalent_candidate_that_overflows():
     from mirage_py.superopt.part import _finite
-    from mirage_py.superopt.search import default_model
     from mirage_py.superopt.structure import Structure
-    from mirage_py.targets import get_target
     p = mp.Program("scale")
     x = p.input("X", (16, 64))
     p.output(x * 2.0 ** -10, name="Y")
@@ -347,8 +354,7 @@ def test_superopt_rejects_an_equivalent_candidate_that_overflows():
     q.output((xq * 2.0 ** 17) * 2.0 ** -27, name="Y")
     g = naive_lowering(q)
     assert mp.verify(p, g)
-    run = SimpleNamespace(settings=SimpleNamespace(seed=0), target=get_target("h100"),
-                          model=default_model())
+    run = _run()
     st = Structure.of(p, run.model, run.target)
     assert not _finite(st, g, run)
     assert _finite(st, naive_lowering(p), run)

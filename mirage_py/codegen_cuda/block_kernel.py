@@ -432,7 +432,7 @@ class BlockKernelEmitter:
             if mk.fmap == d and self.F > 1:
                 terms.append(f"{iteration} * {shape[d]}")
             pos.append(" + ".join(terms) or "0")
-        value = mask_value(pos[0], pos[1], mk.offset, mk.window)
+        value = mask_value(pos[0], pos[1], mk.offset, mk.window, mk.valid)
         head = (f"// {mk.out} = mask {tuple(mk.shape)} offset={mk.offset} window={mk.window}: "
                 "0/1 from indices")
         return [head, *self.loop(prod(shape), [

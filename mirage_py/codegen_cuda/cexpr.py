@@ -9,6 +9,7 @@ import re
 import numpy as np
 
 from ..lax.ops import EXACT_POW, OPS
+from .errors import CodegenError
 
 # storage type of each device dtype in the emitted code (see prelude.cuh)
 CTYPES = {"float16": "fp16_t", "bfloat16": "bf16_t", "float32": "float"}
@@ -97,13 +98,21 @@ def reduce_step(op: str, acc: str, x: str) -> str:
     return f"{acc} = {'maxf' if op == 'max' else 'minf'}({acc}, {x})"
 
 
-def mask_value(row: str, col: str, offset: int, window: int) -> str:
+def mask_value(row: str, col: str, offset: int, window: int,
+               valid: tuple[int, int] | None = None) -> str:
     """The 0/1 value of a position mask at (row, col) as a float expression (the rule of
     :func:`mirage_py.lax.ops.mask_values`): 1 where ``d = col - row - offset <= 0`` and, with a
-    window, ``d > -window``."""
+    window, ``d > -window``, and, with ``valid``, ``row < rows_valid`` and ``col <
+    cols_valid``. The attributes are bound sizes (``ugraph.bind``)."""
+    for v in (offset, window, *(valid or ())):
+        if not isinstance(v, int):
+            raise CodegenError(f"mask attribute {v!r} names dims: bind the graph's sizes first "
+                               "(emit_cuda(..., sizes=...))")
     # signed: blockIdx is unsigned, and a negative difference must not wrap
     d = f"static_cast<int>({col}) - static_cast<int>({row})" + (f" - ({offset})" if offset else "")
     cond = f"{d} <= 0" + (f" && {d} > {-window}" if window else "")
+    if valid is not None:
+        cond += f" && static_cast<int>({row}) < {valid[0]} && static_cast<int>({col}) < {valid[1]}"
     return f"(({cond}) ? 1.0f : 0.0f)"
 
 

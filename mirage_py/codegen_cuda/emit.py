@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..layout.plan import GraphPlan, plan_graph
+from ..ugraph.bind import bind
 from ..ugraph.graph import GraphKernel, KernelGraph
 from ..ugraph.printing import format_kernel_graph
 from .block_kernel import emit_block_kernel
@@ -77,17 +78,21 @@ def graph_prefix(graph: KernelGraph) -> str:
 
 
 def emit_cuda(graph: Any, target: Any = "h100", prefix: str | None = None,
-              tensor_cores: bool = True, stages: Sequence[int] | None = None) -> CudaSource:
+              tensor_cores: bool = True, stages: Sequence[int] | None = None,
+              sizes: Any = None) -> CudaSource:
     """Plan (unless given a plan) and emit the CUDA C++ of ``graph`` (a KernelGraph, a
     GraphPlan, or an annotated graph with ``.graph`` and ``.stages_full()``, such as
     ``OptimizedProgram.annotated``). Every exported symbol starts with ``prefix`` (default: the
     graph's name), so several graphs can share one translation unit (:func:`translation_unit`).
     ``tensor_cores=False`` keeps every tile matmul on fp32 FMA (exact fp32 products; slower).
     ``stages``: cp.async pipeline depth per graph-defined kernel (default: the annotation's, else
-    2)."""
+    2). ``sizes``: the binding of the dims a padded graph's masks name (``ugraph.bind``); the
+    code is compiled for that binding."""
     if hasattr(graph, "stages_full") and hasattr(graph, "graph"):
         stages = tuple(graph.stages_full()) if stages is None else stages
         graph = graph.graph
+    if sizes is not None and not isinstance(graph, GraphPlan):
+        graph = bind(graph, sizes)
     plan = graph if isinstance(graph, GraphPlan) else plan_graph(graph, target, stages,
                                                                  tensor_cores)
     g = plan.graph

@@ -210,7 +210,7 @@ class KernelOpEmitter:
         loop, grid = self.grid_stride(n, itype)
         odecls, oc = _coords("i", out.shape, "c", itype)
         body = [*odecls, f"store({self.out.cname} + {_offset(out, oc)}, "
-                         f"{mask_value(oc[0], oc[1], self.op.attr('offset'), self.op.attr('window', 0))});"]
+                         f"{mask_value(oc[0], oc[1], self.op.attr('offset'), self.op.attr('window', 0), self.op.attr('valid'))});"]
         spec = self.spec(grid, (THREADS, 1, 1))
         return self.finish(spec, [*loop, *("  " + b for b in body), "}"],
                            "a 0/1 position mask computed from the element's row and column")

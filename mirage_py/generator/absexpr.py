@@ -367,7 +367,8 @@ def is_subexpression(e: Poly, target: Poly) -> bool:
 
 def mask_var(t) -> Poly:
     """A mask leaf's variable: one per distinct mask (shape, offset, window)."""
-    return var(f"mask{t.shape}:{t.attr('offset')}:{t.attr('window')}")
+    valid = f":{t.attr('valid')}" if t.attr("valid") is not None else ""
+    return var(f"mask{t.shape}:{t.attr('offset')}:{t.attr('window')}{valid}")
 
 
 def of_program(program, labels=None) -> dict[str, Poly]:

@@ -58,7 +58,7 @@ class Avail:
     dtype: str
     expr: ae.Poly
     dims: tuple[Dim, ...]
-    mask: tuple[int, int] | None = None
+    mask: tuple | None = None  # (offset, window, valid), as the program's mask says
     # a partial sum computed relative to its split's own running maximum (an online
     # normalisation over a split of the loop's label): the name of the saved partial maximum it
     # carries exp(-m_p) of
@@ -579,7 +579,8 @@ def build_kernel(plan: Plan, avail: list[Avail], pool: list[Val], saves: list[tu
         node = v.node
         if node[0] == "iter" and avail[node[1]].mask is not None:
             a = avail[node[1]]
-            ops.append(MaskIter(nm, a.shape, a.mask[0], a.mask[1], node[2], node[3]))
+            ops.append(MaskIter(nm, a.shape, a.mask[0], a.mask[1], node[2], node[3],
+                                a.mask[2] if len(a.mask) > 2 else None))
         elif node[0] == "iter":
             ops.append(InputIter(nm, remap[node[1]], node[2], node[3]))
         elif node[0] == "op":

@@ -246,6 +246,43 @@ def trace_from_json(doc: list) -> tuple:
                  for grid, loop, grp in doc)
 
 
+def _rescaled_parts(old: int, new: int, parts: int) -> int:
+    """Parts of a label of ``new`` elements that keep the tiles of ``parts`` parts of ``old``
+    (the most that divide ``new`` without tiles larger than before)."""
+    if old == new:
+        return parts
+    tile = max(1, old // parts)
+    if new % tile == 0:
+        return new // tile
+    return _largest_divisor_at_most(new, max(1, new // tile))
+
+
+def rescale_trace(trace: tuple, old: dict[str, int], new: dict[str, int]) -> tuple | None:
+    """``trace`` for the same program at other label sizes (``old`` -> ``new``, a shape family's
+    buckets): every grid split and loop keeps its tile and chunk sizes, so only the part counts
+    change. None when the labels differ (a dim of size 1 has no label: the bucket of size 1 is
+    a program of its own)."""
+    if set(old) != set(new):
+        return None
+    out = []
+    for plan, grp in trace:
+        grid, parts = [], {}
+        for lbl, n in plan.grid:
+            if lbl is None:
+                grid.append((None, 1))
+                continue
+            parts[lbl] = _rescaled_parts(old[lbl], new[lbl], n)
+            grid.append((lbl, parts[lbl]))
+        lbl, iters = plan.loop
+        if lbl is not None:
+            chunk = max(1, old[lbl] // dict(plan.grid).get(lbl, 1) // iters)
+            rest = new[lbl] // parts.get(lbl, 1)
+            iters = rest // chunk if rest % chunk == 0 and rest >= chunk else \
+                _largest_divisor_at_most(rest, max(1, rest // chunk))
+        out.append((Plan(tuple(grid), (lbl, iters)), grp))
+    return tuple(out)
+
+
 class Searcher:
     """The search space of one program on one target: its oracle, labels and templates."""
 
@@ -297,7 +334,7 @@ class Searcher:
         for k, t in enumerate(masks):
             dims = self.labels.node_components[t.digest]
             self.avail0.append(Avail(f"mask{k}", t.shape, t.dtype, exprs[t.digest], dims,
-                                     (t.attr("offset"), t.attr("window"))))
+                                     (t.attr("offset"), t.attr("window"), t.attr("valid"))))
         # what a kernel output holds, when it is one of the program's values: the same abstract
         # expression over the same dim labels (the algebra alone is index-free)
         self._node_of = {}

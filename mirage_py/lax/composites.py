@@ -20,6 +20,7 @@ import numbers
 from typing import Any
 
 from ..errors import ShapeError
+from .shapes import Dim
 from .tensor import (Tensor, _check_tensor, _fmt, amax, div, exp, log, normalize_axes, reshape,
                      sqrt, square, sum)
 
@@ -32,9 +33,13 @@ def _eps(opname: str, eps: Any, x: Tensor) -> float:
     return float(eps)
 
 
-def _count(shape: tuple[int, ...], axes: tuple[int, ...]) -> int:
+def _count(shape: tuple[int, ...], axes: tuple[int, ...], opname: str = "mean") -> int:
     n = 1
     for a in axes:
+        if isinstance(shape[a], Dim):
+            raise ShapeError(f"{opname}: averaging over the symbolic dim {shape[a]} of "
+                             f"{_fmt(shape)}: its count is not a constant (sum, then divide by a "
+                             "size you know)")
         n *= shape[a]
     return n
 

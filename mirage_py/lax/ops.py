@@ -35,6 +35,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .shapes import resolve
+
 # dtypes a device tensor may have, with their storage size in bytes
 DTYPES: dict[str, int] = {"float16": 2, "bfloat16": 2, "float32": 4}
 
@@ -118,16 +120,24 @@ def _concat(*xs: np.ndarray, axis: int) -> np.ndarray:
     return np.concatenate(xs, axis=axis)
 
 
-def mask_values(shape: tuple[int, ...], *, offset: int, window: int = 0) -> np.ndarray:
+def mask_values(shape: tuple[int, ...], *, offset: Any, window: Any = 0, valid: Any = None,
+                sizes: Any = None) -> np.ndarray:
     """The 0/1 values of a position mask of ``shape`` (rows, cols): element (i, j) is 1 where
     ``d = j - i - offset`` satisfies ``d <= 0`` (causal: a query row sees keys up to its own
     position, shifted by ``offset``) and, with ``window > 0``, ``d > -window`` (sliding window:
-    the last ``window`` keys). Leading dims, if any, repeat the same (rows, cols) pattern."""
+    the last ``window`` keys), and, with ``valid = (rows_valid, cols_valid)``, ``i <
+    rows_valid`` and ``j < cols_valid`` (the valid part of a tensor padded to a bucket, see
+    lax/family.py). Leading dims, if any, repeat the same (rows, cols) pattern. Attributes may
+    be expressions of dims (lax/shapes.py), resolved with ``sizes`` (dim name -> size)."""
+    offset, window = resolve(offset, sizes or {}), resolve(window, sizes or {})
     rows, cols = shape[-2], shape[-1]
     d = np.arange(cols)[None, :] - np.arange(rows)[:, None] - offset
     keep = d <= 0
     if window > 0:
         keep &= d > -window
+    if valid is not None:
+        rv, cv = resolve(tuple(valid), sizes or {})
+        keep &= (np.arange(rows)[:, None] < rv) & (np.arange(cols)[None, :] < cv)
     return np.broadcast_to(keep.astype(np.float64), shape)
 
 
@@ -205,7 +215,8 @@ OPS: dict[str, OpSpec] = _table(
     OpSpec("input", "leaf", "multilinear", None, attrs=("name",)),
     OpSpec("const", "leaf", "multilinear", None, attrs=("value",)),
     # a 0/1 position mask (causal, sliding window): known data, exact in the field
-    OpSpec("mask", "leaf", "multilinear", None, attrs=("offset", "window")),
+    OpSpec("mask", "leaf", "multilinear", None, attrs=("offset", "window", "valid"),
+           optional=("valid",)),
     # unary elementwise
     OpSpec("neg", "unary", "multilinear", np.negative),
     OpSpec("square", "unary", "multilinear", np.square),

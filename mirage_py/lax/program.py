@@ -30,6 +30,7 @@ import numpy as np
 from ..errors import DTypeError, MirageError, ProgramError, SerializationError, ShapeError
 from . import ops as _ops
 from .precision import Float32Matmul
+from .shapes import Affine, Dim, json_size, resolve, size_from_json
 from .tensor import (Tensor, _fmt, _json_attr, apply, const, make_input, mask_from_attrs,
                      topo_order)
 
@@ -58,6 +59,12 @@ class Program:
         if name in self._inputs:
             raise ProgramError(f"Program {self.name!r}: input {name!r} is declared twice")
         t = make_input(name, shape, dtype)
+        known = self.dims
+        for d in t.shape:
+            if isinstance(d, Dim) and d.name in known and known[d.name] != d:
+                raise ProgramError(f"Program {self.name!r}: input {name!r} uses dim {d.name} with "
+                                   f"range {d.lo} .. {d.hi}, declared {known[d.name].lo} .. "
+                                   f"{known[d.name].hi} before")
         self._inputs[name] = t
         return t
 
@@ -120,6 +127,83 @@ class Program:
     def output_tensors(self) -> dict[str, Tensor]:
         return dict(self._outputs)
 
+    @property
+    def dims(self) -> dict[str, Dim]:
+        """The symbolic dims of the inputs, by name (empty for a static program)."""
+        out: dict[str, Dim] = {}
+        for t in self._inputs.values():
+            for d in t.shape:
+                if isinstance(d, Dim):
+                    out.setdefault(d.name, d)
+        return out
+
+    @property
+    def symbolic(self) -> bool:
+        return bool(self.dims)
+
+    @property
+    def params(self) -> tuple[str, ...]:
+        """Dims the program's masks name that no input shape carries: sizes known only when it
+        runs (the valid sizes of a padded program, lax/family.py), given to ``evaluate``."""
+        shaped = set(self.dims)
+        names: set[str] = set()
+        for t in self.nodes():
+            if t.op == "mask":
+                for _, v in t.attrs:
+                    for x in (v if isinstance(v, tuple) else (v,)):
+                        if isinstance(x, (Dim, Affine)):
+                            names |= {n for n, _ in Affine.of(x).terms}
+        return tuple(sorted(names - shaped))
+
+    def bind(self, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, int]:
+        """The size of every dim, read from input ``shapes`` (name -> concrete shape): each
+        dim's uses must agree and lie in its range (typed errors name the input)."""
+        sizes: dict[str, int] = {}
+        for n, t in self._inputs.items():
+            got = tuple(shapes[n])
+            if len(got) != len(t.shape):
+                raise ShapeError(f"Program {self.name!r}: input {n!r} has shape {_fmt(got)}, "
+                                 f"declared {_fmt(t.shape)}")
+            for want, have in zip(t.shape, got):
+                if isinstance(want, Dim):
+                    where = f"Program {self.name!r}: input {n!r} {_fmt(got)}"
+                    want.check(int(have), where)
+                    if sizes.setdefault(want.name, int(have)) != int(have):
+                        raise ShapeError(f"{where}: dim {want.name} is {have} here and "
+                                         f"{sizes[want.name]} in another input")
+                elif want != have:
+                    raise ShapeError(f"Program {self.name!r}: input {n!r} has shape {_fmt(got)}, "
+                                     f"declared {_fmt(t.shape)}")
+        return sizes
+
+    def at(self, sizes: Mapping[str, int]) -> "Program":
+        """The static program this one is for ``sizes`` (dim name -> size, each in its dim's
+        range): every dim, and every expression of dims in a mask, replaced by its size (also
+        the :attr:`params` of a padded program, when ``sizes`` names them)."""
+        dims = self.dims
+        if not dims and not set(self.params) & set(sizes):
+            return self
+        for n, d in dims.items():
+            if n not in sizes:
+                raise ShapeError(f"Program {self.name!r}: no size given for dim {n}")
+            d.check(int(sizes[n]), f"Program {self.name!r}")
+        new: dict[str, Tensor] = {}
+        out = Program(self.name)
+        for t in self.nodes():
+            if t.op == "input":
+                new[t.digest] = out.input(t.name, resolve(t.shape, sizes), t.dtype)
+            elif t.op == "const":
+                new[t.digest] = t
+            elif t.op == "mask":
+                new[t.digest] = mask_from_attrs(resolve(t.shape, sizes),
+                                                {k: resolve(v, sizes) for k, v in t.attrs})
+            else:
+                new[t.digest] = apply(t.op, [new[i.digest] for i in t.inputs],
+                                      {k: resolve(v, sizes) for k, v in t.attrs}, exact=False)
+        for n, t in self._outputs.items():
+            out.output(new[t.digest], n)
+        return out
+
     def nodes(self) -> list[Tensor]:
         """Every node (inputs first in declaration order, then operators in dependency order)."""
         order = [t for t in topo_order(self._outputs.values()) if t.op != "input"]
@@ -179,22 +263,35 @@ class Program:
             if a.dtype.kind not in "biuf":
                 raise DTypeError(f"Program {self.name!r}: input {n!r} {_fmt(a.shape)} has dtype "
                                  f"{a.dtype}, not a real number type")
-            if a.shape != t.shape:
+            if a.shape != t.shape and not t.symbolic:
                 raise ShapeError(f"Program {self.name!r}: input {n!r} has shape {_fmt(a.shape)}, "
                                  f"declared {_fmt(t.shape)}")
             out[n] = a
+        if self.symbolic:
+            self.bind({n: a.shape for n, a in out.items()})
         return out
 
     def evaluate(self, inputs: Mapping[str, Any], dtype: Any = np.float64, *,
-                 backend: Any = None) -> dict[str, Any]:
+                 backend: Any = None, sizes: Mapping[str, int] | None = None) -> dict[str, Any]:
         """Reference semantics: evaluate in ``dtype`` (float64 by default) with NumPy.
 
         ``backend`` (a :class:`mirage_py.lax.backend.Backend`) evaluates the same operators with
         other arithmetic -- the verifier's finite field, degree bounds -- instead; ``inputs`` are
-        then values of that backend (anything with a ``shape``) and ``dtype`` is ignored.
+        then values of that backend (anything with a ``shape``) and ``dtype`` is ignored. A
+        symbolic program binds its dims from the inputs' shapes; ``sizes`` gives the dims a
+        program's masks name without a tensor of that size (:attr:`params`: the valid sizes of
+        a padded program, lax/family.py).
         """
+        if self.symbolic:  # bind the dims from the inputs, then the static program
+            bound = self.bind({n: np.shape(v) for n, v in self.check_inputs(inputs).items()}
+                              if backend is None else {n: v.shape for n, v in inputs.items()})
+            return self.at(bound).evaluate(inputs, dtype, backend=backend, sizes=sizes)
+        missing = sorted(set(self.params) - set(sizes or {}))
+        if missing:
+            raise ShapeError(f"Program {self.name!r}: its masks need the size of "
+                             f"{', '.join(missing)} (evaluate(..., sizes=...))")
         if backend is not None:
-            return self._evaluate_on(backend, inputs)
+            return self._evaluate_on(backend, inputs, sizes)
         arrays = self.check_inputs(inputs)
         vals: dict[str, np.ndarray] = {}
         for t in self.nodes():
@@ -203,7 +300,8 @@ class Program:
             elif t.op == "const":
                 vals[t.digest] = np.asarray(t.attr("value"), dtype=dtype)
             elif t.op == "mask":
-                vals[t.digest] = _ops.mask_values(t.shape, **t.attr_dict).astype(dtype)
+                vals[t.digest] = _ops.mask_values(t.shape, **t.attr_dict,
+                                                  sizes=sizes).astype(dtype)
             else:
                 # np.asarray: a full reduction gives a NumPy scalar; keep every value an array
                 vals[t.digest] = np.asarray(_ops.compute(t.op, [vals[i.digest] for i in t.inputs],
@@ -212,7 +310,8 @@ class Program:
         return {n: vals[t.digest].copy() if t.op == "input" else vals[t.digest]
                 for n, t in self._outputs.items()}
 
-    def _evaluate_on(self, backend: Any, inputs: Mapping[str, Any]) -> dict[str, Any]:
+    def _evaluate_on(self, backend: Any, inputs: Mapping[str, Any],
+                     sizes: Mapping[str, int] | None = None) -> dict[str, Any]:
         if not isinstance(inputs, Mapping):
             raise ProgramError(f"Program {self.name!r}: inputs must be a dict name -> value")
         missing = [n for n in self._inputs if n not in inputs]
@@ -232,21 +331,28 @@ class Program:
             elif t.op == "const":
                 vals[t.digest] = backend.scalar(float(t.attr("value")))
             elif t.op == "mask":
-                vals[t.digest] = backend.data(_ops.mask_values(t.shape, **t.attr_dict))
+                vals[t.digest] = backend.data(_ops.mask_values(t.shape, **t.attr_dict,
+                                                               sizes=sizes))
             else:
                 vals[t.digest] = backend.compute(t.op, [vals[i.digest] for i in t.inputs],
                                                  t.attr_dict)
         return {n: vals[t.digest] for n, t in self._outputs.items()}
 
-    def random_inputs(self, seed: int = 0, scale: float = 1.0) -> dict[str, np.ndarray]:
-        """Normal random float64 inputs of the declared shapes (``scale`` times N(0,1))."""
+    def random_inputs(self, seed: int = 0, scale: float = 1.0,
+                      sizes: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
+        """Normal random float64 inputs of the declared shapes (``scale`` times N(0,1)); a
+        symbolic program's dims take ``sizes`` (default: each dim's smallest size)."""
         rng = np.random.default_rng(seed)
-        return {n: scale * rng.standard_normal(t.shape) for n, t in self._inputs.items()}
+        if self.symbolic:
+            sizes = {n: d.lo for n, d in self.dims.items()} if sizes is None else sizes
+        return {n: scale * rng.standard_normal(resolve(t.shape, sizes or {}))
+                for n, t in self._inputs.items()}
 
     # -- identity and persistence ---------------------------------------------------------------
     def structural_hash(self) -> str:
         """SHA-256 of the structure (inputs, operators, outputs); the name is not part of it."""
-        key = json.dumps({"inputs": [[n, list(t.shape), t.dtype] for n, t in self._inputs.items()],
+        key = json.dumps({"inputs": [[n, [json_size(d) for d in t.shape], t.dtype]
+                                     for n, t in self._inputs.items()],
                           "outputs": [[n, t.digest] for n, t in self._outputs.items()]},
                          separators=(",", ":"))
         return hashlib.sha256(key.encode()).hexdigest()
@@ -265,7 +371,7 @@ class Program:
             nodes.append({"id": ids[t.digest], "op": t.op,
                           "inputs": [ids[i.digest] for i in t.inputs],
                           "attrs": {k: _json_attr(v) for k, v in t.attrs},
-                          "shape": list(t.shape), "dtype": t.dtype})
+                          "shape": [json_size(d) for d in t.shape], "dtype": t.dtype})
         return {"format": FORMAT, "version": FORMAT_VERSION, "name": self.name, "nodes": nodes,
                 "outputs": [{"name": n, "node": ids[t.digest]} for n, t in self._outputs.items()]}
 
@@ -285,20 +391,21 @@ class Program:
             for nd in doc["nodes"]:
                 op = nd["op"]
                 attrs = {k: _from_json_attr(v) for k, v in nd["attrs"].items()}
+                shape = tuple(size_from_json(d) for d in nd["shape"])
                 if op == "input":
-                    t = p.input(attrs["name"], tuple(nd["shape"]), nd["dtype"])
+                    t = p.input(attrs["name"], shape, nd["dtype"])
                 elif op == "const":
                     t = const(attrs["value"], nd["dtype"])
                 elif op == "mask":
-                    t = mask_from_attrs(nd["shape"], attrs)
+                    t = mask_from_attrs(shape, attrs)
                 elif op not in _ops.OPS:
                     raise SerializationError(f"unknown operator {op!r} in node {nd['id']!r}")
                 else:
                     # re-infer shape and dtype with the operator's own checks
                     t = apply(op, [built[i] for i in nd["inputs"]], attrs)
-                if t.shape != tuple(nd["shape"]) or t.dtype != nd["dtype"]:
+                if t.shape != shape or t.dtype != nd["dtype"]:
                     raise SerializationError(
-                        f"node {nd['id']!r} ({op}) records {_fmt(tuple(nd['shape']))} "
+                        f"node {nd['id']!r} ({op}) records {_fmt(shape)} "
                         f"{nd['dtype']}, but its operands give {_fmt(t.shape)} {t.dtype}")
                 if nd["id"] in built:
                     raise SerializationError(f"node id {nd['id']!r} appears twice")
@@ -382,7 +489,7 @@ class Output:
 
 def _from_json_attr(v: Any) -> Any:
     if isinstance(v, dict):
-        return float(v["f"])
+        return float(v["f"]) if "f" in v else size_from_json(v)
     if isinstance(v, list):
         return tuple(_from_json_attr(x) for x in v)
     return v

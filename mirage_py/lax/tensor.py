@@ -23,6 +23,7 @@ from typing import Any, Iterable, Sequence
 from ..errors import DTypeError, ProgramError, ShapeError
 from .ops import DTYPES, EXACT_POW, OPS
 from .precision import Float32Matmul
+from .shapes import Affine, Dim, is_size, json_size, symbolic
 
 
 def _fmt(shape: Sequence[int]) -> str:
@@ -50,9 +51,10 @@ class Tensor:
         self.op = op
         self.inputs = tuple(inputs)
         self.attrs = tuple(sorted((k, _attr_value(v)) for k, v in attrs.items()))
-        self.shape = tuple(int(d) for d in shape)
+        self.shape = tuple(d if isinstance(d, Dim) else int(d) for d in shape)
         self.dtype = dtype
-        key = json.dumps([op, [[k, _json_attr(v)] for k, v in self.attrs], self.shape, dtype,
+        key = json.dumps([op, [[k, _json_attr(v)] for k, v in self.attrs],
+                          [json_size(d) for d in self.shape], dtype,
                           [t.digest for t in self.inputs]], separators=(",", ":"))
         self.digest = hashlib.sha256(key.encode()).hexdigest()
         self._hash = int(self.digest[:16], 16)
@@ -90,7 +92,15 @@ class Tensor:
 
     @property
     def size(self) -> int:
+        if symbolic(self.shape):
+            raise ShapeError(f"{self.op} {_fmt(self.shape)}: a tensor with symbolic dims has no "
+                             "fixed number of elements; bind its dims first (Program.at)")
         return math.prod(self.shape)
+
+    @property
+    def symbolic(self) -> bool:
+        """Does a dim of this tensor take its size from a :class:`Dim`?"""
+        return symbolic(self.shape)
 
     def __repr__(self) -> str:
         if self.op == "input":
@@ -160,6 +170,8 @@ def _json_attr(v: Any) -> Any:
         return {"f": repr(v)}  # exact, and distinguishes 1.0 from 1
     if isinstance(v, tuple):
         return [_json_attr(x) for x in v]
+    if isinstance(v, (Dim, Affine)):
+        return json_size(v)
     return v
 
 
@@ -176,10 +188,10 @@ def make_input(name: str, shape: Sequence[int], dtype: str) -> Tensor:
         raise DTypeError(f"input {name!r} {shape!r}: dtype {dtype!r} is not supported "
                          f"(choose one of {', '.join(DTYPES)})")
     # () is a scalar: partition parts receive 0-d values (a full sum, say) as inputs
-    if not all(isinstance(d, numbers.Integral) and not isinstance(d, bool) and d > 0
-               for d in dims):
-        raise ShapeError(f"input {name!r}: shape {shape!r} must be a tuple of positive ints")
-    return Tensor("input", (), {"name": name}, tuple(int(d) for d in dims), dtype)
+    if not all(is_size(d) for d in dims):
+        raise ShapeError(f"input {name!r}: shape {shape!r} must be a tuple of positive ints "
+                         "and dims (mp.dim)")
+    return Tensor("input", (), {"name": name}, dims, dtype)
 
 
 def const(value: float, dtype: str = "float32") -> Tensor:
@@ -425,45 +437,73 @@ def minimum(a: Any, b: Any) -> Tensor:
 
 # ---- masks ------------------------------------------------------------------------------------
 
-def _mask(opname: str, rows: Any, cols: Any, offset: Any, window: int) -> Tensor:
+def _expr(opname: str, name: str, v: Any, where: str) -> int | Affine:
+    """An int, or an :class:`Affine` expression of dims with at least one dim."""
+    if isinstance(v, numbers.Integral) and not isinstance(v, bool):
+        return int(v)
+    if isinstance(v, (Dim, Affine)):
+        a = Affine.of(v)
+        return a if a.terms else a.const
+    raise ShapeError(f"{opname}: {name} must be an int or an expression of dims, got {v!r} "
+                     f"({where})")
+
+
+def _mask(opname: str, rows: Any, cols: Any, offset: Any, window: Any) -> Tensor:
     for name, v in (("rows", rows), ("cols", cols)):
-        if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v < 1:
-            raise ShapeError(f"{opname}: {name} must be a positive int, got {v!r}")
+        if not is_size(v):
+            raise ShapeError(f"{opname}: {name} must be a positive int or a dim, got {v!r}")
+    where = f"mask ({rows}, {cols})"
     if offset is None:
-        offset = int(cols) - int(rows)
-    if not isinstance(offset, numbers.Integral) or isinstance(offset, bool):
-        raise ShapeError(f"{opname}: offset must be an int, got {offset!r} (mask "
-                         f"({rows}, {cols}))")
-    return Tensor("mask", (), {"offset": int(offset), "window": int(window)},
-                  (int(rows), int(cols)), "float16")
+        offset = Affine.of(cols) - rows
+    offset = _expr(opname, "offset", offset, where)
+    window = _expr(opname, "window", window, where)
+    return Tensor("mask", (), {"offset": offset, "window": window}, (rows, cols), "float16")
 
 
-def causal_mask(rows: int, cols: int, offset: int | None = None) -> Tensor:
+def causal_mask(rows: Any, cols: Any, offset: Any = None) -> Tensor:
     """A (rows, cols) 0/1 mask: row i (a query) sees column j (a key) when
     ``j <= i + offset``. ``offset`` defaults to ``cols - rows``: the queries are the last
     ``rows`` positions of a sequence of ``cols`` (a prefill has rows == cols and offset 0).
-    Masks are known data: the verifier evaluates them exactly."""
+    Sizes may be dims and the offset an expression of them (``offset=S - T``). Masks are known
+    data: the verifier evaluates them exactly."""
     return _mask("causal_mask", rows, cols, offset, 0)
 
 
-def sliding_window_mask(rows: int, cols: int, window: int, offset: int | None = None) -> Tensor:
+def sliding_window_mask(rows: Any, cols: Any, window: Any, offset: Any = None) -> Tensor:
     """A causal mask that also hides keys more than ``window - 1`` positions back: row i sees
     column j when ``i + offset - window < j <= i + offset``."""
-    if not isinstance(window, numbers.Integral) or isinstance(window, bool) or window < 1:
+    if (isinstance(window, numbers.Integral) and not isinstance(window, bool) and window < 1) \
+            or not isinstance(window, (numbers.Integral, Dim, Affine)) or isinstance(window, bool):
         raise ShapeError(f"sliding_window_mask: window must be a positive int, got {window!r} "
                          f"(mask ({rows}, {cols}))")
-    return _mask("sliding_window_mask", rows, cols, offset, int(window))
+    return _mask("sliding_window_mask", rows, cols, offset, window)
+
+
+def valid_mask(rows: Any, cols: Any, rows_valid: Any, cols_valid: Any) -> Tensor:
+    """A (rows, cols) 0/1 mask that is 1 on the first ``rows_valid`` rows and ``cols_valid``
+    columns: the valid part of values padded to a bucket's size (lax/family.py); the valid
+    sizes are usually expressions of dims, known when the program runs."""
+    m = _mask("valid_mask", rows, cols, cols, 0)  # no causal limit: j - i - cols <= 0 always
+    valid = (_expr("valid_mask", "rows_valid", rows_valid, f"mask ({rows}, {cols})"),
+             _expr("valid_mask", "cols_valid", cols_valid, f"mask ({rows}, {cols})"))
+    return Tensor("mask", (), {**m.attr_dict, "valid": valid}, m.shape, m.dtype)
 
 
 def mask_from_attrs(shape: Sequence[int], attrs: dict[str, Any]) -> Tensor:
-    """Rebuild a mask leaf (deserialization)."""
+    """Rebuild a mask leaf (deserialization, binding dims)."""
     shape = tuple(shape)
     if len(shape) != 2:
         raise ShapeError(f"mask: shape {shape!r} must be (rows, cols)")
     window = attrs.get("window", 0)
     if window:
-        return sliding_window_mask(shape[0], shape[1], window, attrs["offset"])
-    return causal_mask(shape[0], shape[1], attrs["offset"])
+        m = sliding_window_mask(shape[0], shape[1], window, attrs["offset"])
+    else:
+        m = causal_mask(shape[0], shape[1], attrs["offset"])
+    if attrs.get("valid") is not None:
+        where = f"mask {_fmt(shape)}"
+        valid = tuple(_expr("mask", "valid", v, where) for v in attrs["valid"])
+        return Tensor("mask", (), {**m.attr_dict, "valid": valid}, m.shape, m.dtype)
+    return m
 
 
 def where(mask: Any, a: Any, b: Any) -> Tensor:
@@ -583,7 +623,7 @@ def _select_reduce(op: str, x: Tensor, axis: Any, keepdims: bool) -> Tensor:
     x = _check_tensor(x, op)
     axes = normalize_axes(op, x.shape, axis)
     shape = _reduce_shape(x.shape, axes, keepdims)
-    if x.size == 0 or all(x.shape[a] == 1 for a in axes):
+    if all(x.shape[a] == 1 for a in axes):
         return reshape(x, shape)  # the max of one element is that element
     return Tensor(op, (x,), {"axes": axes, "keepdims": bool(keepdims)}, shape, x.dtype)
 
@@ -599,32 +639,41 @@ def amin(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:
     return _select_reduce("min", x, axis, keepdims)
 
 
-def reshape(x: Tensor, shape: Iterable[int]) -> Tensor:
-    """Reshape keeping element order (row-major); one dim may be -1."""
+def reshape(x: Tensor, shape: Iterable[Any]) -> Tensor:
+    """Reshape keeping element order (row-major); one dim may be -1. A symbolic dim of ``x``
+    must reappear whole in the target (``(B, S, 64)`` -> ``(B, S, 4, 16)``); merging it with
+    another dim is not expressible."""
     x = _check_tensor(x, "reshape")
     try:
-        dims = [shape] if isinstance(shape, numbers.Integral) else list(shape)
+        dims = [shape] if isinstance(shape, (numbers.Integral, Dim)) else list(shape)
     except TypeError:
         raise ShapeError(f"reshape: target shape {shape!r} for {_fmt(x.shape)} is not a "
                          "sequence of ints") from None
-    if any(not isinstance(d, numbers.Integral) or isinstance(d, bool) or (d <= 0 and d != -1)
+    if any(not isinstance(d, Dim) and (not isinstance(d, numbers.Integral) or
+                                       isinstance(d, bool) or (d <= 0 and d != -1))
            for d in dims) or dims.count(-1) > 1:
         raise ShapeError(f"reshape: bad target shape {tuple(dims)} for {_fmt(x.shape)}")
-    known = 1
-    for d in dims:
-        if d != -1:
-            known *= d
-    dims = [int(d) for d in dims]
+    key = lambda d: (d.name, d.lo, d.hi)  # noqa: E731
+    if sorted((d for d in x.shape if isinstance(d, Dim)), key=key) != \
+            sorted((d for d in dims if isinstance(d, Dim)), key=key):
+        raise ShapeError(f"reshape: cannot reshape {_fmt(x.shape)} into {_fmt(tuple(dims))}: "
+                         "each symbolic dim must reappear whole")
+    size = math.prod(d for d in x.shape if not isinstance(d, Dim))
+    known = math.prod(d for d in dims if not isinstance(d, Dim) and d != -1)
+    dims = [d if isinstance(d, Dim) else int(d) for d in dims]
     if -1 in dims:
-        if x.size % known:
+        if size % known:
             raise ShapeError(f"reshape: cannot reshape {_fmt(x.shape)} into {tuple(dims)}")
-        dims[dims.index(-1)] = x.size // known
-    elif known != x.size:
-        raise ShapeError(f"reshape: cannot reshape {_fmt(x.shape)} ({x.size} elements) into "
+        dims[dims.index(-1)] = size // known
+    elif known != size:
+        raise ShapeError(f"reshape: cannot reshape {_fmt(x.shape)} ({size} elements per "
+                         f"symbolic element) into {_fmt(tuple(dims))} ({known})"
+                         if x.symbolic else
+                         f"reshape: cannot reshape {_fmt(x.shape)} ({size} elements) into "
                          f"{_fmt(tuple(dims))} ({known} elements)")
     if tuple(dims) == x.shape:
         return x
-    return Tensor("reshape", (x,), {"shape": tuple(int(d) for d in dims)}, tuple(dims), x.dtype)
+    return Tensor("reshape", (x,), {"shape": tuple(dims)}, tuple(dims), x.dtype)
 
 
 def transpose(x: Tensor, axes: Sequence[int] | None = None) -> Tensor:
@@ -658,6 +707,9 @@ def slice_axis(x: Tensor, axis: int, start: int, stop: int) -> Tensor:
     x = _check_tensor(x, "slice")
     ax = _axis("slice", x.shape, axis)
     n = x.shape[ax]
+    if isinstance(n, Dim):
+        raise ShapeError(f"slice: axis {ax} of {_fmt(x.shape)} is the symbolic dim {n}; slicing "
+                         "it is not expressible")
     for name, v in (("start", start), ("stop", stop)):
         if not isinstance(v, numbers.Integral) or isinstance(v, bool):
             raise ShapeError(f"slice: {name} must be an int, got {v!r} (shape {_fmt(x.shape)})")
@@ -677,6 +729,9 @@ def split(x: Tensor, sections: Any, axis: int = -1) -> tuple[Tensor, ...]:
     x = _check_tensor(x, "split")
     ax = _axis("split", x.shape, axis)
     n = x.shape[ax]
+    if isinstance(n, Dim):
+        raise ShapeError(f"split: axis {ax} of {_fmt(x.shape)} is the symbolic dim {n}; "
+                         "splitting it is not expressible")
     if isinstance(sections, numbers.Integral) and not isinstance(sections, bool):
         if sections < 1 or n % sections:
             raise ShapeError(f"split: {n} elements along axis {ax} of {_fmt(x.shape)} do not "
@@ -721,6 +776,9 @@ def concat(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
                          "one")
     if len(ts) == 1:
         return ts[0]
+    if any(isinstance(t.shape[ax], Dim) for t in ts):
+        raise ShapeError(f"concat: tensors {shapes} are joined along a symbolic dim (axis "
+                         f"{ax}); that is not expressible")
     n = builtins.sum(t.shape[ax] for t in ts)
     shape = ts[0].shape[:ax] + (n,) + ts[0].shape[ax + 1:]
     return Tensor("concat", tuple(ts), {"axis": ax}, shape, ts[0].dtype)
@@ -740,6 +798,11 @@ def getitem(x: Tensor, key: Any) -> Tensor:
     out, drop = x, []
     for ax, k in enumerate(keys):
         n = x.shape[ax]
+        if isinstance(n, Dim):
+            if k == builtins.slice(None):
+                continue  # the whole symbolic dim
+            raise ShapeError(f"indexing: axis {ax} of {_fmt(x.shape)} is the symbolic dim {n}; "
+                             "only ':' takes it")
         if isinstance(k, numbers.Integral) and not isinstance(k, bool):
             if not -n <= k < n:
                 raise ShapeError(f"indexing: index {k} is out of range for axis {ax} of "
@@ -783,9 +846,12 @@ _BUILD: dict[str, Any] = {
 }
 
 
-def apply(op: str, args: Sequence[Tensor], attrs: dict[str, Any]) -> Tensor:
+def apply(op: str, args: Sequence[Tensor], attrs: dict[str, Any],
+          exact: bool = True) -> Tensor:
     """Apply core operator ``op`` (a name from the op table) to ``args`` with ``attrs``, checking
-    shapes and dtypes like the operator functions do; used to rebuild deserialized programs."""
+    shapes and dtypes like the operator functions do; used to rebuild deserialized programs.
+    ``exact=False`` accepts what the operator function makes of it at these shapes (a max over
+    one element is that element: a program bound to sizes of 1)."""
     spec = OPS.get(op)
     if spec is None or spec.category == "leaf":
         raise ShapeError(f"{op}: not an operator that takes operands")
@@ -806,7 +872,7 @@ def apply(op: str, args: Sequence[Tensor], attrs: dict[str, Any]) -> Tensor:
         t = _unary(op, args[0])
     else:
         t = _binary(op, args[0], args[1])
-    if t.op != op:  # the operator function simplified it (a one-element max, pow(x, 1), ...)
+    if t.op != op and exact:  # the function simplified it (a one-element max, pow(x, 1), ...)
         raise ShapeError(f"{op}: attributes {dict(attrs)} make it a no-op that is never recorded")
     return t
 

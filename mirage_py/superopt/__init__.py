@@ -83,7 +83,9 @@ def superopt(program: Program, *, target: Any = "h100", time_budget_s: float | N
              verify_tests: int | None = None, max_verify: int = 16, tune_top: int = 4,
              tune_rounds: int = 8, measure_top: int = 4, progress: bool | None = None,
              database: Any = None, runner: Any = None, cost_model: Any = None,
-             executor: Any = None, float32_matmul: str = "highest") -> OptimizedProgram:
+             executor: Any = None, float32_matmul: str = "highest",
+             buckets: Any = None, representative: Any = None, sizes: Any = None,
+             replay: Any = None) -> OptimizedProgram:
     """Superoptimise ``program`` for ``target`` (see the module docstring).
 
     ``database``: None -> the default results file (``$MIRAGE_PY_DATABASE``, else under the user
@@ -104,7 +106,16 @@ def superopt(program: Program, *, target: Any = "h100", time_budget_s: float | N
     ``"highest"`` (float32 products), ``"high"`` (TF32 tensor cores), ``"medium"`` (bfloat16
     tensor cores); 16-bit matmuls always multiply in their own type (lax/precision.py). The
     answer is searched for, stored under and reports the program with that precision on its
-    matmuls. Bad options raise
+    matmuls.
+
+    A *symbolic* program (dims made with ``mp.dim``) gets a :class:`FamilyProgram`: one search
+    at the bucket that holds ``representative`` (dim name -> size; default a middle size),
+    serving every size of the dims' ranges (``buckets``: dim name -> bucket sizes, default
+    powers of two); other buckets replay it without searching (superopt/family.py).
+    ``sizes`` (the valid sizes a padded program's masks name) and ``replay`` (the answer whose
+    cover a padded bucket replays) are how the family layer calls this function.
+
+    Bad options raise
     :class:`~mirage_py.errors.OptionError`; a cluster that cannot do the work,
     :class:`ClusterError`.
     """
@@ -112,6 +123,18 @@ def superopt(program: Program, *, target: Any = "h100", time_budget_s: float | N
                    tune_rounds, measure_top, verify_tests, seed)
     program = program.with_float32_matmul(Float32Matmul.parse(float32_matmul,
                                                               "superopt: float32_matmul"))
+    if program.symbolic:
+        from .family import superopt_family
+        options = dict(target=target, time_budget_s=time_budget_s, seed=seed, workers=workers,
+                       max_kernels=max_kernels, verify_tests=verify_tests,
+                       max_verify=max_verify, tune_top=tune_top, tune_rounds=tune_rounds,
+                       measure_top=measure_top, progress=progress, database=database,
+                       runner=runner, cost_model=cost_model, executor=executor)
+        return superopt_family(program, options, buckets, representative)
+    missing = sorted(set(program.params) - set(sizes or {}))
+    if missing:
+        raise OptionError(f"superopt: program {program.name!r} has masks that name "
+                          f"{', '.join(missing)}; give their sizes (sizes=...)")
     tgt = get_target(target)
     model = default_model() if cost_model in (None, "analytic") else \
         calibrated_model() if cost_model == "calibrated" else \
@@ -135,15 +158,22 @@ def superopt(program: Program, *, target: Any = "h100", time_budget_s: float | N
                               max_verify=max_verify, measure_top=measure_top)
     run = Run(tgt, model, runner, db, settings, workers,
               t0 + 0.8 * time_budget_s if time_budget_s else None,
-              t0 + time_budget_s if time_budget_s else None, progress, ex)
+              t0 + time_budget_s if time_budget_s else None, progress, ex,
+              sizes=dict(sizes or {}))
     parts = parts_of(program)
+    if replay is not None and len(replay.parts) != len(parts):
+        raise OptionError(f"superopt: the answer to replay has {len(replay.parts)} part(s), "
+                          f"program {program.name!r} {len(parts)}")
     # every operator has field semantics (uninterpreted functions and max / min as random
     # functions; a part may nest exps, no region does), so every part goes to the region layer
-    results = [solve_part(part, run) for part in parts]
+    results = [solve_part(part, run, None if replay is None else replay.parts[i].pieces)
+               for i, part in enumerate(parts)]
     return OptimizedProgram(program, tgt.name, results, time.perf_counter() - t0, model, parts)
 
 
-__all__ = ["superopt", "OptimizedProgram", "PartResult", "RegionResult", "Piece", "Answer",
+from .family import FamilyProgram  # noqa: E402 -- it calls back into superopt
+
+__all__ = ["superopt", "FamilyProgram", "OptimizedProgram", "PartResult", "RegionResult", "Piece", "Answer",
            "SavedVerification", "load", "join_parts", "default_model", "tuning_choice",
            "get_target", "Executor", "LocalExecutor", "RayExecutor", "ClusterError",
            "AnswerSettings"]

@@ -34,7 +34,6 @@ def settled_verification(pieces: list, shift_checks: list[Checked], run: Any) ->
     within ``DEFAULT_BOUND`` unless ``run`` fixed the number of tests: pieces above their share
     are verified again, with more tests, in place (a region's answer keeps the stronger
     verification for every place that uses it and for the database)."""
-    from ..verifier import Verifier
     from ..verifier.equivalence import DEFAULT_BOUND
     v = _union(pieces, shift_checks)
     if run.settings.verify_tests is not None or v.bound <= DEFAULT_BOUND:
@@ -43,8 +42,7 @@ def settled_verification(pieces: list, shift_checks: list[Checked], run: Any) ->
     share = DEFAULT_BOUND / len(terms)
     for t in terms:
         if t.verification.equivalent and t.verification.bound > share:
-            t.verification = Verifier(t.program, seed=run.settings.seed, target=run.target,
-                                      bound_target=share).check(t.graph)
+            t.verification = run.new_verifier(t.program, bound_target=share).check(t.graph)
     return _union(pieces, shift_checks)
 
 

@@ -104,7 +104,8 @@ def explore_task(prog_json: dict, target: Any, model: Any, settings: Any,
 
 
 def verify_task(prog_json: dict, graph_json: dict, seed: int, target: Any,
-                tests: int | None, hook: Callable | None = None) -> dict:
+                tests: int | None, sizes: dict | None = None,
+                hook: Callable | None = None) -> dict:
     """One candidate checked against its region's program (the driver's verifier would give the
     same answer: the tests depend only on the seed and the test index)."""
     from ..lax.program import Program
@@ -114,8 +115,8 @@ def verify_task(prog_json: dict, graph_json: dict, seed: int, target: Any,
     info = _task_info("verify", region_label(program))
     if hook is not None:
         hook("verify", info["name"])
-    v = Verifier(program, seed=seed, target=target).check(KernelGraph.from_json(graph_json),
-                                                          tests=tests)
+    v = Verifier(program, seed=seed, target=target, sizes=sizes).check(
+        KernelGraph.from_json(graph_json), tests=tests)
     return {"verification": v, **info, "seconds": time.time() - info["started"]}
 
 
@@ -351,7 +352,7 @@ class RayExecutor(Executor):
         target = run.target
         refs = {self._submit("verify", job.program.to_json(), job.graph.to_json(),
                              run.settings.seed, target, run.settings.verify_tests,
-                             num_cpus=1): (job.key, region_label(job.program))
+                             dict(run.sizes), num_cpus=1): (job.key, region_label(job.program))
                 for job in jobs}
         out: dict = {}
         try:

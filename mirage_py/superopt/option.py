@@ -21,8 +21,9 @@ class Option:
     """A candidate answer of a region's search, tuned or not.
 
     ``predicted_us``: what the cost model says it costs (with its annotations);
-    ``untuned_us``: its structure with the generator's annotations; ``schedule``: the tuned
-    annotations (None: as the generator built it)."""
+    ``untuned_us``: its structure with the generator's annotations; ``schedule``: its
+    annotations -- the tuned ones, or for an untuned option the generator's trace and threads
+    (None: unknown, an option from an older database)."""
 
     predicted_us: float
     annotated: AnnotatedGraph

@@ -81,11 +81,16 @@ SUB_REGION_KERNELS = 2
 TUNE_SLACK = 2.0
 
 
-def solve_part(part: Program, run: Run) -> PartResult:
-    """The answer for one verifiable part (see the module docstring)."""
-    cover = PartCover(part, run)
-    cover.lay_floor()
-    cover.settle()
+def solve_part(part: Program, run: Run, recipe: list[Piece] | None = None) -> PartResult:
+    """The answer for one verifiable part (see the module docstring); with ``recipe`` (the
+    pieces of the same part of a shape family at another bucket, superopt/family.py) the cover
+    is the recipe's, its regions' answers replayed at these sizes."""
+    cover = PartCover(part, run, enumerate_regions=recipe is None)
+    if recipe is not None:
+        cover.replay(recipe)
+    else:
+        cover.lay_floor()
+        cover.settle()
     return cover.answer()
 
 
@@ -94,7 +99,7 @@ class PartCover:
     :meth:`settle` (the lazy cover: :meth:`candidates` in, searches, tunings and verifications
     out, until the cover is made of verified answers), then :meth:`answer`."""
 
-    def __init__(self, part: Program, run: Run):
+    def __init__(self, part: Program, run: Run, enumerate_regions: bool = True):
         self.run = run
         self.original = part
         self.part, self.shift_check = _max_shifted_part(part, run)
@@ -103,7 +108,11 @@ class PartCover:
         self.inner = frozenset(self.dag.by_digest)  # the part's nodes: all feed its outputs
         self.outputs = frozenset(t.digest for t in self.part.output_tensors.values())
         self._naive_candidates()
-        self._regions()
+        if enumerate_regions:
+            self._regions()
+        else:  # a replayed cover (:meth:`replay`) needs none
+            self.regions, self.uses = {}, {}
+            self.floor_sets, self.search_sets, self.floor_keys, self.search_keys = [], [], [], []
         self.bar = _RegionBar(self.part.name, run.progress, len(self.search_keys))
         self.solves, self.solve_s, self.floor_seconds = 0, 0.0, 0.0
         self.floor_cover: Cover | None = None
@@ -422,6 +431,50 @@ class PartCover:
                 schedule=got.schedule, measured_us=got.measured_us, untuned_us=got.untuned_us,
                 origin=got.origin), stored=True)
 
+    # -- or: a shape family's cover, replayed --------------------------------------------------
+    def replay(self, recipe: list[Piece]) -> None:
+        """The cover of a shape family's answer at another bucket (superopt/family.py): the
+        representative's pieces at the same places of this part, each region's answer replayed
+        from the representative's schedule at these sizes -- no search -- and verified for this
+        run's sizes. A region whose replay does not apply (or does not verify) is searched
+        here; one that finds nothing falls back to its naive operators."""
+        run = self.run
+        op_key = {d: k for k, d in self.op_of.items()}
+        chosen: list[str] = []
+        self.what = {}
+        for piece in recipe:
+            if piece.kind == "op":
+                chosen.append(op_key[self._node_at(piece.positions[0])])
+                continue
+            ops = frozenset(self._node_at(i) for i in piece.positions)
+            region = extract(self.dag, ops)
+            if region.key not in run.structures:
+                run.structures[region.key] = Structure.of(region.program, run.model, run.target)
+            st = run.structures[region.key]
+            self._from_database(st)
+            if st.status is not Status.VERIFIED:
+                res = _replayed(st, piece.result, run)
+                if res is not None:
+                    st.answered(res)
+                else:
+                    self._search_alone(st)
+            if st.status is Status.VERIFIED:
+                k = f"replay:{len(self.what)}"
+                self.what[k] = (region, st.result)
+                chosen.append(k)
+            else:  # nothing verified for it at these sizes: its operators one by one
+                chosen += [op_key[d] for d in sorted(ops, key=self.dag.pos.get)]
+        cost = sum(self.what[k][1].estimated_us if k in self.what else
+                   self.op_cost[self.op_of[k]] for k in chosen)
+        self.cover = self.floor_cover = Cover(chosen, cost)
+
+    def _search_alone(self, st: Structure) -> None:
+        """Search, tune and verify one structure to the end (a replay that did not apply)."""
+        st.whole = True
+        self._explore_all([st])
+        while st.status is Status.EXPLORED:
+            self._verify_all([st])
+
     # -- 3. the answer ------------------------------------------------------------------------
     def answer(self) -> PartResult:
         """The cover's pieces assembled into the part's graph, with what the searches did, the
@@ -462,6 +515,19 @@ class PartCover:
         self.bar.close()
         return out
 
+    def _position(self, d: str) -> int:
+        """Where node ``d`` stands in the part, the same at every size of a shape family: its
+        position among the operators, or for a mask -(1 + its position among the masks)."""
+        if d in self.dag.pos:
+            return self.dag.pos[d]
+        return -1 - list(self.dag.masks).index(d)
+
+    def _node_at(self, position: int) -> str:
+        """The digest of the node at ``position`` (:meth:`_position`)."""
+        if position >= 0:
+            return self.dag.nodes[position].digest
+        return list(self.dag.masks)[-1 - position]
+
     def _pieces(self) -> tuple[list[Piece], list, list[RegionResult]]:
         """The chosen cover in run order: its pieces, what ``assemble`` builds the graph from,
         and the region answers among them."""
@@ -473,7 +539,7 @@ class PartCover:
                 d = self.op_of[k]
                 op = self.op_kernels[d]
                 pieces.append(Piece("op", self.op_cost[d], 1, 1, None,
-                                    f"{op.op} -> {op.output.name}"))
+                                    f"{op.op} -> {op.output.name}", (self._position(d),)))
                 body.append(("op", d, op))
                 continue
             region, res = self.what[k]
@@ -481,7 +547,8 @@ class PartCover:
                 res = self.run.structures[region.key].result
             res.uses = self.uses.get(region.key, 1)
             pieces.append(Piece("region", res.estimated_us, res.graph.num_kernels,
-                                len(region.ops), res))
+                                len(region.ops), res,
+                                positions=tuple(sorted(self.dag.pos[d] for d in region.ops))))
             body.append(("region", region, res.annotated))
             chosen.append(res)
         return pieces, body, chosen
@@ -495,9 +562,7 @@ class PartCover:
         if chosen:
             return settled_verification(chosen, self.shift_check, run)
         if self.original.verifiable:
-            from ..verifier import Verifier
-            return Verifier(self.original, seed=run.settings.seed, target=run.target).check(
-                graph, tests=run.settings.verify_tests)
+            return run.new_verifier(self.original).check(graph, tests=run.settings.verify_tests)
         return SavedVerification(True, 0.0, 0, 0.0)  # a part that nests exps, lowered naively
 
     def _record_all(self, sts: list[Structure]) -> None:
@@ -557,6 +622,37 @@ def _wanted(cover: Cover, what: dict, run: Run) -> list[Structure]:
     return todo
 
 
+def _replayed(st: Structure, rep: RegionResult | None, run: Run) -> RegionResult | None:
+    """The structure's answer rebuilt from ``rep`` -- the same region's answer at another
+    bucket of a shape family -- by replaying its schedule with every tile and loop chunk kept
+    (``rescale_trace``), verified for this run's sizes and numerically safe; None when the
+    replay does not apply."""
+    from ..generator.kernel_search import Searcher, rescale_trace
+    from ..generator.rewrite import forms
+    from ..tuning.tuner import replay_schedule
+    if rep is None or rep.schedule is None:
+        return None
+    for old, new in zip(forms(rep.program), forms(st.program)):
+        trace = rescale_trace(rep.schedule.trace, Searcher(old, run.target).labels.sizes,
+                              Searcher(new, run.target).labels.sizes)
+        if trace is None:
+            continue
+        sched = replace(rep.schedule, trace=trace)
+        try:
+            ag = replay_schedule(new, run.target, sched)
+        except MirageError:
+            ag = None
+        if ag is None:
+            continue
+        v = run.new_verifier(st.program).check(ag.graph, tests=run.settings.verify_tests)
+        if v.equivalent and _finite(st, ag.graph, run):
+            return RegionResult(st.program, ag.graph, "replay",
+                                run.model.predict(ag, run.target),
+                                st.naive(run.model, run.target).us, v,
+                                stages=ag.stages_full(), schedule=sched)
+    return None
+
+
 def _finite(st: Structure, graph: KernelGraph, run: Run) -> bool:
     """An equivalent candidate is still rejected when, run in GPU precision on inputs of the
     magnitudes users have (unit normals, scaled ones, outlier features), it overflows, makes a
@@ -565,7 +661,7 @@ def _finite(st: Structure, graph: KernelGraph, run: Run) -> bool:
     of squares stored in float16)."""
     from ..verifier import numerics_verdict
     return numerics_verdict(st.program, graph, st.naive(run.model, run.target).graph,
-                            seed=run.settings.seed, target=run.target).ok
+                            seed=run.settings.seed, target=run.target, sizes=run.sizes).ok
 
 
 def _max_shifted_part(part: Program, run: Run) -> tuple[Program, list[Checked]]:
@@ -580,7 +676,6 @@ def _max_shifted_part(part: Program, run: Run) -> tuple[Program, list[Checked]]:
     shifted = max_shifted(part)
     if shifted is None:
         return part, []
-    from ..verifier import Verifier
     dag = PartDag(part)
     checks: list[Checked] = []
     done: dict[str, Checked] = {}  # clusters with one canonical program are checked once
@@ -592,9 +687,8 @@ def _max_shifted_part(part: Program, run: Run) -> tuple[Program, list[Checked]]:
             if local is None or cluster.nested_exp():
                 return part, []
             g = naive_lowering(local)
-            done[region.key] = Checked(cluster, g, Verifier(
-                cluster, seed=run.settings.seed, target=run.target).check(
-                    g, tests=run.settings.verify_tests))
+            done[region.key] = Checked(cluster, g, run.new_verifier(cluster).check(
+                g, tests=run.settings.verify_tests))
         if not done[region.key].verification.equivalent:
             return part, []
         checks.append(done[region.key])

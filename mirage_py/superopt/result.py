@@ -92,6 +92,9 @@ class Piece:
     ops: int  # operators of the part it computes
     result: RegionResult | None = None
     op: str = ""
+    # the operators it computes, as positions in the part's operator order (the same at every
+    # size of a shape family: what a bucket's answer replays, superopt/family.py)
+    positions: tuple[int, ...] = ()
 
 
 @dataclass

@@ -30,6 +30,9 @@ class Run:
     structures: dict[str, "Structure"] = field(default_factory=dict)  # by region key
     verifiers: dict[str, Any] = field(default_factory=dict)  # this process's, by region key
     interrupted: bool = False
+    # the binding of the dims a padded program's masks name (lax/family.py): what its regions
+    # are verified and checked for
+    sizes: dict = field(default_factory=dict)
 
     @cached_property
     def key(self) -> AnswerKey:
@@ -40,14 +43,18 @@ class Run:
         return self.interrupted or (self.search_deadline is not None and
                                     time.perf_counter() > self.search_deadline)
 
+    def new_verifier(self, program: Any, **kw: Any):
+        """A verifier of ``program`` with this run's seed, target and sizes."""
+        from ..verifier import Verifier
+        return Verifier(program, seed=self.settings.seed, target=self.target, sizes=self.sizes,
+                        **kw)
+
     def verifier(self, key: str, program: Any):
         """The verifier of the structure ``key`` in this process, built once: it keeps the
         program's side of every test for the structure's next candidates."""
         v = self.verifiers.get(key)
         if v is None:
-            from ..verifier import Verifier
-            v = self.verifiers[key] = Verifier(program, seed=self.settings.seed,
-                                               target=self.target)
+            v = self.verifiers[key] = self.new_verifier(program)
         return v
 
 

@@ -24,7 +24,7 @@ from ..generator.rewrite import forms
 from ..lax.program import Program
 from ..layout.plan import planned_shared_memory
 from ..targets import get_target
-from ..tuning.annotations import AnnotatedGraph
+from ..tuning.annotations import AnnotatedGraph, Schedule, threads_of
 from ..tuning.scheduler import TaskScheduler
 from ..tuning.tuner import make_task
 from ..ugraph.graph import GraphKernel, KernelGraph
@@ -110,7 +110,10 @@ def explore(program: Program, target, model, settings: Settings, deadline: float
                                                      for c in picks]])
         else:
             opts += _tune(out, form, picks, tgt, model, settings, deadline)
-        opts += [Option(cost, AnnotatedGraph(c.graph), cost) for cost, c in ranked]
+        # untuned: the generator's annotations, its trace and threads (what a replay at other
+        # sizes starts from, superopt/family.py)
+        opts += [Option(cost, AnnotatedGraph(c.graph), cost,
+                        Schedule(tuple(c.trace), threads_of(c.graph))) for cost, c in ranked]
         if out.stats.interrupted:
             break
     out.options = best_options(opts)

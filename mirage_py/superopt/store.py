@@ -18,7 +18,7 @@ from typing import Any
 from ..errors import MirageError
 from ..lax.program import Program
 from ..tuning.annotations import AnnotatedGraph, Schedule, threads_of
-from ..tuning.database import Record, ResultsDB
+from ..tuning.database import TuningRecord, ResultsDB
 from ..tuning.runners import Measurement
 from ..ugraph.graph import KernelGraph
 from ..version import source_fingerprint
@@ -152,17 +152,17 @@ class Recording:
 def record(db: ResultsDB, rec: Recording, target, key: AnswerKey, keep: int = 8) -> None:
     """One transaction per structure: every measurement, the ``keep`` best predictions, and the
     answer."""
-    def row(ag: AnnotatedGraph, pred: float, sch, m: Measurement | None, **kw) -> Record:
+    def row(ag: AnnotatedGraph, pred: float, sch, m: Measurement | None, **kw) -> TuningRecord:
         ann = {"threads": list(threads_of(ag.graph)), "stages": list(ag.stages_full()),
                "schedule": None if sch is None else sch.to_json()}
         ann.update(kw.pop("extra", {}))
-        return Record(ag.graph.to_json(), target.name, ag.graph.structural_hash(), ann,
+        return TuningRecord(ag.graph.to_json(), target.name, ag.graph.structural_hash(), ann,
                       predicted_us=pred, measured_us=None if m is None else m.us,
                       runner=(m.runner if m is not None else "model"),
                       samples=None if m is None else list(m.samples), answer_key=key.digest,
                       **kw)
 
-    rows: list[Record] = []
+    rows: list[TuningRecord] = []
     if rec.naive_measured is not None:
         rows.append(row(AnnotatedGraph(rec.naive), rec.naive_us, None, rec.naive_measured,
                         extra={"source": "naive"}))

@@ -9,7 +9,7 @@ fake), tasks (anything with ``step``/``best_cost``/``done``/``weight``).
 
 from .annotations import MAX_STAGES, THREAD_CHOICES, AnnotatedGraph, Schedule, threads_of, \
     with_threads
-from .database import Record, ResultsDB, default_path, open_database
+from .database import TuningRecord, ResultsDB, default_path, open_database
 from .export import export_training_set, graph_features
 from .runners import FakeRunner, GpuRunner, Measurement, ModelRunner, default_runner, gpu_present
 from .scheduler import ScheduleLog, TaskScheduler
@@ -17,7 +17,7 @@ from .stats import kendall_tau
 from .tuner import Replayer, Tuner, TuneTask, make_task, replay_schedule
 
 __all__ = ["MAX_STAGES", "THREAD_CHOICES", "AnnotatedGraph", "Schedule", "threads_of",
-           "with_threads", "Record", "ResultsDB", "default_path", "open_database",
+           "with_threads", "TuningRecord", "ResultsDB", "default_path", "open_database",
            "export_training_set", "graph_features", "FakeRunner", "GpuRunner", "Measurement",
            "ModelRunner", "default_runner", "gpu_present", "ScheduleLog", "TaskScheduler",
            "kendall_tau", "Replayer", "Tuner", "TuneTask", "make_task", "replay_schedule"]

@@ -89,7 +89,7 @@ def _num(x: Any) -> float | None:
 
 
 @dataclass
-class Record:
+class TuningRecord:
     """One row of ``records`` (``graph`` and ``annotations`` as JSON documents)."""
 
     graph: dict
@@ -254,7 +254,7 @@ class ResultsDB:
         return f"ResultsDB({self.path!r})"
 
     # -- writing ------------------------------------------------------------------------------
-    def add(self, program: Any, records: Iterable[Record]) -> list[int]:
+    def add(self, program: Any, records: Iterable[TuningRecord]) -> list[int]:
         """Store ``records`` for subprogram ``program`` (a Program, or (hash, name, json)) in one
         transaction: all of them or, if anything fails or the process dies, none."""
         if isinstance(program, tuple):
@@ -297,15 +297,15 @@ class ResultsDB:
              "r.verification_json, r.tool_version, r.created, r.answer_key")
 
     @staticmethod
-    def _record(row: tuple) -> Record:
+    def _record(row: tuple) -> TuningRecord:
         (rid, wh, target, gh, gj, aj, pred, meas, runner, sj, chosen, vj, tv, created,
          key) = row
-        return Record(json.loads(gj), target, gh, json.loads(aj), pred, meas, runner,
+        return TuningRecord(json.loads(gj), target, gh, json.loads(aj), pred, meas, runner,
                       None if sj is None else json.loads(sj), bool(chosen),
                       None if vj is None else json.loads(vj), tv, created, wh, rid, key)
 
     def records(self, *, workload: str | None = None, target: str | None = None,
-                measured: bool | None = None, chosen: bool | None = None) -> list[Record]:
+                measured: bool | None = None, chosen: bool | None = None) -> list[TuningRecord]:
         """Records in insertion order, optionally filtered."""
         where, args = [], []
         if workload is not None:
@@ -325,7 +325,7 @@ class ResultsDB:
             rows = self._connect().execute(sql, args).fetchall()
             return [self._record(row) for row in rows]
 
-    def lookup(self, workload: str, target: str, answer_key: str) -> Record | None:
+    def lookup(self, workload: str, target: str, answer_key: str) -> TuningRecord | None:
         """The latest chosen (verified) record for (subprogram hash, target) made under
         ``answer_key`` (the code, cost model and settings: ``superopt.store.AnswerKey``), or
         None. Answers made under other keys stay in the file (training data) but are not
@@ -387,7 +387,7 @@ class ResultsDB:
             return 0
         programs = {w.hash: w for w in src.workloads()}
         have = {self._record_key(r) for r in self.records()}
-        by_workload: dict[str, list[Record]] = {}
+        by_workload: dict[str, list[TuningRecord]] = {}
         for r in src.records():
             k = self._record_key(r)
             if k not in have:
@@ -400,7 +400,7 @@ class ResultsDB:
         return added
 
     @classmethod
-    def _record_key(cls, r: Record) -> tuple:
+    def _record_key(cls, r: TuningRecord) -> tuple:
         return (r.workload_hash,) + tuple(json.dumps(getattr(r, f), sort_keys=True)
                                           for f in cls._KEY)
 

@@ -31,7 +31,7 @@ from ..cost_model import kernel_costs
 from ..errors import MirageError
 from ..ugraph.graph import BlockOp, GraphKernel, InputIter, KernelGraph
 from .annotations import AnnotatedGraph
-from .database import Record, ResultsDB
+from .database import TuningRecord, ResultsDB
 
 CSV_COLUMNS = ("record_id", "workload", "target", "graph_hash", "runner", "chosen",
                "predicted_us", "measured_us", "kernels", "graph_kernels", "blocks", "bytes",
@@ -80,7 +80,7 @@ def _tile(shape, bg, it: InputIter) -> tuple[int, ...]:
     return iter_tile_shape(tuple(shape), bg.grid, it.imap, it.fmap, bg.forloop)
 
 
-def record_row(r: Record) -> dict[str, Any]:
+def record_row(r: TuningRecord) -> dict[str, Any]:
     g = KernelGraph.from_json(r.graph)
     ag = AnnotatedGraph(g, tuple(r.annotations.get("stages", ())))
     try:

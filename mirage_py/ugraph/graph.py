@@ -14,8 +14,8 @@ Block level (what one thread block does; tiles live in shared memory)::
 
     BlockGraph(grid=(gx, gy, gz), threads, forloop, ops=(...))
     InputIter(out, input=i, imap=(dx, dy, dz), fmap=d)   # tile of the kernel's i-th input
-    MaskIter(out, shape, offset, window, imap, fmap)      # tile of a 0/1 position mask, made
-                                                          # from indices (no memory read)
+    MaskIter(out, shape, offset, window, imap, fmap, valid) # tile of a 0/1 position mask,
+                                                          # made from indices (no memory read)
     BlockOp(out, op, operands, attrs)                     # matmul / elementwise / sum / max /
                                                           # min / concat / slice
     Fused(out, operands, thread: ThreadGraph)             # elementwise chain in registers
@@ -125,10 +125,18 @@ class MaskIter:
 
     out: str
     shape: tuple[int, int]
-    offset: int
-    window: int
+    offset: Any  # an int, or an expression of dims (lax.shapes.Affine) bound when it runs
+    window: Any
     imap: tuple[int, int, int]
     fmap: int = -1
+    # (rows_valid, cols_valid): 0 past them (a padded program's valid part, lax/family.py)
+    valid: tuple | None = None
+
+    def values(self, sizes: Any = None):
+        """The whole mask's 0/1 values, its expressions bound to ``sizes``."""
+        from ..lax.ops import mask_values  # noqa: PLC0415 -- a leaf module
+        return mask_values(tuple(self.shape), offset=self.offset, window=self.window,
+                           valid=self.valid, sizes=sizes)
 
 
 @dataclass(frozen=True)

@@ -246,8 +246,10 @@ def _run_block(bg: BlockGraph, views: dict[str, Any], phases: dict[str, Phase],
 def run_graph_kernel(gk: GraphKernel, args: list[Any], in_tensors: list[DTensor],
                      precision: str = "float64", literal: bool = False,
                      target: Any = "h100", backend: Backend | None = None,
-                     label: str = "graph kernel") -> list[Any]:
-    """Execute one graph-defined kernel; ``args`` are its input values (already stored)."""
+                     label: str = "graph kernel", sizes: Mapping[str, int] | None = None
+                     ) -> list[Any]:
+    """Execute one graph-defined kernel; ``args`` are its input values (already stored);
+    ``sizes`` binds the dims its masks name."""
     be = backend if backend is not None else NumpyBackend(precision)
     bg = gk.block
     info = check_block(bg, in_tensors, list(gk.outputs), get_target(target))
@@ -255,7 +257,7 @@ def run_graph_kernel(gk: GraphKernel, args: list[Any], in_tensors: list[DTensor]
     views = {n.out: be.layout(args[n.input], lambda a, n=n: blocked_view(a, n.imap, bg.grid))
              for n in bg.iterators()}
     for n in bg.masks():  # known data: the mask's values, tiled like an input
-        values = mask_values(tuple(n.shape), offset=n.offset, window=n.window)
+        values = n.values(sizes)
         views[n.out] = be.layout(be.data(values), lambda a, n=n: blocked_view(a, n.imap, bg.grid))
     savers = bg.savers()
     if not literal:
@@ -291,7 +293,8 @@ def run_graph_kernel(gk: GraphKernel, args: list[Any], in_tensors: list[DTensor]
 
 
 def run_kernel_op(op: KernelOp, env: Mapping[str, Any], precision: str = "float64",
-                  backend: Backend | None = None, dtypes: Mapping[str, str] | None = None) -> Any:
+                  backend: Backend | None = None, dtypes: Mapping[str, str] | None = None,
+                  sizes: Mapping[str, int] | None = None) -> Any:
     """Execute one pre-defined kernel operator on stored operands (``dtypes``: the device dtype
     of each operand tensor, for the tensor cores' operand rounding of a matmul)."""
     be = backend if backend is not None else NumpyBackend(precision)
@@ -301,7 +304,8 @@ def run_kernel_op(op: KernelOp, env: Mapping[str, Any], precision: str = "float6
         y = be.rms_norm(args[0], float(op.attr("eps", 1e-6)))
     elif op.op == "mask":
         y = be.data(mask_values(op.output.shape, offset=op.attr("offset"),
-                                window=op.attr("window", 0)))
+                                window=op.attr("window", 0), valid=op.attr("valid"),
+                                sizes=sizes))
     else:
         attrs = {k: v for k, v in op.attrs}
         if op.op in ("sum", "max", "min"):  # validate() reads a missing keepdims as False
@@ -324,7 +328,7 @@ MEMO_ENTRIES = 32
 
 def run(graph: KernelGraph, inputs: Mapping[str, Any], precision: str = "float64",
         literal: bool = False, target: Any = "h100", backend: Backend | None = None,
-        memo: dict | None = None) -> dict[str, Any]:
+        memo: dict | None = None, sizes: Mapping[str, int] | None = None) -> dict[str, Any]:
     """Execute ``graph`` on ``inputs`` (dict name -> array); returns outputs by name (float64
     arrays in "float64" precision, float32 arrays holding device-dtype values in "gpu").
 
@@ -336,6 +340,8 @@ def run(graph: KernelGraph, inputs: Mapping[str, Any], precision: str = "float64
     a kernel that is structurally identical and reads the very same values (by identity) as in
     an earlier run is not executed again. Values are never mutated, so this is safe; at most
     ``MEMO_ENTRIES`` kernels are kept.
+
+    ``sizes`` binds the dims that masks name (a padded program's valid sizes, lax/family.py).
     """
     if backend is None:
         if precision not in PRECISIONS:
@@ -369,7 +375,7 @@ def run(graph: KernelGraph, inputs: Mapping[str, Any], precision: str = "float64
         if memo is not None:
             args = tuple(env[n] if isinstance(n, str) else n
                          for n in (op.operands if isinstance(op, KernelOp) else op.inputs))
-            key = (op, tuple(id(a) for a in args))
+            key = (op, tuple(id(a) for a in args), tuple(sorted((sizes or {}).items())))
             hit = memo.get(key)
             if hit is not None:
                 for t, v in zip(op.outputs, hit[1]):
@@ -377,11 +383,13 @@ def run(graph: KernelGraph, inputs: Mapping[str, Any], precision: str = "float64
                 continue
         if isinstance(op, KernelOp):
             outs = [run_kernel_op(op, env, backend=be,
-                                  dtypes={n: tensors[n].dtype for n in op.inputs})]
+                                  dtypes={n: tensors[n].dtype for n in op.inputs},
+                                  sizes=sizes)]
         else:
             outs = run_graph_kernel(op, [env[n] for n in op.inputs],
                                     [tensors[n] for n in op.inputs], literal=literal,
-                                    target=target, backend=be, label=f"graph kernel #{k}")
+                                    target=target, backend=be, label=f"graph kernel #{k}",
+                                    sizes=sizes)
         for t, v in zip(op.outputs, outs):
             env[t.name] = v
         if memo is not None:

@@ -15,6 +15,7 @@ from dataclasses import fields, replace
 from typing import Any
 
 from ..errors import SerializationError
+from ..lax.shapes import Affine, json_size, size_from_json
 from .graph import (Accum, BlockGraph, BlockOp, DTensor, Fused, GraphKernel, InputIter,
                     KernelGraph, KernelOp, MaskIter, OutputSaver, ThreadGraph, ThreadOp)
 
@@ -26,7 +27,8 @@ _TYPES = {c.__name__: c for c in (Accum, BlockGraph, BlockOp, DTensor, Fused, Gr
                                   ThreadOp)}
 # fields written only when they differ from these defaults
 _OPTIONAL: dict[type, dict[str, Any]] = {ThreadOp: {"attrs": ()},
-                                          Accum: {"running": False, "rescale": None}}
+                                          Accum: {"running": False, "rescale": None},
+                                          MaskIter: {"valid": None}}
 
 
 # field types checked on load, so that foreign JSON with the right keys is still rejected here
@@ -41,6 +43,11 @@ def _str(v: Any) -> bool:
 
 def _operand(v: Any) -> bool:
     return isinstance(v, (str, float)) or _int(v)
+
+
+def _size_expr(v: Any) -> bool:
+    """An int, or an expression of dims bound when the graph runs (a mask's offset)."""
+    return _int(v) or isinstance(v, Affine)
 
 
 def _tuple_of(check: Any, n: int | None = None) -> Any:
@@ -62,8 +69,10 @@ _FIELDS: dict[type, dict[str, Any]] = {
     ThreadOp: {"out": _str, "op": _str, "operands": _tuple_of(_operand), "attrs": _attrs},
     ThreadGraph: {"ninputs": _int, "ops": _tuple_of(_is(ThreadOp))},
     InputIter: {"out": _str, "input": _int, "imap": _tuple_of(_int, 3), "fmap": _int},
-    MaskIter: {"out": _str, "shape": _tuple_of(_int, 2), "offset": _int, "window": _int,
-               "imap": _tuple_of(_int, 3), "fmap": _int},
+    MaskIter: {"out": _str, "shape": _tuple_of(_int, 2), "offset": _size_expr,
+               "window": _size_expr, "imap": _tuple_of(_int, 3), "fmap": _int,
+               "valid": lambda v: v is None or (isinstance(v, tuple) and len(v) == 2 and
+                                                all(_size_expr(x) for x in v))},
     BlockOp: {"out": _str, "op": _str, "operands": _tuple_of(_operand), "attrs": _attrs},
     Fused: {"out": _str, "operands": _tuple_of(_operand), "thread": _is(ThreadGraph)},
     Accum: {"out": _str, "input": _str, "kind": _str, "running": lambda v: isinstance(v, bool),
@@ -92,6 +101,8 @@ def _enc(v: Any) -> Any:
         return [_enc(x) for x in v]
     if isinstance(v, float):
         return {"f": repr(float(v))}  # float(): repr(np.float64(x)) is not a Python literal
+    if isinstance(v, Affine):
+        return json_size(v)
     return v
 
 
@@ -99,6 +110,8 @@ def _dec(v: Any) -> Any:
     if isinstance(v, dict):
         if set(v) == {"f"}:
             return float(v["f"])
+        if set(v) == {"affine"}:
+            return size_from_json(v)
         cls = _TYPES.get(v.get("node"))
         if cls is None:
             raise SerializationError(f"unknown μGraph node type {v.get('node')!r}")

@@ -31,6 +31,7 @@ from typing import Any
 from ..errors import MirageError, ShapeError, ValidationError
 from ..lax.ops import DTYPES, OPS
 from ..lax.precision import MatmulMath
+from ..lax.shapes import Affine
 from ..lax.tensor import broadcast_shapes
 from ..targets import Target, get_target
 from .graph import (ACCUM_KINDS, AXES, Accum, BlockGraph, BlockOp, DTensor, Fused, GraphKernel,
@@ -77,6 +78,15 @@ def _check_attrs(op: str, attrs: Any, who: str, label: str) -> None:
         raise _err(f"{who}: {op} needs attributes {sorted(set(spec.attrs) - set(spec.optional))}"
                    f"{' (optional ' + str(sorted(spec.optional)) + ')' if spec.optional else ''}"
                    f", got {sorted(have)}", "operator", label)
+
+
+def _mask_attrs_ok(offset: Any, window: Any, valid: Any) -> bool:
+    """A mask's offset and window are ints (a window >= 0) or expressions of dims; ``valid``,
+    if any, two of those."""
+    def expr(v: Any) -> bool:
+        return isinstance(v, Affine) or (isinstance(v, int) and not isinstance(v, bool))
+    return expr(offset) and expr(window) and (not isinstance(window, int) or window >= 0) and \
+        (valid is None or (isinstance(valid, tuple) and len(valid) == 2 and all(map(expr, valid))))
 
 
 def _check_matmul_attrs(attrs: Any, who: str, label: str) -> None:
@@ -209,8 +219,7 @@ def check_block(bg: BlockGraph, ins: list[DTensor], outs: list[DTensor], target:
             who = f"mask iterator {node.out!r}"
             shape = tuple(node.shape)
             if len(shape) != 2 or any(not isinstance(d, int) or d < 1 for d in shape) or \
-                    not isinstance(node.offset, int) or not isinstance(node.window, int) or \
-                    node.window < 0:
+                    not _mask_attrs_ok(node.offset, node.window, node.valid):
                 raise _err(f"{who}: shape {node.shape} offset {node.offset} window "
                            f"{node.window} is not a (rows, cols) mask", "shape", label)
             if len(node.imap) != 3 or any(not -1 <= d < 2 for d in node.imap) or \
@@ -424,8 +433,8 @@ def kernel_op_shape(op: KernelOp, args: list[DTensor | float]) -> tuple[int, ...
         raise _err(f"{op.op!r} is not a kernel operator", "operator", who)
     if op.op == "mask":
         offset, window = op.attr("offset"), op.attr("window", 0)
-        if args or len(op.output.shape) != 2 or not isinstance(offset, int) or \
-                not isinstance(window, int) or window < 0:
+        if args or len(op.output.shape) != 2 or \
+                not _mask_attrs_ok(offset, window, op.attr("valid")):
             raise _err(f"a mask takes no operands, an int offset and window >= 0, and writes a "
                        f"(rows, cols) tensor; got {len(args)} operand(s), offset {offset!r}, "
                        f"window {window!r}, output {op.output.shape}", "shape", who)

@@ -33,6 +33,7 @@ import numpy as np
 
 from ..lax.ops import OPS
 from ..lax.program import Program
+from ..ugraph.bind import bind
 from ..ugraph.graph import KernelGraph
 from ..ugraph.interp import run
 from ..ugraph.validate import validate
@@ -172,8 +173,17 @@ class Verifier:
     builds one per call; a search that checks many candidates of the same program keeps one."""
 
     def __init__(self, program: Program, *, seed: int = 0, target: Any = "h100",
-                 bound_target: float = DEFAULT_BOUND, cache_bytes: int = 1 << 30):
+                 bound_target: float = DEFAULT_BOUND, cache_bytes: int = 1 << 30,
+                 sizes: Mapping[str, int] | None = None):
         _check_program(program)
+        # a padded program's masks name its valid sizes: verify it for the binding ``sizes``
+        self.sizes = dict(sizes or {})
+        if program.params:
+            missing = sorted(set(program.params) - set(self.sizes))
+            if missing:
+                raise VerifierArgumentError(f"verify: program {program.name!r} needs the size of "
+                                            f"{', '.join(missing)} (sizes=...)")
+            program = program.at(self.sizes)
         self.program = program
         self.seed = int(seed)
         self.target = target
@@ -229,6 +239,7 @@ class Verifier:
     # -- the check ------------------------------------------------------------------------------
     def check(self, graph: KernelGraph, tests: int | None = None) -> VerifyResult:
         start = time.perf_counter()
+        graph = bind(graph, self.sizes)
         check_interface(self.program, graph)
         validate(graph, self.target)
         deg = DegreeBackend(_MODULI)
@@ -301,7 +312,8 @@ class Verifier:
 
 
 def verify(program: Program, ugraph: KernelGraph, *, tests: int | None = None, seed: int = 0,
-           target: Any = "h100", bound: float = DEFAULT_BOUND) -> VerifyResult:
+           target: Any = "h100", bound: float = DEFAULT_BOUND,
+           sizes: Mapping[str, int] | None = None) -> VerifyResult:
     """Check that ``ugraph`` computes ``program`` by random testing over finite fields.
 
     ``tests``: how many passing tests to require (default: enough for ``result.bound <= bound``,
@@ -309,7 +321,8 @@ def verify(program: Program, ugraph: KernelGraph, *, tests: int | None = None, s
     :class:`~.errors.InterfaceMismatchError` when inputs or outputs differ in names or shapes,
     :class:`~mirage_py.errors.ValidationError` for an invalid μGraph, and
     :class:`~.errors.NestedExpError` when the *program* nests exp (a candidate that does is
-    simply rejected).
+    simply rejected). ``sizes`` binds the dims a padded program's masks name (lax/family.py):
+    the claim is for that binding.
 
     >>> import mirage_py as mp
     >>> p = mp.Program("scale")
@@ -319,7 +332,8 @@ def verify(program: Program, ugraph: KernelGraph, *, tests: int | None = None, s
     >>> r.equivalent, r.bound <= 1e-9
     (True, True)
     """
-    return Verifier(program, seed=seed, target=target, bound_target=bound).check(ugraph, tests)
+    return Verifier(program, seed=seed, target=target, bound_target=bound,
+                    sizes=sizes).check(ugraph, tests)
 
 
 __all__ = ["verify", "Verifier", "VerifyResult", "Mismatch", "check_interface", "needed_tests"]

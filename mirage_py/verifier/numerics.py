@@ -30,6 +30,7 @@ import numpy as np
 from ..lax.backend import NumpyBackend
 from ..lax.precision import MatmulMath
 from ..lax.program import Program
+from ..ugraph.bind import bind
 from ..ugraph.graph import GraphKernel, KernelGraph
 from ..ugraph.interp import run
 from .equivalence import check_interface
@@ -250,12 +251,15 @@ def _explicit_maths(graph: KernelGraph) -> set[MatmulMath]:
 def check_numerics(program: Program, ugraph: KernelGraph, inputs: Mapping[str, Any] | None = None,
                    *, seed: int = 0, scale: float = 1.0, precision: str = "gpu",
                    tolerance: float | None = None, target: Any = "h100",
-                   reference: Mapping[str, Any] | None = None) -> NumericsReport:
+                   reference: Mapping[str, Any] | None = None,
+                   sizes: Mapping[str, int] | None = None) -> NumericsReport:
     """Run ``ugraph`` in ``precision`` ("gpu" by default) on ``inputs`` (default: the program's
     normal random inputs times ``scale``, seeded) and compare with ``program.evaluate`` in
     float64 (or ``reference``, that evaluation made once for several graphs). Reports, per
     output, the max and norm-wise relative error, and every operator that first produced an
-    overflow, NaN or inf."""
+    overflow, NaN or inf. ``sizes`` binds the dims a padded program's masks name."""
+    if sizes:
+        program, ugraph = program.at(sizes), bind(ugraph, sizes)
     check_interface(program, ugraph)
     if inputs is None:
         inputs = program.random_inputs(seed, scale)
@@ -321,11 +325,16 @@ _NAIVE_REPORTS_KEPT = 256
 
 def numerics_verdict(program: Program, candidate: KernelGraph, naive: KernelGraph, *,
                      seed: int = 0, target: Any = "h100",
-                     probes: tuple[Probe, ...] = PROBES) -> NumericsVerdict:
+                     probes: tuple[Probe, ...] = PROBES,
+                     sizes: Mapping[str, int] | None = None) -> NumericsVerdict:
     """Accept ``candidate`` unless on some probe's inputs it overflows, makes a NaN or misses
     the tolerance while ``naive`` (the program in its own dtype) does not -- or is ten times
     less accurate than it (module doc). Probes that cannot tell (:meth:`Probe.tells`) are
-    skipped; each probe's float64 reference is computed once for both graphs."""
+    skipped; each probe's float64 reference is computed once for both graphs. ``sizes`` binds
+    the dims a padded program's masks name."""
+    if sizes:
+        program = program.at(sizes)
+        candidate, naive = bind(candidate, sizes), bind(naive, sizes)
     stored = stored_inputs(program, seed)
     for probe in probes:
         if not probe.tells(program):

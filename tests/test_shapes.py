@@ -1,0 +1,214 @@
+"""Shapes that vary: symbolic dims in programs (lax/shapes.py), padded programs (lax/family.py)
+and one search serving every size of a range (superopt/family.py). Every answer is compared
+with the program's float64 evaluation at the same sizes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import mirage_py as mp
+from mirage_py.errors import ShapeError
+from mirage_py.lax.family import bucket_of, buckets, cut_outputs, pad_inputs, padded
+from mirage_py.superopt.family import family_bindings
+from mirage_py.ugraph.graph import GraphKernel, MaskIter
+from mirage_py.verifier import verify
+
+
+def _rel(y, r):
+    return float(np.linalg.norm(y - r) / np.linalg.norm(r))
+
+
+def _decode(S=None, heads=4, hd=32):
+    S = S or mp.dim("S", 1, 256)
+    p = mp.Program("decode")
+    q = p.input("Q", (heads, 1, hd))
+    k = p.input("K", (heads, hd, S))
+    v = p.input("V", (heads, S, hd))
+    p.output(mp.softmax((q @ k) * hd ** -0.5, -1) @ v, name="O")
+    return p
+
+
+def _chunked_prefill():
+    """T new tokens attending causally over a cache of S positions (the last T are theirs)."""
+    S, T = mp.dim("S", 1, 128), mp.dim("T", 1, 32)
+    p = mp.Program("prefill")
+    q = p.input("Q", (2, T, 16))
+    k = p.input("K", (2, 16, S))
+    v = p.input("V", (2, S, 16))
+    s = mp.where(mp.causal_mask(T, S, offset=S - T), (q @ k) * 0.25, -1e4)
+    p.output(mp.softmax(s, -1) @ v, name="O")
+    return p
+
+
+def _inputs(p, sizes, seed=0):
+    return p.random_inputs(seed, sizes=sizes)
+
+
+# ---- symbolic programs ---------------------------------------------------------------------
+
+def test_shape_inference_and_typed_errors_with_dims():
+    S, T = mp.dim("S", 1, 64), mp.dim("T", 1, 64)
+    p = mp.Program("p")
+    x = p.input("X", (T, 32))
+    k = p.input("K", (32, S))
+    assert (x @ k).shape == (T, S) and str(T) == "T"
+    assert mp.sum(x @ k, axis=-1, keepdims=True).shape == (T, 1)
+    assert mp.reshape(x, (T, 4, 8)).shape == (T, 4, 8)
+    with pytest.raises(ShapeError, match=r"\(T, 32\) @ \(T, 32\)"):
+        x @ p.input("Y", (T, 32))
+    with pytest.raises(ShapeError, match="do not broadcast"):
+        (x @ k) + p.input("Z", (S, S))
+    with pytest.raises(ShapeError, match="symbolic dim T"):
+        x[:3]
+    with pytest.raises(ShapeError, match="reappear whole"):
+        mp.reshape(x, (-1,))
+    with pytest.raises(ShapeError, match="count is not a constant"):
+        mp.mean(x @ k, axis=-1)
+    with pytest.raises(ShapeError, match="along a symbolic dim"):
+        mp.concat([x, x], axis=0)
+    with pytest.raises(mp.ProgramError, match="range 1 .. 8"):
+        p.input("W", (mp.dim("S", 1, 8), 2))
+
+
+def test_evaluate_binds_sizes_from_the_inputs():
+    p = _chunked_prefill()
+    assert set(p.dims) == {"S", "T"} and p.symbolic
+    for t, s in ((1, 1), (3, 40), (32, 128)):
+        x = _inputs(p, {"S": s, "T": t})
+        y = p.evaluate(x)["O"]
+        assert y.shape == (2, t, 16)
+        static = p.at({"S": s, "T": t})
+        assert not static.symbolic and static.inputs[1].shape == (2, 16, s)
+        np.testing.assert_array_equal(y, static.evaluate(x)["O"])
+    x = _inputs(p, {"S": 40, "T": 3})
+    with pytest.raises(ShapeError, match="dim S is 39 here and 40"):
+        p.evaluate({**x, "V": x["V"][:, :39]})
+    with pytest.raises(ShapeError, match="outside its range 1 .. 32"):
+        p.evaluate(_inputs(p, {"S": 40, "T": 33}))
+
+
+def test_symbolic_programs_round_trip_through_json():
+    p = _chunked_prefill()
+    q = mp.Program.loads(p.dumps())
+    assert q.structural_hash() == p.structural_hash() and q.dims == p.dims
+    x = _inputs(p, {"S": 20, "T": 5})
+    np.testing.assert_array_equal(q.evaluate(x)["O"], p.evaluate(x)["O"])
+
+
+# ---- padded programs -----------------------------------------------------------------------
+
+def test_buckets():
+    S = mp.dim("S", 3, 100)
+    assert buckets(S) == (4, 8, 16, 32, 64, 128)
+    assert buckets(S, [16, 128]) == (16, 128) and bucket_of(17, (16, 128)) == 128
+    with pytest.raises(ShapeError):
+        buckets(S, [16, 64])  # does not reach 100
+
+
+@pytest.mark.parametrize("make", [_decode, _chunked_prefill], ids=["decode", "prefill"])
+def test_padded_program_equals_the_symbolic_one_at_every_size_up_to_its_bucket(make):
+    """Zero-filled inputs, masks hiding the padding: the padded program cut back equals the
+    symbolic program (float64) wherever the valid part ends, also inside a tile."""
+    p = make()
+    bucket = {n: 64 if n == "S" else 16 for n in p.dims}
+    pp = padded(p, bucket)
+    assert not pp.symbolic and set(pp.params) == set(p.dims)
+    rng = np.random.default_rng(1)
+    for _ in range(6):
+        sizes = {n: int(rng.integers(1, bucket[n] + 1)) for n in p.dims}
+        x = _inputs(p, sizes, seed=int(rng.integers(100)))
+        want = p.evaluate(x)
+        got = cut_outputs(p, pp.evaluate(pad_inputs(p, x, bucket), sizes=sizes), sizes)
+        for n in want:
+            np.testing.assert_allclose(got[n], want[n], rtol=1e-12, atol=1e-12)
+    with pytest.raises(ShapeError, match="need the size"):
+        pp.evaluate(pad_inputs(p, _inputs(p, {n: 2 for n in p.dims}), bucket))
+
+
+def test_padding_masks_only_where_padding_could_leak():
+    """A sum over a zero-filled input needs no mask; a max always does; a contraction with a
+    zero-filled operand does not."""
+    S = mp.dim("S", 1, 64)
+    p = mp.Program("r")
+    x = p.input("X", (8, S))
+    w = p.input("W", (S, 4))
+    p.output(mp.sum(x, -1), name="A")
+    p.output(mp.max(x, -1), name="B")
+    p.output(mp.exp(x) @ w, name="C")  # W zero-filled: no mask on exp(X)
+    p.output(mp.sum(mp.exp(x), -1), name="D")  # exp(0) = 1: masked
+    pp = padded(p, {"S": 16})
+    wheres = [t for t in pp.nodes() if t.op == "where"]
+    assert len(wheres) == 2
+    x_ = _inputs(p, {"S": 11})
+    got = cut_outputs(p, pp.evaluate(pad_inputs(p, x_, {"S": 16}), sizes={"S": 11}), {"S": 11})
+    for n, want in p.evaluate(x_).items():
+        np.testing.assert_allclose(got[n], want, rtol=1e-12)
+
+
+# ---- one search for a range ----------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def decode_family():
+    p = _decode()
+    return p, mp.superopt(p, workers=1, database=False, representative={"S": 64})
+
+
+def test_one_search_serves_every_size(decode_family):
+    """Searched once at S = 64; every other size runs on a replay of that answer (no search),
+    equal to float64 within float16 precision."""
+    p, fam = decode_family
+    assert isinstance(fam, mp.FamilyProgram) and fam.num_kernels == 1
+    searched = fam.searches
+    for s in (64, 33, 17, 100, 256, 200, 5, 2):
+        x = _inputs(p, {"S": s}, seed=s)
+        assert _rel(fam.run_numpy(x)["O"], p.evaluate(x)["O"]) <= 2e-3, s
+    built = [k for k in fam.instances if k != (("S", 64),)]
+    assert sorted(k[0][1] for k in built) == [2, 8, 32, 128, 256]
+    assert fam.searches == searched  # replays, no new search
+    for key, inst in fam.instances.items():
+        if key != (("S", 64),):
+            assert all(p_.searched == 0 for p_ in inst.parts), key
+            assert {pc.result.source for p_ in inst.parts for pc in p_.pieces
+                    if pc.kind == "region"} == {"replay"}
+    assert "bucket S=256" in fam.summary()
+
+
+def test_family_check_covers_the_edge_cases_of_a_bucket(decode_family):
+    p, fam = decode_family
+    bindings = family_bindings(p.dims, {"S": 64})
+    assert bindings == [{"S": 63}, {"S": 33}, {"S": 1}]
+    assert len(fam.family_checks) == 3 * sum(
+        pc.kind == "region" for part in fam.answer.parts for pc in part.pieces)
+    assert all(v.equivalent for _, v in fam.family_checks)
+
+
+def test_a_mask_wrong_only_inside_the_last_tile_is_rejected(decode_family):
+    """A mutant whose valid mask lets one padded key through is right when the bucket is full
+    (the only binding a one-size check would try) and wrong at every partial binding."""
+    from dataclasses import replace
+    p, fam = decode_family
+    piece = next(pc for part in fam.answer.parts for pc in part.pieces if pc.kind == "region")
+    region, graph = piece.result.program, piece.result.graph
+
+    def loosen(n):
+        if isinstance(n, MaskIter) and n.valid is not None:
+            return replace(n, valid=(n.valid[0], n.valid[1] + 1))
+        return n
+    ops = tuple(replace(op, block=replace(op.block, ops=tuple(map(loosen, op.block.ops))))
+                if isinstance(op, GraphKernel) else op for op in graph.ops)
+    mutant = replace(graph, ops=ops)
+    assert mutant.structural_hash() != graph.structural_hash()
+    assert verify(region, mutant, sizes={"S": 64}).equivalent  # a full bucket cannot tell
+    for sizes in family_bindings(p.dims, {"S": 64})[:2]:
+        assert not verify(region, mutant, sizes=sizes).equivalent, sizes
+
+
+def test_two_dims_and_a_causal_offset_that_depends_on_both():
+    """Chunked prefill: the diagonal of the causal mask moves with S - T; one search at
+    (S, T) = (64, 16) serves (S, T) in 1..128 x 1..32."""
+    p = _chunked_prefill()
+    fam = mp.superopt(p, workers=1, database=False, representative={"S": 64, "T": 16})
+    for s, t in ((64, 16), (50, 9), (128, 32), (7, 7), (100, 3)):
+        x = _inputs(p, {"S": s, "T": t}, seed=s + t)
+        assert _rel(fam.run_numpy(x)["O"], p.evaluate(x)["O"]) <= 2e-3, (s, t)
