@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import MirageError, ShapeError, ValidationError
-from ..lax.ops import DTYPES, OPS
+from ..lax.ops import DTYPES, OPS, is_index
 from ..lax.precision import MatmulMath
 from ..lax.shapes import Affine
 from ..lax.tensor import broadcast_shapes
@@ -42,7 +42,7 @@ from .phase import Phase, combine
 REDUCTIONS = ("sum", "max", "min")
 BLOCK_OPS = ("matmul", *REDUCTIONS, "concat", "slice", "reshape", "transpose")
 KERNEL_OPS = ("matmul", *REDUCTIONS, "rms_norm", "reshape", "transpose", "slice", "concat",
-              "mask")
+              "mask", "take")
 
 
 def _err(msg: str, rule: str, op: str | None) -> ValidationError:
@@ -441,7 +441,20 @@ def kernel_op_shape(op: KernelOp, args: list[DTensor | float]) -> tuple[int, ...
         return op.output.shape
     if not tensors:
         raise _err("needs at least one tensor operand", "operator", who)
+    for k, t in enumerate(tensors):
+        if is_index(t.dtype) and not (op.op == "take" and k == 1):
+            raise _err(f"operand {t.name!r} {t.shape} is an index tensor ({t.dtype}); only a "
+                       "take reads one, as its indices", "dtype", who)
     try:
+        if op.op == "take":
+            if len(args) != 2 or len(tensors) != 2 or not is_index(tensors[1].dtype):
+                raise _err("take reads a table and an index tensor (int32 / int64)",
+                           "operator", who)
+            if not tensors[0].shape or is_index(op.output.dtype) or \
+                    op.output.dtype != tensors[0].dtype:
+                raise _err(f"take of a table {tensors[0].shape} {tensors[0].dtype} writes its "
+                           f"rows in the table's dtype, got {op.output.dtype}", "dtype", who)
+            return tuple(tensors[1].shape) + tuple(tensors[0].shape[1:])
         if op.op == "matmul":
             if len(args) != 2 or len(tensors) != 2:
                 raise _err("matmul takes two tensors", "operator", who)
@@ -532,6 +545,10 @@ def validate(graph: KernelGraph, target: Any = "h100") -> dict[int, BlockInfo]:
                     raise _err(f"uses undefined tensor {n!r}", "ssa", who)
             for t in op.outputs:
                 _check_dtensor(t, who)
+            for n in op.inputs:
+                if is_index(env[n].dtype):
+                    raise _err(f"reads the index tensor {n!r} {env[n].shape} ({env[n].dtype}); "
+                               "rows are gathered by a take kernel", "dtype", who)
             infos[k] = check_block(op.block, [env[n] for n in op.inputs], list(op.outputs), tgt,
                                    who)
             outs = list(op.outputs)
