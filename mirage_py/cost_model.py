@@ -262,10 +262,21 @@ def _wave_us(t: Target, n: int, threads: int, stages: int, forloop: int, stage_b
     return (1e6 * max(t_thr, t_lat), 1e6 * t_mem, 1e6 * t_tc, 1e6 * t_simt, 1e6 * t_lat)
 
 
+def _read_bytes(op: KernelOp, j: int, tensors: dict) -> int:
+    """Bytes a pre-defined kernel reads of its ``j``-th operand: all of it, except the table of
+    a take, of which only the gathered rows (one per index, as many bytes as it writes)."""
+    src = tensors[op.operands[j]]
+    if op.op == "take" and j == 0:
+        return op.output.size * DTYPES[src.dtype]
+    return _size(src.shape) * DTYPES[src.dtype]
+
+
 def _op_cost(op: KernelOp, tensors: dict, t: Target, inter: set[str]) -> KernelCost:
-    nbytes = sum(_size(tensors[n].shape) * DTYPES[tensors[n].dtype] for n in op.inputs)
+    reads = [(o, _read_bytes(op, j, tensors)) for j, o in enumerate(op.operands)
+             if isinstance(o, str)]
+    nbytes = sum(b for _, b in reads)
     nbytes += op.output.size * DTYPES[op.output.dtype]
-    ib = sum(_size(tensors[n].shape) * DTYPES[tensors[n].dtype] for n in op.inputs if n in inter)
+    ib = sum(b for n, b in reads if n in inter)
     if op.output.name in inter:
         ib += op.output.size * DTYPES[op.output.dtype]
     tc = simt = 0.0
