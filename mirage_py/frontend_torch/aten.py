@@ -34,7 +34,7 @@ import numpy as np
 
 from .. import lax
 from ..errors import MirageError
-from ..lax.ops import mask_values
+from ..lax.ops import INDEX_DTYPES, mask_values
 from ..lax.tensor import Tensor, make_input
 
 #: what an infinite constant (``masked_fill(-inf)``, an additive ``-inf`` mask) becomes: the
@@ -97,6 +97,20 @@ def mirage_dtype(dtype: Any) -> str | None:
     """The program dtype of a torch dtype (None for float64, integers, bool, ...)."""
     name = str(dtype).replace("torch.", "")
     return name if name in MIRAGE_DTYPES else None
+
+
+def index_dtype(dtype: Any) -> str | None:
+    """The index dtype of a torch integer dtype that can hold indices (int32, int64), else
+    None."""
+    name = str(dtype).replace("torch.", "")
+    return name if name in INDEX_DTYPES else None
+
+
+def input_dtype(dtype: Any) -> str | None:
+    """The dtype of the program input a runtime tensor of torch ``dtype`` becomes: a float
+    dtype, or an index dtype (token ids, positions: only ``take`` reads them, as
+    :meth:`NodeContext.indices` asks); None for the others."""
+    return mirage_dtype(dtype) or index_dtype(dtype)
 
 
 class NodeContext:
@@ -170,6 +184,34 @@ class NodeContext:
         if isinstance(v, numbers.Real) and not isinstance(v, bool):
             return Sym(lax.const(_finite(float(v)), "float32"), ())
         raise Unsupported(f"its {what} is {type(v).__name__}, not a tensor")
+
+    def indices(self, v: Any, what: str = "indices") -> Tensor | tuple[int, int]:
+        """``v`` as indices: an index program input (a runtime int32 / int64 tensor), or --
+        for a constant holding a contiguous range ``a, a+1, ..., b-1`` (positions from
+        ``arange``) -- that range ``(a, b)``, which the caller turns into a slice."""
+        if isinstance(v, Sym):
+            if v.t.dtype in INDEX_DTYPES and not v.lazy:
+                return v.t
+            raise Unsupported(f"its {what} {v.shape} are computed ({v.dtype}); indices must be "
+                              "a runtime integer tensor or a constant range")
+        if isinstance(v, Boundary):
+            if index_dtype(v.dtype) is None:
+                raise Unsupported(f"its {what} are a {str(v.dtype).replace('torch.', '')} "
+                                  f"tensor {v.shape}; indices are int32 or int64")
+            if any(d == 0 for d in v.shape):
+                raise Unsupported(f"its {what} {v.shape} are empty")
+            return self._make_input(v)
+        if _is_torch_tensor(v):
+            flat = v.detach().to("cpu").reshape(-1)
+            if v.is_floating_point() or v.is_complex() or flat.numel() == 0:
+                raise Unsupported(f"its {what} are a constant of dtype {v.dtype}")
+            first = int(flat[0].item())
+            want = _torch().arange(first, first + flat.numel(), dtype=flat.dtype)
+            if v.dim() == 1 and bool((flat == want).all()):
+                return first, first + flat.numel()
+            raise Unsupported(f"its {what} are a constant {tuple(v.shape)} that is not a "
+                              "contiguous range")
+        raise Unsupported(f"its {what} are {type(v).__name__}, not a tensor")
 
     def _float_dtype(self, v: Any) -> str:
         return mirage_dtype(v.dtype) or "float32"
@@ -1367,6 +1409,47 @@ def _select_index(ctx: NodeContext, x: Any, dim: int, index: int) -> Sym:
     return reshape_sym(slice_sym(s, d, i, i + 1), ctx.out_shape())
 
 
+def _gather_rows(ctx: NodeContext, table: Any, indices: Any, what: str) -> Sym:
+    """Rows of ``table`` (its first dim) picked by ``indices``: a take of an index input, or a
+    slice for a constant contiguous range."""
+    s = ctx.sym(table, "table")
+    t = materialize(s)
+    ids = ctx.indices(indices)
+    if isinstance(ids, tuple):
+        lo, hi = ids
+        if lo < 0 or hi > s.shape[0]:
+            raise Unsupported(f"its constant {what} {lo}..{hi - 1} leave the table {s.shape}")
+        out = lax.slice_axis(t, 0, lo, hi) if (lo, hi) != (0, s.shape[0]) else t
+        return reshape_sym(Sym(out, out.shape), ctx.out_shape())
+    return _result(ctx, lax.take(t, ids))
+
+
+@op("embedding")
+def _embedding(ctx: NodeContext, weight: Any, indices: Any, padding_idx: int = -1,
+               scale_grad_by_freq: bool = False, sparse: bool = False) -> Sym:
+    # padding_idx, scale_grad_by_freq and sparse only change the gradient
+    return _gather_rows(ctx, weight, indices, "indices")
+
+
+@op("index_select")
+def _index_select(ctx: NodeContext, x: Any, dim: int, index: Any) -> Sym:
+    s = ctx.sym(x)
+    d = _dim(int(dim), len(s.shape))
+    if d == 0:
+        return _gather_rows(ctx, x, index, "index")
+    # another dim: brought to the front, gathered, and put back
+    n = len(s.shape)
+    perm = (d, *[a for a in range(n) if a != d])
+    moved = lax.transpose(materialize(s), perm)
+    ids = ctx.indices(index)
+    if isinstance(ids, tuple):
+        got = lax.slice_axis(moved, 0, *ids) if ids != (0, s.shape[d]) else moved
+    else:
+        got = lax.take(moved, ids)
+    back = tuple(int(i) for i in np.argsort(perm))
+    return _result(ctx, lax.transpose(got, back))
+
+
 def _pieces(s: Sym, d: int, sizes: list[int]) -> tuple:
     out, lo = [], 0
     for n in sizes:
@@ -1498,5 +1581,6 @@ def op_label(target: Any) -> str:
 
 
 __all__ = ["TABLE", "NodeContext", "Sym", "Boundary", "Unsupported", "match_mask", "mirage_dtype",
+           "index_dtype", "input_dtype",
            "packet_name", "op_label", "SHAPE_ONLY", "RANDOM", "ASSERTS", "MirageError", "BIG",
            "make_input"]
