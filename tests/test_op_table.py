@@ -88,7 +88,7 @@ NO_SWAP = {
     "transpose": "kinds `imap` / `omap`: a shape change is a layout, mutated as one",
     "slice": "kinds `imap` / `operand`: another part of the tile",
     "concat": "kinds `swap` / `operand`: parts swapped or replaced",
-    "take": "kind `input`: the table or the indices replaced by another tensor of their shape",
+    "take": "kind `take`: the neighbouring row (a rolled table) or a transposed square table",
 }
 
 # the aten operator (frontend_torch/aten.TABLE) each row comes from, or why none is needed

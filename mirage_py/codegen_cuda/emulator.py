@@ -42,7 +42,8 @@ def cache_dir() -> Path:
 
 _SIGNATURE = re.compile(r'extern "C" __global__ void __launch_bounds__\(\d+(?:, \d+)?\)\s*(\w+)\((.*?)\)\s*\{',
                         re.DOTALL)
-_PARAM = re.compile(r"(const )?(\w+)\* __restrict__ \w+|const __grid_constant__ (mp_tensor_map) \w+")
+_PARAM = re.compile(r"(const )?((?:long )?\w+)\* __restrict__ \w+|"
+                    r"const __grid_constant__ (mp_tensor_map) \w+")
 
 
 def kernel_signatures(code: str) -> list[tuple[str, list[tuple[bool, str]]]]:

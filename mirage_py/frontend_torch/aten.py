@@ -1412,9 +1412,9 @@ def _select_index(ctx: NodeContext, x: Any, dim: int, index: int) -> Sym:
 def _gather_rows(ctx: NodeContext, table: Any, indices: Any, what: str) -> Sym:
     """Rows of ``table`` (its first dim) picked by ``indices``: a take of an index input, or a
     slice for a constant contiguous range."""
+    ids = ctx.indices(indices)
     s = ctx.sym(table, "table")
     t = materialize(s)
-    ids = ctx.indices(indices)
     if isinstance(ids, tuple):
         lo, hi = ids
         if lo < 0 or hi > s.shape[0]:
