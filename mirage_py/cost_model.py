@@ -109,7 +109,7 @@ from .lax.ops import DTYPES, OPS
 from .lax.precision import MatmulMath, fma_micro_tile, op_math
 from .targets import Target, get_target
 from .ugraph.graph import (Accum, BlockOp, Fused, GraphKernel, InputIter, KernelGraph, KernelOp,
-                           MaskIter)
+                           MaskIter, iter_source)
 from .ugraph.phase import Phase
 from .ugraph.validate import validate
 
@@ -322,7 +322,20 @@ def _graph_kernel_cost(op: GraphKernel, info, tensors: dict, t: Target, stages: 
     mm_outs = set()
     for n in bg.ops:
         reps = F if phases.get(getattr(n, "out", "")) is Phase.BODY else 1
-        if isinstance(n, InputIter):
+        if isinstance(n, InputIter) and n.gather >= 0:
+            # a gather: the tile's rows, each a run of its own (sectors per row), and the
+            # indices that pick them
+            ins = [tensors[x] for x in op.inputs]
+            src, ids = iter_source(n, ins), ins[n.gather]
+            tile = _size(shapes[n.out]) * DTYPES[src.dtype]
+            all_tiles += tile
+            if reps > 1:
+                body_tiles += tile
+            iters.append((src, tile * reps * B * sector_factor(src, shapes[n.out][-1:]), n.imap))
+            k = len(ids.shape)
+            iters.append((ids, _size(shapes[n.out][:k]) * DTYPES[ids.dtype] * reps * B,
+                          n.imap))
+        elif isinstance(n, InputIter):
             src = tensors[op.inputs[n.input]]
             tile = _size(shapes[n.out]) * DTYPES[src.dtype]
             all_tiles += tile

@@ -148,6 +148,8 @@ def infer_labels(program) -> Labels:
             new = fresh(t.shape[ax])
             slice_ids.append((ins[0][ax], t.attr("start"), t.attr("stop"), new))
             dims[t.digest] = [new if j == ax else d for j, d in enumerate(ins[0])]
+        elif t.op == "take":  # ids dims, then the table's row dims (its row dim is its own)
+            dims[t.digest] = list(ins[1]) + list(ins[0][1:])
         elif t.op == "concat":
             ax = t.attr("axis")
             for j in range(len(t.shape)):

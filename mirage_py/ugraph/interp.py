@@ -254,7 +254,9 @@ def run_graph_kernel(gk: GraphKernel, args: list[Any], in_tensors: list[DTensor]
     bg = gk.block
     info = check_block(bg, in_tensors, list(gk.outputs), get_target(target))
     prefix = f"{label}: "
-    views = {n.out: be.layout(args[n.input], lambda a, n=n: blocked_view(a, n.imap, bg.grid))
+    views = {n.out: be.layout(args[n.input] if n.gather < 0 else
+                              be.take(args[n.input], args[n.gather]),
+                              lambda a, n=n: blocked_view(a, n.imap, bg.grid))
              for n in bg.iterators()}
     for n in bg.masks():  # known data: the mask's values, tiled like an input
         values = n.values(sizes)

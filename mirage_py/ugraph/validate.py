@@ -36,7 +36,7 @@ from ..lax.tensor import broadcast_shapes
 from ..targets import Target, get_target
 from .graph import (ACCUM_KINDS, AXES, Accum, BlockGraph, BlockOp, DTensor, Fused, GraphKernel,
                     InputIter, KernelGraph, KernelOp, MaskIter, OutputSaver, ThreadGraph,
-                    iter_tile_shape, matmul_shape, sum_shape, tiles_read)
+                    iter_source, iter_tile_shape, matmul_shape, sum_shape, tiles_read)
 from .phase import Phase, combine
 
 REDUCTIONS = ("sum", "max", "min")
@@ -191,10 +191,19 @@ def check_block(bg: BlockGraph, ins: list[DTensor], outs: list[DTensor], target:
     for node in bg.ops:
         if isinstance(node, InputIter):
             who = f"input iterator {node.out!r}"
-            if not 0 <= node.input < len(ins):
-                raise _err(f"{who} reads input #{node.input}, the kernel has {len(ins)}",
-                           "binding", label)
-            t = ins[node.input]
+            if not 0 <= node.input < len(ins) or not -1 <= node.gather < len(ins):
+                raise _err(f"{who} reads input #{node.input} (gather {node.gather}), the "
+                           f"kernel has {len(ins)}", "binding", label)
+            if is_index(ins[node.input].dtype):
+                raise _err(f"{who} reads the index tensor {ins[node.input].name!r} as data; "
+                           "indices only pick rows (gather=)", "dtype", label)
+            if node.gather >= 0 and (not is_index(ins[node.gather].dtype) or
+                                     not ins[node.input].shape):
+                raise _err(f"{who} gathers rows of {ins[node.input].name!r} "
+                           f"{ins[node.input].shape} by {ins[node.gather].name!r} "
+                           f"{ins[node.gather].dtype}, which is not an index tensor",
+                           "dtype", label)
+            t = iter_source(node, ins)
             nd = len(t.shape)
             dims = [d for d in node.imap if d >= 0]
             if len(node.imap) != 3 or any(d >= nd or d < -1 for d in node.imap) or \
@@ -545,10 +554,6 @@ def validate(graph: KernelGraph, target: Any = "h100") -> dict[int, BlockInfo]:
                     raise _err(f"uses undefined tensor {n!r}", "ssa", who)
             for t in op.outputs:
                 _check_dtensor(t, who)
-            for n in op.inputs:
-                if is_index(env[n].dtype):
-                    raise _err(f"reads the index tensor {n!r} {env[n].shape} ({env[n].dtype}); "
-                               "rows are gathered by a take kernel", "dtype", who)
             infos[k] = check_block(op.block, [env[n] for n in op.inputs], list(op.outputs), tgt,
                                    who)
             outs = list(op.outputs)
