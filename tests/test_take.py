@@ -15,7 +15,8 @@ import mirage_py as mp
 from mirage_py.cost_model import kernel_costs
 from mirage_py.errors import DTypeError, IndexRangeError, ShapeError, ValidationError
 from mirage_py.ugraph import naive_lowering
-from mirage_py.ugraph.graph import DTensor, KernelGraph, KernelOp
+from mirage_py.ugraph.graph import (BlockGraph, BlockOp, DTensor, Fused, GraphKernel, InputIter,
+                                    KernelGraph, KernelOp, OutputSaver, ThreadGraph, ThreadOp)
 from mirage_py.verifier.equivalence import Verifier
 
 V, D = 13, 16
@@ -311,16 +312,102 @@ def test_the_emitted_gather_compiles_with_nvcc():
 
 # ---- superopt --------------------------------------------------------------------------------
 
-def test_superopt_of_embedding_and_rms_norm_returns_a_verified_answer():
+def _gathers(graph: KernelGraph) -> list:
+    return [n for op in graph.ops if isinstance(op, GraphKernel) for n in op.block.ops
+            if isinstance(n, InputIter) and n.gather >= 0]
+
+
+def test_superopt_fuses_the_gather_into_the_rms_norm_kernel():
+    """embedding + rms_norm -> one kernel whose iterator gathers the rows through the indices,
+    verified, equal to the reference in the interpreter and (the emitted CUDA) the emulator."""
     p = embed_norm((4, 16))
     opt = mp.superopt(p, workers=1, progress=False, database=False)
     assert all(v is not None and v.equivalent and v.bound <= 1e-9 for v in opt.verification)
-    assert opt.num_kernels < opt.naive_num_kernels
-    assert opt.num_kernels <= 2
+    g = opt.annotated.graph
+    assert opt.num_kernels == 1 < opt.naive_num_kernels, opt.summary()
+    assert len(_gathers(g)) == 1 and not any(isinstance(op, KernelOp) for op in g.ops)
+    assert opt.estimated_time_us < opt.naive_estimated_time_us
     xs = p.random_inputs(4)
     np.testing.assert_allclose(opt.run_numpy(xs)["y"], numpy_embed_norm(xs), rtol=2e-2,
                                atol=2e-2)
-    assert mp.verify(p, opt.annotated.graph).equivalent
+    assert mp.verify(p, g).equivalent
+    if shutil.which("g++") is not None:
+        from mirage_py.codegen_cuda.emulator import EmulatedGraph
+        np.testing.assert_allclose(EmulatedGraph(g)(xs)["y"], numpy_embed_norm(xs), rtol=2e-2,
+                                   atol=2e-2)
+
+
+def _fused_by_hand(index_of_ids: str = "ids") -> tuple[mp.Program, KernelGraph]:
+    """embedding + rms_norm as one graph kernel: one block per token, its row gathered."""
+    p = embed_norm((2, 4))
+    ins = ("E", index_of_ids, "w")
+    ops = (InputIter("x", 0, (1, 0, -1), gather=1), InputIter("w", 2, (-1, -1, -1)),
+           Fused("sq", ("x",), ThreadGraph(1, (ThreadOp("o", "square", ("in0",)),))),
+           BlockOp("ss", "sum", ("sq",), (("axes", (2,)), ("keepdims", True))),
+           Fused("y", ("x", "ss", "w"), ThreadGraph(3, (
+               ThreadOp("a", "div", ("in1", float(D))), ThreadOp("b", "add", ("a", 1e-6)),
+               ThreadOp("c", "sqrt", ("b",)), ThreadOp("d", "div", ("in0", "c")),
+               ThreadOp("e", "mul", ("d", "in2"))))),
+           OutputSaver("y", 0, (1, 0, -1)))
+    gk = GraphKernel(ins, (DTensor("y", (2, 4, D), "float16"),),
+                     BlockGraph((4, 2, 1), 64, 1, ops))
+    g = KernelGraph("fused", tuple(DTensor(t.name, t.shape, t.dtype) for t in p.inputs), (gk,),
+                    ("y",))
+    return p, g
+
+
+def test_a_gathering_iterator_through_the_stages():
+    p, g = _fused_by_hand()
+    mp.ugraph.validate(g)
+    xs = p.random_inputs(6)
+    np.testing.assert_allclose(g.run(xs)["y"], p.evaluate(xs)["y"], rtol=1e-12)
+    r = mp.verify(p, g)
+    assert r.equivalent and r.bound <= 1e-9
+    assert mp.ugraph.serialize.loads(g.dumps()) == g
+    assert "iter E[ids]" in str(g)
+    # the cost: the gathered rows and the indices, not the table
+    (k,) = kernel_costs(g, "h100")
+    assert k.bytes < V * D * 2 + 2 * 4 * D * 2 * 2
+    # an index tensor read as data, or floats used as indices, is no valid kernel
+    bad = KernelGraph(g.name, g.inputs, (GraphKernel(("E", "E", "w"), g.ops[0].outputs,
+                                                     g.ops[0].block),), g.outputs)
+    with pytest.raises(ValidationError, match="not an index tensor"):
+        mp.ugraph.validate(bad)
+
+
+def test_the_verifier_rejects_a_fused_gather_of_other_indices():
+    p = mp.Program("two_ids")
+    ids = p.input("ids", (2, 4), "int32")
+    p.input("other", (2, 4), "int32")
+    e = p.input("E", (V, D), "float16")
+    w = p.input("w", (D,), "float16")
+    p.output(mp.rms_norm(mp.take(e, ids), w), name="y")
+    _, g = _fused_by_hand()
+    good = KernelGraph("g", tuple(DTensor(t.name, t.shape, t.dtype) for t in p.inputs),
+                       g.ops, g.outputs)
+    assert mp.verify(p, good).equivalent
+    gk = g.ops[0]
+    wrong = KernelGraph("w", good.inputs, (GraphKernel(("E", "other", "w"), gk.outputs,
+                                                       gk.block),), g.outputs)
+    r = mp.verify(p, wrong)
+    assert not r.equivalent and r.mismatch is not None
+
+
+def test_the_emitted_fused_gather_runs_on_the_emulator_and_compiles_with_nvcc():
+    from mirage_py.codegen_cuda import emit_cuda
+    from mirage_py.codegen_cuda.emit import translation_unit
+    from mirage_py.codegen_cuda.nvcc import compile_with_nvcc, find_nvcc
+    p, g = _fused_by_hand()
+    src = emit_cuda(g, prefix="fused_gather")
+    assert "(long long)g_ids[" in src.cu()
+    if shutil.which("g++") is not None:
+        from mirage_py.codegen_cuda.emulator import EmulatedGraph
+        xs = p.random_inputs(7)
+        np.testing.assert_allclose(EmulatedGraph(src)(xs)["y"], numpy_embed_norm(xs),
+                                   rtol=2e-2, atol=2e-2)
+    if find_nvcc() is not None:
+        res = compile_with_nvcc(translation_unit([src]), name="fused_gather")
+        assert res.warnings == [], res.warnings
 
 
 # ---- the torch frontend ----------------------------------------------------------------------

@@ -59,6 +59,9 @@ class Avail:
     expr: ae.Poly
     dims: tuple[Dim, ...]
     mask: tuple | None = None  # (offset, window, valid), as the program's mask says
+    # (table, indices): the rows of a program input picked by an index input (a take of two
+    # program inputs), which iterators gather as they load (no tensor in memory)
+    gather: tuple[DTensor, DTensor] | None = None
     # a partial sum computed relative to its split's own running maximum (an online
     # normalisation over a split of the loop's label): the name of the saved partial maximum it
     # carries exp(-m_p) of
@@ -568,7 +571,12 @@ def build_kernel(plan: Plan, avail: list[Avail], pool: list[Val], saves: list[tu
         stack.extend(by_id[k].operands)
     used_inputs = sorted({by_id[k].node[1] for k in need if by_id[k].node[0] == "iter" and
                           avail[by_id[k].node[1]].mask is None})
-    remap = {old: new for new, old in enumerate(used_inputs)}
+    # the kernel's input tensors: an avail's own, or a gathered one's table and indices
+    in_names: list[str] = []
+    for i in used_inputs:
+        for n in ((t.name for t in avail[i].gather) if avail[i].gather else (avail[i].name,)):
+            if n not in in_names:
+                in_names.append(n)
     F = plan.loop[1] if plan.loop[0] is not None else 1
     ops: list = []
     name = {}
@@ -581,8 +589,12 @@ def build_kernel(plan: Plan, avail: list[Avail], pool: list[Val], saves: list[tu
             a = avail[node[1]]
             ops.append(MaskIter(nm, a.shape, a.mask[0], a.mask[1], node[2], node[3],
                                 a.mask[2] if len(a.mask) > 2 else None))
+        elif node[0] == "iter" and avail[node[1]].gather is not None:
+            table, ids = avail[node[1]].gather
+            ops.append(InputIter(nm, in_names.index(table.name), node[2], node[3],
+                                 gather=in_names.index(ids.name)))
         elif node[0] == "iter":
-            ops.append(InputIter(nm, remap[node[1]], node[2], node[3]))
+            ops.append(InputIter(nm, in_names.index(avail[node[1]].name), node[2], node[3]))
         elif node[0] == "op":
             ops.append(BlockOp(nm, node[1], tuple(name[x] for x in node[2]), node[3]))
         elif node[0] == "fused":
@@ -602,7 +614,7 @@ def build_kernel(plan: Plan, avail: list[Avail], pool: list[Val], saves: list[tu
         outs.append(Avail(tname, tuple(dim_size(d) for d in dims), dtype, v.expr, dims))
     ops = fuse_thread_chains(ops)
     bg = BlockGraph(plan.sizes, threads, F, tuple(ops))
-    gk = GraphKernel(tuple(avail[i].name for i in used_inputs),
+    gk = GraphKernel(tuple(in_names),
                      tuple(DTensor(o.name, o.shape, o.dtype) for o in outs), bg)
     return gk, outs
 
@@ -762,5 +774,11 @@ def _needs_concat(v: Val, plan: Plan) -> bool:
 
 
 def _dt(avail: list[Avail], name: str) -> DTensor:
-    a = next(a for a in avail if a.name == name)
-    return DTensor(a.name, a.shape, a.dtype)
+    for a in avail:
+        if a.name == name:
+            return DTensor(a.name, a.shape, a.dtype)
+        if a.gather is not None:  # a gathered tensor's table or indices
+            for t in a.gather:
+                if t.name == name:
+                    return t
+    raise KeyError(name)

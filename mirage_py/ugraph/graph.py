@@ -370,6 +370,27 @@ class KernelGraph:
 
 # ---- shape inference shared by validation and the interpreter ---------------------------------
 
+def index_bounds(graph: "KernelGraph") -> dict[str, int]:
+    """For every index input of ``graph`` (int32 / int64), the fewest rows of a table it picks
+    from (take kernels and gathering iterators); valid indices are ``[0, bound)``."""
+    tensors = graph.tensors()
+    out: dict[str, int] = {t.name: 0 for t in graph.inputs if t.dtype in ("int32", "int64")}
+
+    def see(ids: str, table: str) -> None:
+        if ids in out:
+            rows = tensors[table].shape[0]
+            out[ids] = rows if out[ids] == 0 else min(out[ids], rows)
+
+    for op in graph.ops:
+        if isinstance(op, KernelOp) and op.op == "take":
+            see(op.operands[1], op.operands[0])
+        elif isinstance(op, GraphKernel):
+            for n in op.block.ops:
+                if isinstance(n, InputIter) and n.gather >= 0:
+                    see(op.inputs[n.gather], op.inputs[n.input])
+    return {n: max(b, 1) for n, b in out.items()}
+
+
 def iter_tile_shape(shape: tuple[int, ...], grid: tuple[int, int, int], imap: tuple[int, int, int],
                     fmap: int, forloop: int) -> tuple[int, ...]:
     """Tile shape an input iterator yields (assumes the splits divide; validate checks)."""
