@@ -457,7 +457,7 @@ def test_compile_runs_embedding_and_norm_with_no_eager_operator():
     assert cm.eager_ops() == []
     rows = cm.regions()
     assert rows and all(r["verified"] for r in rows)
-    assert sum(r["kernels"] for r in rows) < sum(r["kernels_naive"] for r in rows)
+    assert sum(r["kernels"] for r in rows) == 1 < sum(r["kernels_naive"] for r in rows)
 
 
 def test_index_select_along_dim_zero_and_one():
