@@ -505,3 +505,18 @@ def test_an_embedding_of_float_indices_is_not_captured():
     with pytest.raises(Unsupported, match="indices are a float32 tensor"):
         TABLE["embedding"](ctx, Boundary("w", (5, 4), torch.float32),
                            Boundary("i", (3,), torch.float32))
+
+
+def test_numerics_probes_and_graphs_know_the_valid_indices():
+    from mirage_py.ugraph.graph import index_bounds
+    from mirage_py.verifier.numerics import PROBES, numerics_verdict, stored_inputs
+    p = embed_norm((3, 5))
+    stored = stored_inputs(p, 0)
+    assert stored["ids"].dtype.kind == "i" and stored["ids"].max() < V
+    for probe in PROBES:
+        np.testing.assert_array_equal(probe.inputs(p, 0, stored)["ids"], stored["ids"])
+    g = naive_lowering(p)
+    assert index_bounds(g) == {"ids": V}
+    assert index_bounds(_fused_by_hand()[1]) == {"ids": V}
+    q, fused = _fused_by_hand()
+    assert numerics_verdict(q, fused, naive_lowering(q), seed=0, target="h100").ok
