@@ -5,14 +5,15 @@ Pipeline (data flows one way): ``lax`` (programs, partition) -> ``generator`` (c
 in ``ugraph`` are the language every stage shares.
 """
 
-from .errors import (ClusterError, DatabaseError, DTypeError, MirageError, OptionError,
+from .errors import (ClusterError, DatabaseError, DTypeError, IndexRangeError, MirageError,
+                     OptionError,
                      ProgramError, SerializationError, ShapeError, TargetError,
                      TorchCaptureError, UnsupportedOperatorError, ValidationError)
 from .lax import (Dim, Output, Partition, Program, Tensor, dim, abs, batch_norm, cast, causal_mask, clamp,
                   concat, exp, gelu, group_norm, hardtanh, layer_norm, leaky_relu, log,
                   log_softmax, logsumexp, matmul, max, maximum, mean, min, minimum, mish,
-                  partition, pow, relu, reshape, rms_norm, sigmoid, silu, slice,
-                  sliding_window_mask, softmax, softplus, split, sqrt, square, sum, tanh,
+                  partition, pow, relu, reshape, rms_norm, sigmoid, silu, sin, cos, slice,
+                  sliding_window_mask, softmax, softplus, split, sqrt, square, sum, take, tanh,
                   transpose, where)
 from .verifier import check_numerics, verify
 from .superopt import FamilyProgram, OptimizedProgram, RayExecutor, load, superopt
@@ -35,14 +36,16 @@ def compile(module, example_inputs=None, example_kwargs=None, **superopt_options
 
 
 
-__all__ = ["ClusterError", "DatabaseError", "DTypeError", "MirageError", "OptionError",
+__all__ = ["ClusterError", "DatabaseError", "DTypeError", "IndexRangeError", "MirageError", "OptionError",
            "ProgramError", "SerializationError", "ShapeError", "TargetError",
            "TorchCaptureError", "UnsupportedOperatorError", "ValidationError", "Output",
            "Partition", "Program",
            "Tensor", "Dim", "dim", "abs", "batch_norm", "cast", "causal_mask", "clamp", "concat", "exp", "gelu",
            "group_norm", "hardtanh", "layer_norm", "leaky_relu", "log", "log_softmax",
            "logsumexp", "matmul", "max", "maximum", "mean", "min", "minimum", "mish",
-           "partition", "pow", "relu", "reshape", "rms_norm", "sigmoid", "silu", "slice",
-           "sliding_window_mask", "softmax", "softplus", "split", "sqrt", "square", "sum", "tanh",
+           "partition", "pow", "relu", "reshape", "rms_norm", "sigmoid", "silu", "sin", "cos",
+           "slice",
+           "sliding_window_mask", "softmax", "softplus", "split", "sqrt", "square", "sum", "take",
+           "tanh",
            "transpose", "where", "verify", "check_numerics", "superopt", "OptimizedProgram", "FamilyProgram",
            "load", "RayExecutor", "from_torch", "compile", "__version__"]

@@ -109,7 +109,7 @@ from .lax.ops import DTYPES, OPS
 from .lax.precision import MatmulMath, fma_micro_tile, op_math
 from .targets import Target, get_target
 from .ugraph.graph import (Accum, BlockOp, Fused, GraphKernel, InputIter, KernelGraph, KernelOp,
-                           MaskIter)
+                           MaskIter, iter_source)
 from .ugraph.phase import Phase
 from .ugraph.validate import validate
 
@@ -262,10 +262,21 @@ def _wave_us(t: Target, n: int, threads: int, stages: int, forloop: int, stage_b
     return (1e6 * max(t_thr, t_lat), 1e6 * t_mem, 1e6 * t_tc, 1e6 * t_simt, 1e6 * t_lat)
 
 
+def _read_bytes(op: KernelOp, j: int, tensors: dict) -> int:
+    """Bytes a pre-defined kernel reads of its ``j``-th operand: all of it, except the table of
+    a take, of which only the gathered rows (one per index, as many bytes as it writes)."""
+    src = tensors[op.operands[j]]
+    if op.op == "take" and j == 0:
+        return op.output.size * DTYPES[src.dtype]
+    return _size(src.shape) * DTYPES[src.dtype]
+
+
 def _op_cost(op: KernelOp, tensors: dict, t: Target, inter: set[str]) -> KernelCost:
-    nbytes = sum(_size(tensors[n].shape) * DTYPES[tensors[n].dtype] for n in op.inputs)
+    reads = [(o, _read_bytes(op, j, tensors)) for j, o in enumerate(op.operands)
+             if isinstance(o, str)]
+    nbytes = sum(b for _, b in reads)
     nbytes += op.output.size * DTYPES[op.output.dtype]
-    ib = sum(_size(tensors[n].shape) * DTYPES[tensors[n].dtype] for n in op.inputs if n in inter)
+    ib = sum(b for n, b in reads if n in inter)
     if op.output.name in inter:
         ib += op.output.size * DTYPES[op.output.dtype]
     tc = simt = 0.0
@@ -311,7 +322,20 @@ def _graph_kernel_cost(op: GraphKernel, info, tensors: dict, t: Target, stages: 
     mm_outs = set()
     for n in bg.ops:
         reps = F if phases.get(getattr(n, "out", "")) is Phase.BODY else 1
-        if isinstance(n, InputIter):
+        if isinstance(n, InputIter) and n.gather >= 0:
+            # a gather: the tile's rows, each a run of its own (sectors per row), and the
+            # indices that pick them
+            ins = [tensors[x] for x in op.inputs]
+            src, ids = iter_source(n, ins), ins[n.gather]
+            tile = _size(shapes[n.out]) * DTYPES[src.dtype]
+            all_tiles += tile
+            if reps > 1:
+                body_tiles += tile
+            iters.append((src, tile * reps * B * sector_factor(src, shapes[n.out][-1:]), n.imap))
+            k = len(ids.shape)
+            iters.append((ids, _size(shapes[n.out][:k]) * DTYPES[ids.dtype] * reps * B,
+                          n.imap))
+        elif isinstance(n, InputIter):
             src = tensors[op.inputs[n.input]]
             tile = _size(shapes[n.out]) * DTYPES[src.dtype]
             all_tiles += tile

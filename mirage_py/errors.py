@@ -19,6 +19,11 @@ class DTypeError(MirageError, TypeError):
     """An unsupported dtype, or dtypes that may not be combined."""
 
 
+class IndexRangeError(MirageError, ValueError):
+    """An index tensor (token ids, positions) holding a value outside the table it gathers from
+    (``mp.take``): the message names the operator, the table's shape and the bad index."""
+
+
 class ProgramError(MirageError, ValueError):
     """A malformed program: unknown or missing inputs, duplicate names, foreign tensors."""
 

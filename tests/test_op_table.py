@@ -44,6 +44,8 @@ EXAMPLES = {
     "relu": lambda x, w: mp.relu(x),
     "sigmoid": lambda x, w: mp.sigmoid(x),
     "tanh": lambda x, w: mp.tanh(x),
+    "sin": lambda x, w: mp.sin(x),
+    "cos": lambda x, w: mp.cos(x * 4.0),
     "log": lambda x, w: mp.log(x * x + 1.0),
     "abs": lambda x, w: mp.abs(x),
     "softplus": lambda x, w: mp.softplus(x),
@@ -67,7 +69,11 @@ EXAMPLES = {
     "transpose": lambda x, w: mp.transpose(x),
     "slice": lambda x, w: x[:, 2:10],
     "concat": lambda x, w: mp.concat([x, x @ w], axis=-1),
+    # rows of w picked by an int32 index input ``ids`` (R,) that example() declares
+    "take": lambda x, w, ids: mp.take(w, ids) + x,
 }
+# rows whose example also reads an index input ``ids`` (R,) int32
+WITH_INDICES = {"take"}
 # leaves every program has: inputs, and the constants of the examples above
 LEAVES_IN_EVERY_PROGRAM = {"input": "every example reads x", "const": "x * x + 1.0, -1e4, ..."}
 
@@ -82,17 +88,18 @@ NO_SWAP = {
     "transpose": "kinds `imap` / `omap`: a shape change is a layout, mutated as one",
     "slice": "kinds `imap` / `operand`: another part of the tile",
     "concat": "kinds `swap` / `operand`: parts swapped or replaced",
+    "take": "kind `take`: the neighbouring row (a rolled table) or a transposed square table",
 }
 
 # the aten operator (frontend_torch/aten.TABLE) each row comes from, or why none is needed
 ATEN = {
     "neg": "neg", "square": "square", "exp": "exp", "sqrt": "sqrt", "silu": "silu",
-    "gelu": "gelu", "relu": "relu", "sigmoid": "sigmoid", "tanh": "tanh", "log": "log",
+    "gelu": "gelu", "relu": "relu", "sigmoid": "sigmoid", "tanh": "tanh", "sin": "sin", "cos": "cos", "log": "log",
     "abs": "abs", "softplus": "softplus", "mish": "mish", "leaky_relu": "leaky_relu",
     "clamp": "clamp", "pow": "pow", "cast": "_to_copy", "add": "add", "sub": "sub", "mul": "mul",
     "div": "div", "maximum": "maximum", "minimum": "minimum", "where": "where", "matmul": "mm",
     "sum": "sum", "max": "amax", "min": "amin", "reshape": "view", "transpose": "permute",
-    "slice": "slice", "concat": "cat",
+    "slice": "slice", "concat": "cat", "take": "embedding",
 }
 NO_ATEN = {
     "input": "a graph placeholder, parameter or eager result (aten.NodeContext.sym)",
@@ -105,7 +112,11 @@ def example(op: str) -> mp.Program:
     p = mp.Program(f"row_{op}")
     x = p.input("x", (R, C), "float16")
     w = p.input("w", (C, C), "float16")
-    p.output(EXAMPLES[op](x, w), name="y")
+    if op in WITH_INDICES:
+        ids = p.input("ids", (R,), "int32")
+        p.output(EXAMPLES[op](x, w, ids), name="y")
+    else:
+        p.output(EXAMPLES[op](x, w), name="y")
     return p
 
 

@@ -191,7 +191,7 @@ def test_llama_attention_decode_against_cached_positions():
 
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::FutureWarning")
-def test_llama_for_causal_lm_embedding_and_rotary_tables_eager_the_rest_fused():
+def test_llama_for_causal_lm_captured_whole_embedding_included():
     from transformers import LlamaForCausalLM
     cfg = _llama_config(heads=4, kv_heads=2)
     cfg.vocab_size, cfg.num_hidden_layers = 128, 2
@@ -210,8 +210,7 @@ def test_llama_for_causal_lm_embedding_and_rotary_tables_eager_the_rest_fused():
     cm = mp.compile(m, (ids,), **dict(OPTS, time_budget_s=30))
     with torch.no_grad():
         _close(cm(ids), m(ids))
-    assert sorted(e["op"] for e in cm.eager_ops()) == ["aten.cos.default", "aten.embedding.default",
-                                                      "aten.sin.default"]
+    assert cm.eager_ops() == []  # the embedding lookup is a take of the token ids
     naive, found = _fused(cm)
     assert found * 2 < naive
 

@@ -143,7 +143,7 @@ class BlockKernelEmitter:
             return self.emit_matmul(st)
         if n.op in ("sum", "max", "min"):
             return self.emit_reduce(st)
-        if n.op in ("concat", "slice", "reshape"):
+        if n.op in ("concat", "slice", "reshape", "transpose"):
             return self.emit_concat(st)
         raise NotImplementedError(f"block operator {n.op!r}")
 
@@ -193,6 +193,8 @@ class BlockKernelEmitter:
         if isinstance(st.node, MaskIter):
             return self.emit_mask(st, iteration)
         it: InputIter = st.node
+        if it.gather >= 0:
+            return self.emit_gather(st, iteration)
         inp = self.gk.inputs[it.input]
         lay = self.device.layouts[inp]
         shape = self.shape(it.out)
@@ -226,6 +228,45 @@ class BlockKernelEmitter:
                     *self.loop(prod(shape) // v, body, var="v")]
         decls, cs = _declare("i", shape)
         off = linear(terms + list(zip(cs, lay.strides)))
+        if st.into:
+            acc = self.tile(st.writes)
+            return [head + f", added into {st.writes}",
+                    *self.loop(prod(shape), [*_const_ints(decls),
+                                             f"{acc}[i] += to_float({src}[{off}]);"])]
+        return [head, *self.loop(prod(shape), [*_const_ints(decls),
+                                               f"{self.tile(it.out)}[{self.sw(it.out, 'i')}] = "
+                                               f"{src}[{off}];"])]
+
+    def emit_gather(self, st: Step, iteration: str = "it") -> list[str]:
+        """The tile of a gathering iterator: element (g..., r...) of the gathered tensor is
+        element (ids[g...], r...) of the table, each row's address read from the indices
+        (element by element: the schedule gives gathers no 16-byte copies)."""
+        it: InputIter = st.node
+        table, ids = self.gk.inputs[it.input], self.gk.inputs[it.gather]
+        lay, ilay = self.device.layouts[table], self.device.layouts[ids]
+        k = len(ilay.shape)
+        gshape = tuple(ilay.shape) + tuple(lay.shape[1:])
+        shape = self.shape(it.out)
+        decls, cs = _declare("i", shape)
+        coords = []
+        for d in range(len(gshape)):
+            parts = [cs[d]] if cs[d] != "0" else []
+            for a in range(3):
+                if it.imap[a] == d and self.bg.grid[a] > 1:
+                    ext = gshape[d] // self.bg.grid[a]
+                    parts.append(BLOCK_IDX[a] if ext == 1 else f"{BLOCK_IDX[a]} * {ext}")
+            if it.fmap == d and self.F > 1:
+                parts.append(f"{iteration} * {shape[d]}")
+            coords.append(" + ".join(parts) if parts else "0")
+        idx = self.in_params[it.gather].cname
+        row = f"(long long){idx}[{linear(list(zip(coords[:k], ilay.strides)))}]"
+        rest = linear(list(zip(coords[k:], lay.strides[1:])))
+        off = f"{row} * {lay.strides[0]}" + (f" + {rest}" if rest != "0" else "")
+        src = self.in_params[it.input].cname
+        imap = ", ".join(f"{AXES[a]}->{it.imap[a]}" for a in range(3) if it.imap[a] >= 0)
+        fmap = f" fmap={it.fmap}" if it.fmap >= 0 else ""
+        head = (f"// {it.out} = iter {table}[{ids}] imap={{{imap}}}{fmap}: rows gathered by "
+                f"the indices, element by element")
         if st.into:
             acc = self.tile(st.writes)
             return [head + f", added into {st.writes}",
@@ -495,7 +536,8 @@ class BlockKernelEmitter:
 
     def emit_concat(self, st: Step) -> list[str]:
         """Concatenation (each element reads the operand that holds it), slices (a
-        concatenation of one operand, read from an offset) and reshapes (a copy)."""
+        concatenation of one operand, read from an offset), reshapes (a copy) and transposes
+        (a copy with permuted strides)."""
         n: BlockOp = st.node
         out_shape = self.shape(n.out)
         if n.op == "reshape":  # both tiles row-major: element i is element i
@@ -503,6 +545,15 @@ class BlockKernelEmitter:
             return [self._header(st, f"{n.out} = reshape({src}) {self.shape(src)} -> "
                                      f"{out_shape}"),
                     *self.loop(prod(out_shape), self._result(st, self.read(src, "i")))]
+        if n.op == "transpose":  # output dim k is source dim perm[k]
+            src = n.operands[0]
+            perm = tuple(n.attr("perm"))
+            decls, cs = _declare("i", out_shape)
+            strides = row_major(self.shape(src))
+            off = linear([(cs[k], strides[p]) for k, p in enumerate(perm)])
+            return [self._header(st, f"{n.out} = transpose({src}, {perm})"),
+                    *self.loop(prod(out_shape),
+                               [*_const_ints(decls), *self._result(st, self.read(src, off))])]
         if n.op == "slice":
             ax, start = n.attr("axis"), n.attr("start")
             decls, cs = _declare("i", out_shape)

@@ -12,7 +12,8 @@ from ..lax.ops import EXACT_POW, OPS
 from .errors import CodegenError
 
 # storage type of each device dtype in the emitted code (see prelude.cuh)
-CTYPES = {"float16": "fp16_t", "bfloat16": "bf16_t", "float32": "float"}
+CTYPES = {"float16": "fp16_t", "bfloat16": "bf16_t", "float32": "float", "int32": "int",
+          "int64": "long long"}
 
 # element-wise operators as CUDA expressions of float operands ({0}, {1}, {2}); every operand is
 # a variable or a literal, so repeating one ({0} * {0}) costs nothing
@@ -26,6 +27,8 @@ UNARY = {
     "relu": "relu({0})",
     "sigmoid": "sigmoid({0})",
     "tanh": "tanhf({0})",
+    "sin": "sinf({0})",
+    "cos": "cosf({0})",
     "log": "logf({0})",
     "abs": "fabsf({0})",
     "softplus": "softplus({0})",

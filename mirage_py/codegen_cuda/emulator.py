@@ -26,6 +26,7 @@ from ..lax.ops import storage_round
 from ..ugraph.graph import KernelGraph
 from .cexpr import ident
 from .emit import CudaSource, emit_cuda, translation_unit
+from .runtime import check_gather_indices
 from .errors import CompileError, ToolMissing
 from .tensor_map import MAP_BYTES, emulated
 
@@ -41,7 +42,8 @@ def cache_dir() -> Path:
 
 _SIGNATURE = re.compile(r'extern "C" __global__ void __launch_bounds__\(\d+(?:, \d+)?\)\s*(\w+)\((.*?)\)\s*\{',
                         re.DOTALL)
-_PARAM = re.compile(r"(const )?(\w+)\* __restrict__ \w+|const __grid_constant__ (mp_tensor_map) \w+")
+_PARAM = re.compile(r"(const )?((?:long )?\w+)\* __restrict__ \w+|"
+                    r"const __grid_constant__ (mp_tensor_map) \w+")
 
 
 def kernel_signatures(code: str) -> list[tuple[str, list[tuple[bool, str]]]]:
@@ -133,6 +135,8 @@ def _aligned(nbytes: int, fill: int) -> tuple[np.ndarray, np.ndarray]:
 def to_storage(x: Any, dtype: str) -> np.ndarray:
     """Float values -> the bytes a device tensor of ``dtype`` holds (as a NumPy array)."""
     x = np.asarray(x)
+    if dtype in ("int32", "int64"):  # an index tensor: its integers
+        return np.ascontiguousarray(x, dtype=np.dtype(dtype))
     if dtype == "float16":
         return np.ascontiguousarray(x, dtype=np.float16)
     if dtype == "bfloat16":
@@ -178,6 +182,7 @@ class EmulatedGraph:
 
     def __call__(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
         g, dev = self.graph, self.source.plan.device
+        check_gather_indices(g, lambda n: (int(np.min(inputs[n])), int(np.max(inputs[n]))))
         keep: list[np.ndarray] = []
         ptr: dict[str, int] = {}
         for t in g.inputs:

@@ -20,8 +20,10 @@ from .cexpr import ident
 from .emit import CudaSource, emit_cuda
 from .host import io_fields
 
-TORCH_DTYPES = {"float16": "at::kHalf", "bfloat16": "at::kBFloat16", "float32": "at::kFloat"}
-PY_DTYPES = {"float16": "torch.float16", "bfloat16": "torch.bfloat16", "float32": "torch.float32"}
+TORCH_DTYPES = {"float16": "at::kHalf", "bfloat16": "at::kBFloat16", "float32": "at::kFloat",
+                "int32": "at::kInt", "int64": "at::kLong"}
+PY_DTYPES = {"float16": "torch.float16", "bfloat16": "torch.bfloat16", "float32": "torch.float32",
+             "int32": "torch.int32", "int64": "torch.int64"}
 
 
 def _shape(shape: tuple[int, ...]) -> str:

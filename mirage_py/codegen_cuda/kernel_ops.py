@@ -121,6 +121,8 @@ class KernelOpEmitter:
             return self.emit_copy()
         if o == "mask":
             return self.emit_mask()
+        if o == "take":
+            return self.emit_take()
         if OPS.get(o) is not None and OPS[o].elementwise:
             return self.emit_elementwise()
         raise NotImplementedError(f"kernel operator {o!r}")
@@ -214,6 +216,28 @@ class KernelOpEmitter:
         spec = self.spec(grid, (THREADS, 1, 1))
         return self.finish(spec, [*loop, *("  " + b for b in body), "}"],
                            "a 0/1 position mask computed from the element's row and column")
+
+    def emit_take(self) -> tuple[str, LaunchSpec]:
+        """Rows of the table gathered by the indices: output element (i..., j...) is table
+        element (ids[i...], j...). An index outside the table writes NaN (the host checks the
+        indices before launching and raises IndexRangeError; this keeps a stray one visible
+        instead of reading outside the table)."""
+        out, table, ids = self.out_layout, self.layout(0), self.layout(1)
+        n = prod(out.shape)
+        itype = _index_type(out, table, ids, n=n)
+        loop, grid = self.grid_stride(n, itype)
+        odecls, oc = _coords("i", out.shape, "c", itype)
+        k = len(ids.shape)
+        rows = table.shape[0]
+        row = f"(long long){self.arg[1]}[{_offset(ids, oc[:k])}]"
+        src = _offset(table, ["r", *oc[k:]])
+        body = [*odecls, f"const long long r = {row};",
+                f"store({self.out.cname} + {_offset(out, oc)}, (r >= 0 && r < {rows}LL) ? "
+                f"{self.load(0, src)} : __int_as_float(0x7fc00000));"]
+        spec = self.spec(grid, (THREADS, 1, 1))
+        return self.finish(spec, [*loop, *("  " + b for b in body), "}"],
+                           f"gather: output element (i, j) copies table row ids[i] "
+                           f"({rows} rows), one thread per element")
 
     def _warp_reduce(self, var: str, op: str = "sum") -> list[str]:
         return [f"for (int s = 16; s > 0; s >>= 1) "

@@ -17,8 +17,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..errors import DTypeError, ProgramError, ShapeError
-from ..ugraph.graph import KernelGraph
+from ..errors import DTypeError, IndexRangeError, ProgramError, ShapeError
+from ..ugraph.graph import KernelGraph, KernelOp
 from . import tensor_map
 from .emit import CudaSource, emit_cuda
 from .errors import CompileError, ToolMissing
@@ -125,7 +125,8 @@ def _hopper_module(cp: Any, code: str, options: tuple[str, ...], key: str) -> An
 
 
 _STORAGE = {"float16": ("float16",), "float32": ("float32",),
-            "bfloat16": ("uint16", "int16")}
+            "bfloat16": ("uint16", "int16"),
+            "int32": ("int32",), "int64": ("int64",)}
 
 
 def _to_cupy(x: Any, cp: Any) -> Any:
@@ -146,6 +147,24 @@ def bf16_bits_to_float32(a: Any) -> Any:
     xp = type(a).__module__.split(".")[0]
     mod = __import__(xp)
     return (a.view(mod.uint16).astype(mod.uint32) << 16).view(mod.float32)
+
+
+def check_gather_indices(graph: KernelGraph, extrema: Any) -> None:
+    """Before launching: every take kernel's indices that are graph inputs lie in its table's
+    rows (``extrema(name)`` -> (min, max) of an input), else IndexRangeError naming the kernel,
+    the table's shape and the bad index -- a GPU gather cannot raise."""
+    names = {t.name for t in graph.inputs}
+    tensors = graph.tensors()
+    for op in graph.ops:
+        if isinstance(op, KernelOp) and op.op == "take" and op.operands[1] in names:
+            lo, hi = extrema(op.operands[1])
+            rows = tensors[op.operands[0]].shape[0]
+            if lo < 0 or hi >= rows:
+                bad = lo if lo < 0 else hi
+                raise IndexRangeError(f"take -> {op.output.name!r}: index {bad} in "
+                                      f"{op.operands[1]!r} is out of range for the table "
+                                      f"{op.operands[0]!r} {tensors[op.operands[0]].shape} "
+                                      f"(valid 0 .. {rows - 1})")
 
 
 class CompiledGraph:
@@ -196,6 +215,7 @@ class CompiledGraph:
         for t in g.inputs:
             arrays[t.name] = self._check(t.name, _to_cupy(inputs[t.name], cp), t.shape,
                                          t.dtype, cp)
+        check_gather_indices(g, lambda n: (int(arrays[n].min()), int(arrays[n].max())))
         result = {}
         for n in g.outputs:
             t = tensors[n]

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 import torch
 
 from ..errors import OptionError, TorchCaptureError
+from ..lax.ops import INDEX_DTYPES
 from ..lax.program import Program
 from .capture import capture
 from .whole_program import whole_program
@@ -73,6 +76,9 @@ class TorchProgram(Program):
                 raise TorchCaptureError(f"bind: no parameter, buffer or argument named {src!r} "
                                         f"for program input {t.name!r}")
             v = v.detach().to("cpu")
+            if t.dtype in INDEX_DTYPES:  # token ids: the integers themselves
+                out[t.name] = v.numpy().astype(np.int64, copy=False)
+                continue
             out[t.name] = (v.float() if v.dtype in (torch.bfloat16, torch.bool) or
                            not (v.dtype.is_floating_point) else v).numpy()
         return out

@@ -34,7 +34,7 @@ import numpy as np
 
 from .. import lax
 from ..errors import MirageError
-from ..lax.ops import mask_values
+from ..lax.ops import INDEX_DTYPES, mask_values
 from ..lax.tensor import Tensor, make_input
 
 #: what an infinite constant (``masked_fill(-inf)``, an additive ``-inf`` mask) becomes: the
@@ -97,6 +97,20 @@ def mirage_dtype(dtype: Any) -> str | None:
     """The program dtype of a torch dtype (None for float64, integers, bool, ...)."""
     name = str(dtype).replace("torch.", "")
     return name if name in MIRAGE_DTYPES else None
+
+
+def index_dtype(dtype: Any) -> str | None:
+    """The index dtype of a torch integer dtype that can hold indices (int32, int64), else
+    None."""
+    name = str(dtype).replace("torch.", "")
+    return name if name in INDEX_DTYPES else None
+
+
+def input_dtype(dtype: Any) -> str | None:
+    """The dtype of the program input a runtime tensor of torch ``dtype`` becomes: a float
+    dtype, or an index dtype (token ids, positions: only ``take`` reads them, as
+    :meth:`NodeContext.indices` asks); None for the others."""
+    return mirage_dtype(dtype) or index_dtype(dtype)
 
 
 class NodeContext:
@@ -170,6 +184,34 @@ class NodeContext:
         if isinstance(v, numbers.Real) and not isinstance(v, bool):
             return Sym(lax.const(_finite(float(v)), "float32"), ())
         raise Unsupported(f"its {what} is {type(v).__name__}, not a tensor")
+
+    def indices(self, v: Any, what: str = "indices") -> Tensor | tuple[int, int]:
+        """``v`` as indices: an index program input (a runtime int32 / int64 tensor), or --
+        for a constant holding a contiguous range ``a, a+1, ..., b-1`` (positions from
+        ``arange``) -- that range ``(a, b)``, which the caller turns into a slice."""
+        if isinstance(v, Sym):
+            if v.t.dtype in INDEX_DTYPES and not v.lazy:
+                return v.t
+            raise Unsupported(f"its {what} {v.shape} are computed ({v.dtype}); indices must be "
+                              "a runtime integer tensor or a constant range")
+        if isinstance(v, Boundary):
+            if index_dtype(v.dtype) is None:
+                raise Unsupported(f"its {what} are a {str(v.dtype).replace('torch.', '')} "
+                                  f"tensor {v.shape}; indices are int32 or int64")
+            if any(d == 0 for d in v.shape):
+                raise Unsupported(f"its {what} {v.shape} are empty")
+            return self._make_input(v)
+        if _is_torch_tensor(v):
+            flat = v.detach().to("cpu").reshape(-1)
+            if v.is_floating_point() or v.is_complex() or flat.numel() == 0:
+                raise Unsupported(f"its {what} are a constant of dtype {v.dtype}")
+            first = int(flat[0].item())
+            want = _torch().arange(first, first + flat.numel(), dtype=flat.dtype)
+            if v.dim() == 1 and bool((flat == want).all()):
+                return first, first + flat.numel()
+            raise Unsupported(f"its {what} are a constant {tuple(v.shape)} that is not a "
+                              "contiguous range")
+        raise Unsupported(f"its {what} are {type(v).__name__}, not a tensor")
 
     def _float_dtype(self, v: Any) -> str:
         return mirage_dtype(v.dtype) or "float32"
@@ -408,19 +450,34 @@ def _rsub(ctx: NodeContext, a: Any, b: Any, *, alpha: Any = None) -> Sym:
         _binary_fn(lambda x, y: y - x * float(alpha))(ctx, a, b)
 
 
+def _times_one(x: Any, y: Any) -> Tensor | None:
+    """``x`` when ``x * y`` or ``x / y`` is ``x`` itself (``y`` the number 1: rotary tables
+    scaled by an ``attention_scaling`` of 1), else None."""
+    if isinstance(x, Tensor) and not isinstance(y, Tensor) and float(y) == 1.0:
+        return x
+    return None
+
+
 @op("mul")
 def _mul(ctx: NodeContext, a: Any, b: Any) -> Sym:
     r = _masked_mul(ctx, a, b)
     if r is not None:
         return r
-    return _binary_fn(lambda x, y: x * y)(ctx, a, b)
+
+    def mul(x: Any, y: Any) -> Any:
+        one = _times_one(x, y)
+        if one is None:
+            one = _times_one(y, x)
+        return one if one is not None else x * y
+    return _binary_fn(mul)(ctx, a, b)
 
 
 @op("div", "true_divide")
 def _div(ctx: NodeContext, a: Any, b: Any, *, rounding_mode: Any = None) -> Sym:
     if rounding_mode is not None:
         raise Unsupported(f"division with rounding_mode={rounding_mode!r}")
-    return _binary_fn(lambda x, y: x / y)(ctx, a, b)
+    return _binary_fn(lambda x, y: _times_one(x, y) if _times_one(x, y) is not None
+                      else x / y)(ctx, a, b)
 
 
 @op("maximum")
@@ -458,6 +515,8 @@ TABLE["abs"] = _unary(lax.abs)
 TABLE["relu"] = _unary(lax.relu)
 TABLE["sigmoid"] = _unary(lax.sigmoid)
 TABLE["tanh"] = _unary(lax.tanh)
+TABLE["sin"] = _unary(lax.sin)
+TABLE["cos"] = _unary(lax.cos)
 TABLE["silu"] = _unary(lax.silu)
 TABLE["mish"] = _unary(lax.mish)
 TABLE["relu6"] = _unary(lambda x: lax.clamp(x, 0.0, 6.0))
@@ -1107,6 +1166,15 @@ def attention(ctx: NodeContext, q: Any, k: Any, v: Any, attn_mask: Any, dropout_
     sc = float(scale) if scale is not None else 1.0 / math.sqrt(E)
     Q, K, V = (cast(_mat(x), dt) for x in (qs, ks, vs))
     group = 1
+    # key / value heads repeated per query head by the caller (transformers' ``repeat_kv``:
+    # expand, then a reshape that merges the copies): read the heads before the copies instead
+    rk, rv = _repeated_heads(K), _repeated_heads(V)
+    repeated = rk is not None and rv is not None and rk[1] == rv[1] > 1 and \
+        len(qs.shape) >= 3 and qs.shape[-3] == ks.shape[-3]
+    if repeated:
+        ks = Sym(K, ks.shape[:-3] + (ks.shape[-3] // rk[1],) + ks.shape[-2:])
+        vs = Sym(V, vs.shape[:-3] + (vs.shape[-3] // rv[1],) + vs.shape[-2:])
+        enable_gqa = True
     if len(qs.shape) >= 3 and len(ks.shape) >= 3 and qs.shape[-3] != ks.shape[-3]:
         hq, hk = qs.shape[-3], ks.shape[-3]
         if not enable_gqa or hk == 0 or hq % hk:
@@ -1116,8 +1184,11 @@ def attention(ctx: NodeContext, q: Any, k: Any, v: Any, attn_mask: Any, dropout_
         # query heads h = g * group + r read key head g: (.., Hk, group, L, E) against
         # (.., Hk, 1, E, S) keys -- a broadcast matmul, no copies
         Q = lax.reshape(ranked(Sym(Q, qs.shape)), qs.shape[:-3] + (hk, group, L, E))
-        K = lax.reshape(ranked(Sym(K, ks.shape)), ks.shape[:-3] + (hk, 1, S, E))
-        V = lax.reshape(ranked(Sym(V, vs.shape)), vs.shape[:-3] + (hk, 1, S, vs.shape[-1]))
+        if repeated:  # (.., Hk, 1, S, E) before the copies
+            K, V = rk[0], rv[0]
+        else:
+            K = lax.reshape(ranked(Sym(K, ks.shape)), ks.shape[:-3] + (hk, 1, S, E))
+            V = lax.reshape(ranked(Sym(V, vs.shape)), vs.shape[:-3] + (hk, 1, S, vs.shape[-1]))
     kt = lax.transpose(K, tuple(range(K.ndim - 2)) + (K.ndim - 1, K.ndim - 2))
     scores = lax.matmul(Q, kt) * sc
     if is_causal:
@@ -1130,6 +1201,22 @@ def attention(ctx: NodeContext, q: Any, k: Any, v: Any, attn_mask: Any, dropout_
     if group > 1:
         out = lax.reshape(out, out.shape[:-4] + (out.shape[-4] * group,) + out.shape[-2:])
     return _result(ctx, out, i)
+
+
+def _repeated_heads(t: Tensor) -> tuple[Tensor, int] | None:
+    """``t`` = ``reshape(concat([x] * g, axis=j))`` of ``x`` (.., Hk, 1, S, E), merging dims
+    ``j - 1`` and ``j`` into the heads dim (third from last): ``(x, g)``, else None."""
+    if t.op != "reshape" or t.inputs[0].op != "concat":
+        return None
+    c = t.inputs[0]
+    j = c.attr("axis")
+    x = c.inputs[0]
+    g = len(c.inputs)
+    n = c.ndim
+    if any(y != x for y in c.inputs) or x.shape[j] != 1 or j != n - 3 or j < 1 or \
+            t.shape != c.shape[:j - 1] + (c.shape[j - 1] * g,) + c.shape[j + 1:]:
+        return None
+    return x, g
 
 
 def _apply_attn_mask(ctx: NodeContext, scores: Tensor, m: Any, L: int, S: int, group: int,
@@ -1322,6 +1409,47 @@ def _select_index(ctx: NodeContext, x: Any, dim: int, index: int) -> Sym:
     return reshape_sym(slice_sym(s, d, i, i + 1), ctx.out_shape())
 
 
+def _gather_rows(ctx: NodeContext, table: Any, indices: Any, what: str) -> Sym:
+    """Rows of ``table`` (its first dim) picked by ``indices``: a take of an index input, or a
+    slice for a constant contiguous range."""
+    ids = ctx.indices(indices)
+    s = ctx.sym(table, "table")
+    t = materialize(s)
+    if isinstance(ids, tuple):
+        lo, hi = ids
+        if lo < 0 or hi > s.shape[0]:
+            raise Unsupported(f"its constant {what} {lo}..{hi - 1} leave the table {s.shape}")
+        out = lax.slice_axis(t, 0, lo, hi) if (lo, hi) != (0, s.shape[0]) else t
+        return reshape_sym(Sym(out, out.shape), ctx.out_shape())
+    return _result(ctx, lax.take(t, ids))
+
+
+@op("embedding")
+def _embedding(ctx: NodeContext, weight: Any, indices: Any, padding_idx: int = -1,
+               scale_grad_by_freq: bool = False, sparse: bool = False) -> Sym:
+    # padding_idx, scale_grad_by_freq and sparse only change the gradient
+    return _gather_rows(ctx, weight, indices, "indices")
+
+
+@op("index_select")
+def _index_select(ctx: NodeContext, x: Any, dim: int, index: Any) -> Sym:
+    s = ctx.sym(x)
+    d = _dim(int(dim), len(s.shape))
+    if d == 0:
+        return _gather_rows(ctx, x, index, "index")
+    # another dim: brought to the front, gathered, and put back
+    n = len(s.shape)
+    perm = (d, *[a for a in range(n) if a != d])
+    moved = lax.transpose(materialize(s), perm)
+    ids = ctx.indices(index)
+    if isinstance(ids, tuple):
+        got = lax.slice_axis(moved, 0, *ids) if ids != (0, s.shape[d]) else moved
+    else:
+        got = lax.take(moved, ids)
+    back = tuple(int(i) for i in np.argsort(perm))
+    return _result(ctx, lax.transpose(got, back))
+
+
 def _pieces(s: Sym, d: int, sizes: list[int]) -> tuple:
     out, lo = [], 0
     for n in sizes:
@@ -1453,5 +1581,6 @@ def op_label(target: Any) -> str:
 
 
 __all__ = ["TABLE", "NodeContext", "Sym", "Boundary", "Unsupported", "match_mask", "mirage_dtype",
+           "index_dtype", "input_dtype",
            "packet_name", "op_label", "SHAPE_ONLY", "RANDOM", "ASSERTS", "MirageError", "BIG",
            "make_input"]

@@ -28,7 +28,7 @@ from typing import Any
 from ..errors import MirageError
 from ..lax.tensor import Tensor, make_input
 from .aten import (RANDOM, SHAPE_ONLY, TABLE, Boundary, NodeContext, Sym, Unsupported,
-                   mirage_dtype, op_label, packet_name)
+                   input_dtype, mirage_dtype, op_label, packet_name)
 from .capture import Captured
 
 #: largest constant (elements) folded at capture time; bigger ones are computed eagerly
@@ -179,7 +179,7 @@ class Analysis:
 
         def fresh(b: Boundary) -> Tensor:
             counter[0] += 1
-            return make_input(f"b{counter[0]}", b.shape, mirage_dtype(b.dtype))
+            return make_input(f"b{counter[0]}", b.shape, input_dtype(b.dtype))
 
         def const_in(v: Any, where: str) -> Tensor:
             counter[0] += 1

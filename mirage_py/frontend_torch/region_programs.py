@@ -18,7 +18,7 @@ from ..errors import TorchCaptureError
 from ..lax import tensor as _lt
 from ..lax.program import Program
 from ..lax.tensor import Tensor, make_input, topo_order
-from .aten import Boundary, Sym, Unsupported, mirage_dtype, ranked
+from .aten import Boundary, Sym, Unsupported, input_dtype, mirage_dtype, ranked
 from .capture import Captured
 from .classify import Analysis, RegionFailure, UniqueNames, _Opaque, _torch, node_meta, translate
 
@@ -93,7 +93,7 @@ def build_region(an: Analysis, level: int, index: int, name: str = "region") -> 
             ref, _, idx = b.key.partition("[")
             ops = (("item", int(idx[:-1])),) if idx else ()
             inputs[nm] = Source(ref, ops, b.static)
-            by_key[b.key] = make_input(nm, b.shape, mirage_dtype(b.dtype))
+            by_key[b.key] = make_input(nm, b.shape, input_dtype(b.dtype))
         return by_key[b.key]
 
     def const_in(v: Any, where: str) -> Tensor:

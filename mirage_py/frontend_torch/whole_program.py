@@ -8,7 +8,7 @@ from typing import Any
 from ..errors import UnsupportedOperatorError
 from ..lax.program import Program
 from ..lax.tensor import Tensor, make_input, topo_order
-from .aten import Boundary, Sym, Unsupported, materialize, mirage_dtype, op_label
+from .aten import Boundary, Sym, Unsupported, input_dtype, materialize, mirage_dtype, op_label
 from .capture import Captured
 from .classify import Analysis, UniqueNames, describe, identifier, translate
 
@@ -47,7 +47,7 @@ def whole_program(cap: Captured, name: str) -> tuple[Program, dict[str, str], di
             role = an.roles.get(b.key)
             nm = names(role.name if role is not None else b.key)
             sources[nm] = role.name if role is not None else b.key
-            by_key[b.key] = make_input(nm, b.shape, mirage_dtype(b.dtype))
+            by_key[b.key] = make_input(nm, b.shape, input_dtype(b.dtype))
         return by_key[b.key]
 
     constants: dict[str, Any] = {}

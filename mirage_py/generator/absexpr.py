@@ -212,6 +212,9 @@ def apply(op: str, args: list[Poly], reduce: tuple = (), attrs: dict | None = No
         return mul(args[0], args[0])
     if op == "exp":
         return exp(args[0])
+    if op == "take":  # rows picked by known indices: linear in the table, the indices a
+        # factor (as a mask is in where), so a candidate that reads the table ungathered differs
+        return mul(args[0], args[1])
     if op == "where":  # b + m (a - b), coefficients dropped
         m, a, b = args
         return add(b, mul(m, add(a, b)))

@@ -59,6 +59,9 @@ class Avail:
     expr: ae.Poly
     dims: tuple[Dim, ...]
     mask: tuple | None = None  # (offset, window, valid), as the program's mask says
+    # (table, indices): the rows of a program input picked by an index input (a take of two
+    # program inputs), which iterators gather as they load (no tensor in memory)
+    gather: tuple[DTensor, DTensor] | None = None
     # a partial sum computed relative to its split's own running maximum (an online
     # normalisation over a split of the loop's label): the name of the saved partial maximum it
     # carries exp(-m_p) of
@@ -132,6 +135,9 @@ class Context:
     slices: dict = field(default_factory=dict)  # (label, start, stop) -> the slice's label
     concats: dict = field(default_factory=dict)  # (part labels...) -> the result's label
     reshapes: frozenset = frozenset()  # component label tuples the target splits / merges
+    # the target's transposes and size-1 reshapes: (operand's outer labels, result's, a
+    # transpose's permutation or None)
+    views: frozenset = frozenset()
     # how every tile matmul multiplies (a float32 program's ``math``, lax/precision.py); none
     # for 16-bit programs, whose tiles follow the tensor cores' operand rule
     matmul_attrs: tuple = ()
@@ -274,6 +280,9 @@ def _round(pool: list[Val], new_from: int, add, ctx: Context, F: int, loop: str)
                         ("op", red, (a.vid,), _reduce_attrs(j, keep)), a.cost + 1))
     # the target's slices and concatenations, inside a tile that holds the whole dim
     _slices_and_concats(cur, new_from, n, add, ctx, len(pool))
+    # the target's transposes and size-1 reshapes of a tile
+    if ctx.views:
+        _views(cur, new_from, n, add, ctx, len(pool))
     # for-loop accumulators: sums of anything; the max / min of a maximum / minimum over the
     # loop's label (the running maximum of chunk maxima), after the loop and as a running value
     # the body reads. Abstractly the running value *is* the full maximum: a sum of a value
@@ -449,6 +458,32 @@ def _slices_and_concats(cur: list[Val], new_from: int, n: int, add, ctx: Context
                 sum(v.cost for v in vals) + 1)
 
 
+def _views(cur: list[Val], new_from: int, n: int, add, ctx: Context, first_id: int) -> None:
+    """Tiles viewed as the target views its tensors (``Context.views``): a tile whose dims carry
+    the operand's outer labels in order gets the result's order -- its dims permuted (a
+    transpose: a copy in shared memory), or size-1 dims added or dropped (a reshape: the data
+    stays put). The abstract expression is the same; the dims say which is which."""
+    count = [first_id]
+    for i in range(new_from, n):
+        a = cur[i]
+        have = tuple(_outer(d) for d in a.dims)
+        for src, dst, perm in ctx.views:
+            if have != src:
+                continue
+            if perm is not None:
+                dims = tuple(a.dims[p] for p in perm)
+                node = ("op", "transpose", (a.vid,), attrs_of(perm=perm))
+            else:
+                kept = iter(d for d in a.dims if _outer(d) is not None)
+                dims = tuple(() if lbl is None else next(kept) for lbl in dst)
+                node = ("op", "reshape", (a.vid,),
+                        attrs_of(shape=tuple(dim_size(d) for d in dims)))
+            if dims == a.dims:
+                continue
+            if add(Val(count[0], dims, a.expr, combine(a.phase), a.consumed, node, a.cost + 1)):
+                count[0] += 1
+
+
 def _selection_over(e: ae.Poly, label: str | None) -> str | None:
     """"max" / "min" when ``e`` is one selection of that kind over ``label``, else None."""
     if label is None or len(e) != 1:
@@ -536,7 +571,12 @@ def build_kernel(plan: Plan, avail: list[Avail], pool: list[Val], saves: list[tu
         stack.extend(by_id[k].operands)
     used_inputs = sorted({by_id[k].node[1] for k in need if by_id[k].node[0] == "iter" and
                           avail[by_id[k].node[1]].mask is None})
-    remap = {old: new for new, old in enumerate(used_inputs)}
+    # the kernel's input tensors: an avail's own, or a gathered one's table and indices
+    in_names: list[str] = []
+    for i in used_inputs:
+        for n in ((t.name for t in avail[i].gather) if avail[i].gather else (avail[i].name,)):
+            if n not in in_names:
+                in_names.append(n)
     F = plan.loop[1] if plan.loop[0] is not None else 1
     ops: list = []
     name = {}
@@ -549,8 +589,12 @@ def build_kernel(plan: Plan, avail: list[Avail], pool: list[Val], saves: list[tu
             a = avail[node[1]]
             ops.append(MaskIter(nm, a.shape, a.mask[0], a.mask[1], node[2], node[3],
                                 a.mask[2] if len(a.mask) > 2 else None))
+        elif node[0] == "iter" and avail[node[1]].gather is not None:
+            table, ids = avail[node[1]].gather
+            ops.append(InputIter(nm, in_names.index(table.name), node[2], node[3],
+                                 gather=in_names.index(ids.name)))
         elif node[0] == "iter":
-            ops.append(InputIter(nm, remap[node[1]], node[2], node[3]))
+            ops.append(InputIter(nm, in_names.index(avail[node[1]].name), node[2], node[3]))
         elif node[0] == "op":
             ops.append(BlockOp(nm, node[1], tuple(name[x] for x in node[2]), node[3]))
         elif node[0] == "fused":
@@ -570,7 +614,7 @@ def build_kernel(plan: Plan, avail: list[Avail], pool: list[Val], saves: list[tu
         outs.append(Avail(tname, tuple(dim_size(d) for d in dims), dtype, v.expr, dims))
     ops = fuse_thread_chains(ops)
     bg = BlockGraph(plan.sizes, threads, F, tuple(ops))
-    gk = GraphKernel(tuple(avail[i].name for i in used_inputs),
+    gk = GraphKernel(tuple(in_names),
                      tuple(DTensor(o.name, o.shape, o.dtype) for o in outs), bg)
     return gk, outs
 
@@ -730,5 +774,11 @@ def _needs_concat(v: Val, plan: Plan) -> bool:
 
 
 def _dt(avail: list[Avail], name: str) -> DTensor:
-    a = next(a for a in avail if a.name == name)
-    return DTensor(a.name, a.shape, a.dtype)
+    for a in avail:
+        if a.name == name:
+            return DTensor(a.name, a.shape, a.dtype)
+        if a.gather is not None:  # a gathered tensor's table or indices
+            for t in a.gather:
+                if t.name == name:
+                    return t
+    raise KeyError(name)

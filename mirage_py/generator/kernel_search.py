@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 
 from ..cost_model import estimate_us
-from ..lax.ops import DTYPES
+from ..lax.ops import DTYPES, is_index
 from ..lax.precision import is_statistic, math_attrs, program_matmul_math
 from ..targets import Target
 from ..ugraph.graph import DTensor, GraphKernel, KernelGraph
@@ -367,9 +367,21 @@ class Searcher:
                 if t.op in ("sum", "max", "min") and (t.op != "sum" or not t.attr("keepdims"))})),
             label_sizes=self.labels.sizes, slices=self.labels.slices,
             concats=self.labels.concats, reshapes=self.labels.reshapes,
+            views=self.labels.views,
             matmul_attrs=math_attrs(program_matmul_math(program)))
+        # index inputs are no data a kernel computes on: they pick rows (gathers, below)
         self.avail0 = [Avail(t.name, t.shape, t.dtype, exprs[t.digest],
-                             self.labels.inputs[t.name]) for t in program.inputs]
+                             self.labels.inputs[t.name]) for t in program.inputs
+                       if not is_index(t.dtype)]
+        # gathers: the rows of a program input picked by an index input, which an iterator
+        # loads through the indices (a take fused into the kernel that reads it)
+        takes = [t for t in program.nodes() if t.op == "take" and
+                 all(i.op == "input" for i in t.inputs)]
+        for k, t in enumerate(takes):
+            self.avail0.append(Avail(f"gather{k}", t.shape, t.dtype, exprs[t.digest],
+                                     self.labels.node_components[t.digest],
+                                     gather=tuple(DTensor(i.name, i.shape, i.dtype)
+                                                  for i in t.inputs)))
         # masks: known data every kernel can compute from indices
         masks = [t for t in program.nodes() if t.op == "mask"]
         for k, t in enumerate(masks):
@@ -397,6 +409,7 @@ class Searcher:
         inputs it no longer needs."""
         cut = {self._node_of[a.expr, a.dims].digest for a in avail
                if a.name not in self._inputs and a.mask is None and a.shift is None and
+               a.gather is None and
                (a.expr, a.dims) in self._node_of}
         if not cut:
             return avail
@@ -609,8 +622,8 @@ def search(program, target: Target, *, max_kernels: int = 3, deadline: float | N
 
 
 def _kernel_cost(kernel: GraphKernel, avail: list[Avail], target: Target) -> float:
-    g = KernelGraph("k", tuple(DTensor(a.name, a.shape, a.dtype) for a in avail
-                               if a.name in kernel.inputs), (kernel,), ())
+    from .block_search import _dt
+    g = KernelGraph("k", tuple(_dt(avail, n) for n in kernel.inputs), (kernel,), ())
     return estimate_us(g, target)
 
 

@@ -72,6 +72,12 @@ class Labels:
     output_atoms: dict = None  # type: ignore[assignment]
     # every label some operator reduces, parallel for an output or not
     reduced_any: frozenset = frozenset()
+    # the target's views that move no data between labels, as (outer labels of the operand's
+    # dims, outer labels of the result's dims, the permutation of a transpose or None) with
+    # None for size-1 dims: its transposes and the reshapes that only add or drop size-1 dims
+    # (a head dim of 1 before a broadcast matmul); the block search applies them to tiles
+    # (``block_search._views``)
+    views: frozenset = frozenset()
 
     def classes(self, outputs) -> tuple[frozenset, frozenset]:
         """(parallel, reduced) labels as seen by the given outputs alone -- what a kernel that
@@ -142,6 +148,8 @@ def infer_labels(program) -> Labels:
             new = fresh(t.shape[ax])
             slice_ids.append((ins[0][ax], t.attr("start"), t.attr("stop"), new))
             dims[t.digest] = [new if j == ax else d for j, d in enumerate(ins[0])]
+        elif t.op == "take":  # ids dims, then the table's row dims (its row dim is its own)
+            dims[t.digest] = list(ins[1]) + list(ins[0][1:])
         elif t.op == "concat":
             ax = t.attr("axis")
             for j in range(len(t.shape)):
@@ -207,8 +215,23 @@ def infer_labels(program) -> Labels:
     slices = {(name(a), lo, hi): name(b) for a, lo, hi, b in slice_ids}
     concats = {tuple(name(k) for k in parts): name(b) for parts, b in concat_ids}
     reshapes = frozenset(tuple(name(a) for a in atoms(k)) for k in comp)
+
+    def outer(k: int | None) -> str | None:
+        return None if k is None else name(atoms(k)[0])
+    views = set()
+    for t in program.nodes():
+        if t.op == "transpose" or (t.op == "reshape" and _unit_reshape(t.inputs[0].shape,
+                                                                        t.shape)):
+            views.add((tuple(outer(k) for k in dims[t.inputs[0].digest]),
+                       tuple(outer(k) for k in dims[t.digest]),
+                       tuple(t.attr("perm")) if t.op == "transpose" else None))
     return Labels(inputs, outputs, label_sizes, parallel, reduced, node_dims, slices, concats,
-                  node_components, reshapes, output_atoms, reduced_any)
+                  node_components, reshapes, output_atoms, reduced_any, frozenset(views))
+
+
+def _unit_reshape(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    """Does a reshape of ``a`` into ``b`` only add or drop dims of size 1?"""
+    return a != b and [d for d in a if d != 1] == [d for d in b if d != 1]
 
 
 def _groups(a: tuple[int, ...], b: tuple[int, ...]) -> list[tuple[list[int], list[int]]] | None:

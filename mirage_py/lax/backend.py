@@ -13,6 +13,10 @@ small *backend* object, so the same walk runs in floating point, in a finite fie
 ``mma_operand(x, math)``           a matmul operand as the tensor cores take it (lax/precision)
 ``scalar(v)``                      a Python float constant
 ``data(array)``                    known data given exactly (the 0/1 values of a mask)
+``index(array)``                   an index tensor's integers (token ids): known data that
+                                   ``take`` gathers rows with (``input`` of an int32 / int64
+                                   tensor lands here)
+``take(table, ids)``               rows of ``table`` picked by the integers ``ids`` (range-checked)
 ``compute(op, args, attrs)``       any operator of the table (:mod:`mirage_py.lax.ops`) by name
 ``elementwise(op, args, attrs)``   an elementwise operator by name (attributes: a clamp's bounds,
                                    a pow's exponent, ...)
@@ -53,6 +57,15 @@ class Backend:
     # -- values ---------------------------------------------------------------------------------
     def input(self, value: Any, dtype: str) -> Any:
         raise NotImplementedError
+
+    def index(self, value: Any) -> Any:
+        """An index tensor's values: the integers themselves (known data in every backend)."""
+        a = np.asarray(value)
+        if a.dtype.kind not in "iu":
+            from ..errors import DTypeError  # noqa: PLC0415
+            raise DTypeError(f"{self.where or 'index input'}: an index tensor "
+                             f"{tuple(a.shape)} must hold integers, got {a.dtype}")
+        return a.astype(np.int64, copy=False)
 
     def store(self, x: Any, dtype: str) -> Any:
         return x
@@ -96,6 +109,8 @@ class Backend:
             return self.layout(args[0], lambda a: a[key])
         if op == "concat":
             return self.concat(list(args), int(attrs["axis"]))
+        if op == "take":
+            return self.take(args[0], args[1])
         return self.elementwise(op, list(args), attrs)
 
     def elementwise(self, op: str, args: list[Any], attrs: dict[str, Any] | None = None) -> Any:
@@ -136,6 +151,13 @@ class Backend:
     def concat(self, xs: list[Any], axis: int) -> Any:
         return self.combine(lambda arrs: np.concatenate(arrs, axis=axis), xs)
 
+    def take(self, table: Any, ids: Any) -> Any:
+        """``table[ids]``: a data movement chosen by known integers, checked against the
+        table's rows first (:func:`lax.ops.check_indices`)."""
+        _ops.check_indices(tuple(table.shape), ids)
+        idx = np.asarray(ids, dtype=np.int64)
+        return self.layout(table, lambda a: a[idx])
+
     # -- composite kernels ----------------------------------------------------------------------
     def rms_norm(self, x: Any, eps: float) -> Any:
         """``x / sqrt(sum(x^2, -1) / n + eps)``, the same operators :func:`lax.rms_norm` records."""
@@ -165,9 +187,13 @@ class NumpyBackend(Backend):
         self.ft = np.float32 if precision == "gpu" else np.float64
 
     def input(self, value: Any, dtype: str) -> np.ndarray:
+        if _ops.is_index(dtype):
+            return self.index(value)
         return self.store(np.asarray(value), dtype)
 
     def store(self, x: Any, dtype: str) -> np.ndarray:
+        if _ops.is_index(dtype):
+            return np.asarray(x, dtype=np.int64)
         if self.precision == "gpu":
             return _ops.storage_round(x, dtype)
         return np.asarray(x, dtype=np.float64)

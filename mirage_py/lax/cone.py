@@ -61,6 +61,16 @@ def _operand_needs(t, need: np.ndarray) -> list[np.ndarray | None]:
         axis = t.attr("axis") % x.ndim
         out[(slice(None),) * axis + (slice(t.attr("start"), t.attr("stop")),)] = need
         return [out]
+    if op == "take":
+        # element (i..., j...) reads ids[i...] and table[ids[i...], j...]: which row is known
+        # only at run time, so the table's cone is counted as one row (the indices may repeat)
+        # with the columns needed -- a lower bound, as the cost model's bound wants
+        table, ids = ins
+        k = ids.ndim
+        cols = need.any(axis=tuple(range(k))) if k else need
+        tneed = np.zeros(table.shape, dtype=bool)
+        tneed[0] = cols
+        return [tneed, need.any(axis=tuple(range(k, need.ndim))) if need.ndim > k else need]
     if op == "concat":
         axis = t.attr("axis") % t.ndim
         cuts = np.cumsum([x.shape[axis] for x in ins])[:-1]

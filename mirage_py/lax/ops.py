@@ -16,7 +16,7 @@ Lax classes (:func:`lax_class` gives a node's; ``pow`` depends on its exponent):
   modular inverses in the field.
 * ``exp``         -- exponentiation; Lax as long as it is not nested inside another exp.
 * ``uf``          -- non-Lax elementwise functions (sqrt, silu, gelu, relu, sigmoid, tanh, log,
-  ...). They split a program into Lax subprograms; the verifier can still treat them as
+  sin, cos, ...). They split a program into Lax subprograms; the verifier can still treat them as
   uninterpreted functions (keyed by name and attributes).
 * ``select``      -- the order-based operators max / min (reductions) and maximum / minimum
   (elementwise): non-Lax; the verifier models each as a random function of the *multiset* of
@@ -38,7 +38,17 @@ import numpy as np
 from .shapes import resolve
 
 # dtypes a device tensor may have, with their storage size in bytes
-DTYPES: dict[str, int] = {"float16": 2, "bfloat16": 2, "float32": 4}
+DTYPES: dict[str, int] = {"float16": 2, "bfloat16": 2, "float32": 4, "int32": 4, "int64": 8}
+#: the float dtypes: values every operator computes on
+FLOAT_DTYPES: tuple[str, ...] = ("float16", "bfloat16", "float32")
+#: the index dtypes: integer inputs (token ids, positions) that only ``take`` reads, as known
+#: data (the verifier draws valid indices per test, as it computes masks)
+INDEX_DTYPES: tuple[str, ...] = ("int32", "int64")
+
+
+def is_index(dtype: str) -> bool:
+    """Is ``dtype`` an index dtype (int32, int64)?"""
+    return dtype in INDEX_DTYPES
 
 #: integer exponents ``pow`` computes exactly in the field by repeated multiplication
 EXACT_POW = 8
@@ -120,6 +130,35 @@ def _concat(*xs: np.ndarray, axis: int) -> np.ndarray:
     return np.concatenate(xs, axis=axis)
 
 
+def _shape_text(shape: tuple[int, ...]) -> str:
+    return "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+def check_indices(table_shape: tuple[int, ...], ids: np.ndarray, opname: str = "take") -> None:
+    """Raise :class:`~mirage_py.errors.IndexRangeError` unless every index is in
+    ``[0, table_shape[0])``, naming the operator, the table's shape and the first bad index."""
+    from ..errors import IndexRangeError  # noqa: PLC0415 -- errors imports nothing of ours
+    ids = np.asarray(ids)
+    if ids.dtype.kind not in "iu":
+        from ..errors import DTypeError  # noqa: PLC0415
+        raise DTypeError(f"{opname}: indices {_shape_text(ids.shape)} have dtype {ids.dtype}; "
+                         "an index tensor holds integers (int32 or int64)")
+    n = table_shape[0]
+    bad = (ids < 0) | (ids >= n)
+    if np.any(bad):
+        where = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise IndexRangeError(f"{opname}: index {int(ids[where])} at position {where} of the "
+                              f"indices {_shape_text(ids.shape)} is out of range for the table "
+                              f"{_shape_text(tuple(table_shape))} (valid 0 .. {n - 1})")
+
+
+def _take(table: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    # rows of ``table`` gathered by the integer ``ids``: shape ids.shape + table.shape[1:]
+    table = np.asarray(table)
+    check_indices(table.shape, ids)
+    return table[np.asarray(ids, dtype=np.int64)]
+
+
 def mask_values(shape: tuple[int, ...], *, offset: Any, window: Any = 0, valid: Any = None,
                 sizes: Any = None) -> np.ndarray:
     """The 0/1 values of a position mask of ``shape`` (rows, cols): element (i, j) is 1 where
@@ -166,7 +205,7 @@ class OpSpec:
     """
 
     name: str
-    # "leaf", "unary", "binary", "ternary", "matmul", "reduce", "shape", "concat"
+    # "leaf", "unary", "binary", "ternary", "matmul", "reduce", "shape", "concat", "gather"
     category: str
     lax: str  # "multilinear", "div", "exp", "uf", "select"
     compute: Callable[..., np.ndarray] | None
@@ -185,7 +224,7 @@ class OpSpec:
     def arity(self) -> int | None:
         """Operands a node takes (None: any number, as concat)."""
         return {"leaf": 0, "unary": 1, "binary": 2, "ternary": 3, "matmul": 2, "reduce": 1,
-                "shape": 1}.get(self.category)
+                "shape": 1, "gather": 2}.get(self.category)
 
     @property
     def is_lax(self) -> bool:
@@ -228,6 +267,10 @@ OPS: dict[str, OpSpec] = _table(
     OpSpec("relu", "unary", "uf", lambda x: np.maximum(x, 0)),
     OpSpec("sigmoid", "unary", "uf", _sigmoid, cost=3),
     OpSpec("tanh", "unary", "uf", np.tanh),
+    # rotary embeddings' tables from positions: sinf / cosf with full range reduction (positions
+    # times frequencies reach thousands of radians), counted as a few operations each
+    OpSpec("sin", "unary", "uf", np.sin, cost=4),
+    OpSpec("cos", "unary", "uf", np.cos, cost=4),
     OpSpec("log", "unary", "uf", np.log),
     OpSpec("abs", "unary", "uf", np.abs),
     OpSpec("softplus", "unary", "uf", _softplus, cost=5),
@@ -263,6 +306,10 @@ OPS: dict[str, OpSpec] = _table(
            attrs=("perm",)),
     OpSpec("slice", "shape", "multilinear", _slice, attrs=("axis", "start", "stop")),
     OpSpec("concat", "concat", "multilinear", _concat, attrs=("axis",)),
+    # take(table, ids): rows of a (V, ...) table gathered by an integer index tensor of any
+    # shape (an embedding lookup); the indices are known data, so the result is linear in the
+    # table (a data movement chosen per test by the indices: exact in the field)
+    OpSpec("take", "gather", "multilinear", _take, cost=0),
 )
 
 UNARY_OPS = tuple(n for n, s in OPS.items() if s.category == "unary")
@@ -301,7 +348,10 @@ def round_tf32(x: np.ndarray) -> np.ndarray:
 
 
 def storage_round(x: np.ndarray, dtype: str) -> np.ndarray:
-    """Round float values to what a device tensor of ``dtype`` stores, returned as float32."""
+    """Round float values to what a device tensor of ``dtype`` stores, returned as float32
+    (an index tensor's integers are returned as int64, unchanged)."""
+    if dtype in INDEX_DTYPES:
+        return np.asarray(x, dtype=np.int64)
     with np.errstate(over="ignore", invalid="ignore"):
         if dtype == "float16":
             x = np.asarray(x)  # float16 data is stored as it is

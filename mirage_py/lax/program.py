@@ -55,7 +55,8 @@ class Program:
 
     # -- building -------------------------------------------------------------------------------
     def input(self, name: str, shape: tuple[int, ...], dtype: str = "float16") -> Tensor:
-        """Declare an input tensor (dtype float16, bfloat16 or float32)."""
+        """Declare an input tensor: dtype float16, bfloat16 or float32, or int32 / int64 for an
+        index tensor (token ids, positions) that only ``mp.take`` reads."""
         if name in self._inputs:
             raise ProgramError(f"Program {self.name!r}: input {name!r} is declared twice")
         t = make_input(name, shape, dtype)
@@ -89,6 +90,10 @@ class Program:
         if tensor.op in ("const", "mask"):
             raise ProgramError(f"Program {self.name!r}: output {name!r} is a constant "
                                f"({tensor.op})")
+        if _ops.is_index(tensor.dtype):
+            raise DTypeError(f"Program {self.name!r}: output {name!r} is the index tensor "
+                             f"{_fmt(tensor.shape)} {tensor.dtype}; outputs are float values "
+                             "(index tensors only feed mp.take)")
         self._outputs[name] = tensor
 
     def with_float32_matmul(self, precision: Any) -> "Program":
@@ -213,6 +218,17 @@ class Program:
         """Stable small integer per node digest (its position in :meth:`nodes`)."""
         return {t.digest: i for i, t in enumerate(self.nodes())}
 
+    def index_bounds(self) -> dict[str, int]:
+        """For every index input (int32 / int64), the number of rows its values may pick:
+        the fewest rows of a table ``take`` gathers from with it (1 when no take reads it).
+        Valid indices are ``[0, bound)``; random inputs and the verifier draw from there."""
+        out = {n: None for n, t in self._inputs.items() if _ops.is_index(t.dtype)}
+        for t in self.nodes():
+            if t.op == "take" and t.inputs[1].op == "input":
+                n, rows = t.inputs[1].name, t.inputs[0].shape[0]
+                out[n] = rows if out[n] is None else min(out[n], rows)
+        return {n: (1 if b is None else b) for n, b in out.items()}
+
     @property
     def is_lax(self) -> bool:
         """True when every operator is in the Lax fragment and no exp is nested in an exp."""
@@ -263,6 +279,10 @@ class Program:
             if a.dtype.kind not in "biuf":
                 raise DTypeError(f"Program {self.name!r}: input {n!r} {_fmt(a.shape)} has dtype "
                                  f"{a.dtype}, not a real number type")
+            if _ops.is_index(t.dtype) and a.dtype.kind not in "iu":
+                raise DTypeError(f"Program {self.name!r}: input {n!r} {_fmt(a.shape)} is an "
+                                 f"index tensor ({t.dtype}) but was given {a.dtype} values; "
+                                 "pass integers")
             if a.shape != t.shape and not t.symbolic:
                 raise ShapeError(f"Program {self.name!r}: input {n!r} has shape {_fmt(a.shape)}, "
                                  f"declared {_fmt(t.shape)}")
@@ -296,7 +316,9 @@ class Program:
         vals: dict[str, np.ndarray] = {}
         for t in self.nodes():
             if t.op == "input":
-                vals[t.digest] = arrays[t.name].astype(dtype, copy=False)
+                vals[t.digest] = (arrays[t.name].astype(np.int64, copy=False)
+                                  if _ops.is_index(t.dtype) else
+                                  arrays[t.name].astype(dtype, copy=False))
             elif t.op == "const":
                 vals[t.digest] = np.asarray(t.attr("value"), dtype=dtype)
             elif t.op == "mask":
@@ -340,13 +362,23 @@ class Program:
 
     def random_inputs(self, seed: int = 0, scale: float = 1.0,
                       sizes: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
-        """Normal random float64 inputs of the declared shapes (``scale`` times N(0,1)); a
-        symbolic program's dims take ``sizes`` (default: each dim's smallest size)."""
+        """Normal random float64 inputs of the declared shapes (``scale`` times N(0,1)), and
+        for an index input uniform valid indices (int64 in ``[0, bound)``,
+        :meth:`index_bounds`); a symbolic program's dims take ``sizes`` (default: each dim's
+        smallest size)."""
         rng = np.random.default_rng(seed)
         if self.symbolic:
             sizes = {n: d.lo for n, d in self.dims.items()} if sizes is None else sizes
-        return {n: scale * rng.standard_normal(resolve(t.shape, sizes or {}))
-                for n, t in self._inputs.items()}
+        bounds = self.index_bounds()
+        out = {}
+        for n, t in self._inputs.items():
+            shape = resolve(t.shape, sizes or {})
+            if n in bounds:
+                out[n] = rng.integers(0, resolve(bounds[n], sizes or {}), size=shape,
+                                      dtype=np.int64)
+            else:
+                out[n] = scale * rng.standard_normal(shape)
+        return out
 
     # -- identity and persistence ---------------------------------------------------------------
     def structural_hash(self) -> str:

@@ -21,7 +21,7 @@ import numbers
 from typing import Any, Iterable, Sequence
 
 from ..errors import DTypeError, ProgramError, ShapeError
-from .ops import DTYPES, EXACT_POW, OPS
+from .ops import DTYPES, EXACT_POW, FLOAT_DTYPES, INDEX_DTYPES, OPS
 from .precision import Float32Matmul
 from .shapes import Affine, Dim, is_size, json_size, symbolic
 
@@ -48,6 +48,7 @@ class Tensor:
 
     def __init__(self, op: str, inputs: tuple["Tensor", ...], attrs: dict[str, Any],
                  shape: tuple[int, ...], dtype: str):
+        _check_index_use(op, inputs, shape)
         self.op = op
         self.inputs = tuple(inputs)
         self.attrs = tuple(sorted((k, _attr_value(v)) for k, v in attrs.items()))
@@ -165,6 +166,17 @@ class Tensor:
         return transpose(self)
 
 
+def _check_index_use(op: str, inputs: Sequence["Tensor"], shape: tuple[int, ...]) -> None:
+    """Index tensors (int32 / int64: token ids, positions) are program inputs that only
+    ``take`` reads, as its second operand; every other use is a float operator meeting one."""
+    for k, t in enumerate(inputs):
+        if t.dtype in INDEX_DTYPES and not (op == "take" and k == 1):
+            others = ", ".join(f"{_fmt(u.shape)} {u.dtype}" for u in inputs)
+            raise DTypeError(f"{op}: operand {k} is an index tensor {_fmt(t.shape)} {t.dtype}, "
+                             f"but {op} computes on floats (operands {others}; index tensors "
+                             "only select rows, as the indices of mp.take)")
+
+
 def _json_attr(v: Any) -> Any:
     if isinstance(v, float):
         return {"f": repr(v)}  # exact, and distinguishes 1.0 from 1
@@ -198,9 +210,10 @@ def const(value: float, dtype: str = "float32") -> Tensor:
     """A scalar constant (shape ``()``); Python numbers in expressions become these."""
     if not isinstance(value, numbers.Real) or isinstance(value, bool):
         raise ShapeError(f"const: value {value!r} is not a real number")
-    if dtype not in DTYPES:
-        raise DTypeError(f"const: dtype {dtype!r} is not supported "
-                         f"(choose one of {', '.join(DTYPES)})")
+    if dtype not in FLOAT_DTYPES:
+        raise DTypeError(f"const: dtype {dtype!r} is not supported for a constant "
+                         f"(choose one of {', '.join(FLOAT_DTYPES)}; a number meeting an index "
+                         "tensor in an expression lands here: index tensors only feed mp.take)")
     v = float(value)
     if v != v or v in (float("inf"), float("-inf")):
         raise ShapeError(f"const: value {value!r} must be finite")
@@ -334,6 +347,16 @@ def tanh(x: Tensor) -> Tensor:
     return _unary("tanh", x)
 
 
+def sin(x: Tensor) -> Tensor:
+    """Elementwise sine, radians (non-Lax)."""
+    return _unary("sin", x)
+
+
+def cos(x: Tensor) -> Tensor:
+    """Elementwise cosine, radians (non-Lax)."""
+    return _unary("cos", x)
+
+
 def log(x: Tensor) -> Tensor:
     """Elementwise natural logarithm (non-Lax)."""
     return _unary("log", x)
@@ -407,12 +430,38 @@ def cast(x: Tensor, dtype: str) -> Tensor:
     """The same values stored as ``dtype`` (a rounding in GPU precision; the identity in the
     float64 reference and for the verifier)."""
     x = _check_tensor(x, "cast")
-    if not isinstance(dtype, str) or dtype not in DTYPES:
+    if not isinstance(dtype, str) or dtype not in FLOAT_DTYPES:
         raise DTypeError(f"cast: dtype {dtype!r} is not supported (choose one of "
-                         f"{', '.join(DTYPES)}; input {_fmt(x.shape)} {x.dtype})")
+                         f"{', '.join(FLOAT_DTYPES)}; input {_fmt(x.shape)} {x.dtype})")
     if dtype == x.dtype:
         return x
     return Tensor("cast", (x,), {"dtype": dtype}, x.shape, dtype)
+
+
+def take(table: Any, ids: Any) -> Tensor:
+    """Embedding lookup: the rows of ``table`` (``(V, D)``, or any rank >= 1: rows along its
+    first dim) picked by the integer index tensor ``ids`` (an int32 / int64 program input of any
+    shape), giving ``ids.shape + table.shape[1:]`` in the table's dtype -- ``table[ids]`` in
+    NumPy, ``torch.nn.functional.embedding(ids, table)``. An index outside ``[0, V)`` raises
+    :class:`~mirage_py.errors.IndexRangeError` when the program runs."""
+    table = _check_tensor(table, "take")
+    ids = _check_tensor(ids, "take")
+    if table.dtype in INDEX_DTYPES:
+        raise DTypeError(f"take: the table {_fmt(table.shape)} is an index tensor "
+                         f"({table.dtype}); it must hold floats (indices {_fmt(ids.shape)} "
+                         f"{ids.dtype})")
+    if ids.dtype not in INDEX_DTYPES:
+        raise DTypeError(f"take: the indices {_fmt(ids.shape)} are {ids.dtype}; they must be an "
+                         f"index tensor (a program input of dtype int32 or int64) to pick rows "
+                         f"of the table {_fmt(table.shape)} {table.dtype}")
+    if table.ndim < 1:
+        raise ShapeError(f"take: the table must have at least one dim (its rows), got "
+                         f"{_fmt(table.shape)} (indices {_fmt(ids.shape)})")
+    if table.op in ("const", "mask"):
+        raise ShapeError(f"take: the table {_fmt(table.shape)} is a {table.op}; gather rows of "
+                         "a tensor")
+    return Tensor("take", (table, ids), {}, tuple(ids.shape) + tuple(table.shape[1:]),
+                  table.dtype)
 
 
 def maximum(a: Any, b: Any) -> Tensor:
@@ -833,6 +882,7 @@ _BUILD: dict[str, Any] = {
     "pow": lambda a, at: pow(a[0], at["exponent"]),
     "cast": lambda a, at: cast(a[0], at["dtype"]),
     "where": lambda a, at: where(a[0], a[1], a[2]),
+    "take": lambda a, at: take(a[0], a[1]),
 }
 
 

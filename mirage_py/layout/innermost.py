@@ -77,7 +77,14 @@ def tile_accesses(graph: KernelGraph, infos: dict) -> dict[str, list[TileAccess]
         if isinstance(op, GraphKernel):
             bg, info = op.block, infos[k]
             for n in bg.ops:
-                if isinstance(n, InputIter):
+                if isinstance(n, InputIter) and n.gather >= 0:  # rows of the table, one by one
+                    reps = bg.forloop if n.fmap >= 0 else 1
+                    tile = tuple(info.shapes[n.out])
+                    table = tensors[op.inputs[n.input]]
+                    row = (1,) * (len(table.shape) - 1) + (tile[-1],)
+                    out.setdefault(op.inputs[n.input], []).append(
+                        TileAccess(row, bg.num_blocks * reps * math.prod(tile[:-1])))
+                elif isinstance(n, InputIter):
                     reps = bg.forloop if n.fmap >= 0 else 1
                     out.setdefault(op.inputs[n.input], []).append(
                         TileAccess(tuple(info.shapes[n.out]), bg.num_blocks * reps))

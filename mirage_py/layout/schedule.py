@@ -272,7 +272,10 @@ def schedule_block(bg: BlockGraph, info: BlockInfo, input_layouts: list[TensorLa
         if isinstance(node, InputIter):
             seg = info.phases[node.out]  # an iterator's: BODY or PRE
             acc = folded.get(node.out)
-            vec = vector_width(input_layouts[node.input], info.shapes[node.out])
+            # a gathering iterator copies element by element (each row's address is read from
+            # the indices: no 16-byte cp.async runs or TMA boxes across rows)
+            vec = 1 if node.gather >= 0 else \
+                vector_width(input_layouts[node.input], info.shapes[node.out])
             raw.append((LOAD, seg, node, acc or node.out, (), vec, acc is not None))
         elif isinstance(node, MaskIter):  # computed from indices, element i on thread i % T
             raw.append((LOAD, info.phases[node.out], node, node.out, (), 1, False))

@@ -90,6 +90,8 @@ def tma_swizzle(shape: tuple[int, ...], dtype: str, swz: Swizzle | None) -> int 
 def tma_geometry(it: InputIter, info: BlockInfo, device: DevicePlan, tensor: str,
                  swz: Swizzle | None) -> TmaCopy | None:
     """The tensor map of iterator ``it``'s tile, or None when TMA cannot fetch it exactly."""
+    if it.gather >= 0:  # rows picked through indices: no box of the table
+        return None
     lay = device.layouts[tensor]
     shape = info.shapes[it.out]
     dtype = info.dtypes[it.out]

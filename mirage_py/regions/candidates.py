@@ -190,11 +190,41 @@ def search_regions(dag: PartDag, max_anchors: int = MAX_ANCHORS,
                                             if j not in s):
                 nxt.extend(s | {j} for k in s for j in near[k] if j not in s)
         frontier = nxt
+    for ops in _anchorless(dag, max_ops):
+        found.setdefault(ops)
     every = frozenset(dag.by_digest)
     if every and size(frozenset(anchors)) <= whole_anchors and len(every) <= max_ops:
         found.setdefault(every)
     return sorted(found, key=lambda r: (sum(is_anchor(dag.by_digest[d]) for d in r), len(r),
                                         min(dag.pos[d] for d in r)))
+
+
+def _anchorless(dag: PartDag, max_ops: int) -> list[frozenset]:
+    """Connected pieces of the operators that no matmul or reduction precedes (tables computed
+    from inputs alone: rotary embeddings' cos and sin of positions, concatenated and viewed),
+    two operators or more: one kernel can compute each, and no anchor's region holds them.
+    Such a set is convex: a path between two of its operators through an anchor would put the
+    anchor before the second."""
+    free: dict[str, None] = {}  # in part order
+    for t in dag.nodes:
+        d = t.digest
+        if not is_anchor(t) and all(p in free for p in dag.operands(d)):
+            free[d] = None
+    out, seen = [], set()
+    for d in free:
+        if d in seen:
+            continue
+        comp, stack = set(), [d]
+        while stack:
+            x = stack.pop()
+            if x in comp:
+                continue
+            comp.add(x)
+            stack.extend(y for y in dag.operands(x) + dag.consumers[x] if y in free)
+        seen |= comp
+        if 2 <= len(comp) <= max_ops:
+            out.append(frozenset(comp))
+    return out
 
 
 def _variants(dag: PartDag, ats: list[Atom], nbrs: dict, s: frozenset,

@@ -33,10 +33,11 @@ def is_anchor(t: Tensor) -> bool:
 
 
 def is_barrier(t: Tensor) -> bool:
-    """Operators no graph-defined kernel computes (transpose): never inside a searched region,
-    left to a pre-defined kernel. Slices, concatenations and the reshapes the search can
-    express (splitting or merging dims) stay in."""
-    return t.op == "transpose"
+    """Operators no graph-defined kernel computes: never inside a searched region, left to a
+    pre-defined kernel. None today: slices, concatenations, the reshapes the search can express
+    (splitting or merging dims, adding or dropping size-1 dims) and transposes (of a tile, in
+    shared memory) stay in."""
+    return False
 
 
 def is_elementwise(t: Tensor) -> bool:

@@ -29,7 +29,7 @@ from typing import Any
 
 from ..cost_model import kernel_costs
 from ..errors import MirageError
-from ..ugraph.graph import BlockOp, GraphKernel, InputIter, KernelGraph
+from ..ugraph.graph import BlockOp, GraphKernel, InputIter, KernelGraph, iter_source
 from .annotations import AnnotatedGraph
 from .database import TuningRecord, ResultsDB
 
@@ -61,7 +61,8 @@ def graph_features(graph: Any, target: str) -> dict[str, Any]:
             k["grid"] = list(bg.grid)
             k["n_block_ops"] = len(bg.ops)
             k["n_matmuls"] = sum(isinstance(o, BlockOp) and o.op == "matmul" for o in bg.ops)
-            k["tiles"] = [list(_tile(tensors[op.inputs[o.input]].shape, bg, o))
+            ins = [tensors[n] for n in op.inputs]
+            k["tiles"] = [list(_tile(iter_source(o, ins).shape, bg, o))
                           for o in bg.ops if isinstance(o, InputIter)]
         kernels.append(k)
     gks = [k for k in kernels if k["kind"] == "graph"]

@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 from ..cost_model import AnalyticModel, unpack
 from ..errors import MirageError
+from ..ugraph.graph import index_bounds
 
 
 @dataclass(frozen=True)
@@ -92,8 +93,11 @@ class GpuRunner:
         if key not in self._inputs:
             rs = cp.random.RandomState(self.seed)
             arrays = {}
+            bounds = index_bounds(g)
             for t in g.inputs:
-                if t.dtype == "bfloat16":  # raw bits of small values: 0x3c00 ~ 0.0078
+                if t.name in bounds:  # indices: valid rows of the tables they pick from
+                    a = rs.randint(0, bounds[t.name], size=t.shape).astype(t.dtype)
+                elif t.dtype == "bfloat16":  # raw bits of small values: 0x3c00 ~ 0.0078
                     a = (rs.randint(0, 0x3c00, size=t.shape)).astype(cp.uint16)
                 else:
                     a = (rs.standard_normal(t.shape) * 0.1).astype(t.dtype)

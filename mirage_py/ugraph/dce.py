@@ -21,9 +21,11 @@ def _prune_block(gk: GraphKernel, keep: list[int]) -> GraphKernel:
             kept.append(o)
             live.update(tiles_read(o))
     kept.reverse()
-    used_inputs = sorted({o.input for o in kept if isinstance(o, InputIter)})
+    used_inputs = sorted({i for o in kept if isinstance(o, InputIter)
+                          for i in (o.input, o.gather) if i >= 0})
     imap = {old: new for new, old in enumerate(used_inputs)}
-    kept = [replace(o, input=imap[o.input]) if isinstance(o, InputIter) else o for o in kept]
+    kept = [replace(o, input=imap[o.input], gather=imap[o.gather] if o.gather >= 0 else -1)
+            if isinstance(o, InputIter) else o for o in kept]
     return GraphKernel(tuple(gk.inputs[i] for i in used_inputs),
                        tuple(gk.outputs[i] for i in keep),
                        BlockGraph(bg.grid, bg.threads, bg.forloop, tuple(kept + savers)))

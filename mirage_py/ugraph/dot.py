@@ -160,8 +160,12 @@ def _draw_block(d: _Dot, k: int, gk: GraphKernel, tid: Any, tensors: dict[str, A
             f = f" fmap {n.fmap}" if isinstance(n.fmap, int) and n.fmap >= 0 else ""
             imap = _map(n.imap)
             imap += " (replicated)" if imap == "{}" else ""
-            label, style = f"{n.out} = iter {src}\nimap {imap}{f}{tile(n.out)}", "iter"
+            gsrc = gk.inputs[n.gather] if 0 <= n.gather < len(gk.inputs) else None
+            rows = f"[{gsrc}]" if gsrc is not None else ""
+            label, style = f"{n.out} = iter {src}{rows}\nimap {imap}{f}{tile(n.out)}", "iter"
             edges.append((tid(src), nid))
+            if gsrc is not None:
+                edges.append((tid(gsrc), nid))
         elif isinstance(n, MaskIter):
             f = f" fmap {n.fmap}" if isinstance(n.fmap, int) and n.fmap >= 0 else ""
             label, style = (f"{n.out} = mask {n.shape} offset {n.offset} window {n.window}\n"

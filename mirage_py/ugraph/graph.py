@@ -14,6 +14,8 @@ Block level (what one thread block does; tiles live in shared memory)::
 
     BlockGraph(grid=(gx, gy, gz), threads, forloop, ops=(...))
     InputIter(out, input=i, imap=(dx, dy, dz), fmap=d)   # tile of the kernel's i-th input
+    InputIter(out, input=i, imap, fmap, gather=j)        # ... of its rows picked by the index
+                                                          # input j: a tile of take(in_i, in_j)
     MaskIter(out, shape, offset, window, imap, fmap, valid) # tile of a 0/1 position mask,
                                                           # made from indices (no memory read)
     BlockOp(out, op, operands, attrs)                     # matmul / elementwise / sum / max /
@@ -115,6 +117,20 @@ class InputIter:
     input: int
     imap: tuple[int, int, int]
     fmap: int = -1
+    # >= 0: the kernel input holding indices (int32 / int64) that pick rows of input ``input``;
+    # the iterator then walks ``take(inputs[input], inputs[gather])`` (shape ids.shape +
+    # table.shape[1:]) as if it were a tensor in memory: a gathered embedding lookup
+    gather: int = -1
+
+
+def iter_source(node: "InputIter", ins: "list[DTensor] | tuple[DTensor, ...]") -> DTensor:
+    """The tensor an input iterator walks: its input, or for a gathering iterator the rows of
+    its input picked by the index input (``ids.shape + table.shape[1:]``, the table's dtype)."""
+    t = ins[node.input]
+    if node.gather < 0:
+        return t
+    ids = ins[node.gather]
+    return DTensor(f"{t.name}[{ids.name}]", tuple(ids.shape) + tuple(t.shape[1:]), t.dtype)
 
 
 @dataclass(frozen=True)
@@ -353,6 +369,27 @@ class KernelGraph:
 
 
 # ---- shape inference shared by validation and the interpreter ---------------------------------
+
+def index_bounds(graph: "KernelGraph") -> dict[str, int]:
+    """For every index input of ``graph`` (int32 / int64), the fewest rows of a table it picks
+    from (take kernels and gathering iterators); valid indices are ``[0, bound)``."""
+    tensors = graph.tensors()
+    out: dict[str, int] = {t.name: 0 for t in graph.inputs if t.dtype in ("int32", "int64")}
+
+    def see(ids: str, table: str) -> None:
+        if ids in out:
+            rows = tensors[table].shape[0]
+            out[ids] = rows if out[ids] == 0 else min(out[ids], rows)
+
+    for op in graph.ops:
+        if isinstance(op, KernelOp) and op.op == "take":
+            see(op.operands[1], op.operands[0])
+        elif isinstance(op, GraphKernel):
+            for n in op.block.ops:
+                if isinstance(n, InputIter) and n.gather >= 0:
+                    see(op.inputs[n.gather], op.inputs[n.input])
+    return {n: max(b, 1) for n, b in out.items()}
+
 
 def iter_tile_shape(shape: tuple[int, ...], grid: tuple[int, int, int], imap: tuple[int, int, int],
                     fmap: int, forloop: int) -> tuple[int, ...]:

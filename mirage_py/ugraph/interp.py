@@ -146,6 +146,9 @@ def _block_op(node: BlockOp, env: dict[str, Any], be: Backend,
     if node.op == "reshape":
         shape = tuple(node.attr("shape"))
         return be.layout(args[0], lambda x: x.reshape(x.shape[:3] + shape))
+    if node.op == "transpose":  # the tile dims permuted; the three grid dims stay in front
+        perm = (0, 1, 2) + tuple(3 + p for p in node.attr("perm"))
+        return be.layout(args[0], lambda x: x.transpose(perm))
     if node.op == "concat":
         arrs = _align(args, be)
         lead = tuple(np.broadcast_shapes(*[a.shape[:3] for a in arrs]))
@@ -251,7 +254,9 @@ def run_graph_kernel(gk: GraphKernel, args: list[Any], in_tensors: list[DTensor]
     bg = gk.block
     info = check_block(bg, in_tensors, list(gk.outputs), get_target(target))
     prefix = f"{label}: "
-    views = {n.out: be.layout(args[n.input], lambda a, n=n: blocked_view(a, n.imap, bg.grid))
+    views = {n.out: be.layout(args[n.input] if n.gather < 0 else
+                              be.take(args[n.input], args[n.gather]),
+                              lambda a, n=n: blocked_view(a, n.imap, bg.grid))
              for n in bg.iterators()}
     for n in bg.masks():  # known data: the mask's values, tiled like an input
         values = n.values(sizes)

@@ -28,7 +28,9 @@ def format_block(bg: BlockGraph, inputs: tuple[str, ...], outputs: tuple[str, ..
     for n in bg.ops:
         if isinstance(n, InputIter):
             f = f" fmap={n.fmap}" if n.fmap >= 0 else ""
-            lines.append(f"{indent}{n.out} = iter {_name(inputs, n.input)} imap={_map(n.imap)}{f}")
+            g = f"[{_name(inputs, n.gather)}]" if n.gather >= 0 else ""
+            lines.append(f"{indent}{n.out} = iter {_name(inputs, n.input)}{g} "
+                         f"imap={_map(n.imap)}{f}")
         elif isinstance(n, MaskIter):
             f = f" fmap={n.fmap}" if n.fmap >= 0 else ""
             lines.append(f"{indent}{n.out} = mask {n.shape} offset={n.offset} window={n.window} "

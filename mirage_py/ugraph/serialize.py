@@ -28,7 +28,8 @@ _TYPES = {c.__name__: c for c in (Accum, BlockGraph, BlockOp, DTensor, Fused, Gr
 # fields written only when they differ from these defaults
 _OPTIONAL: dict[type, dict[str, Any]] = {ThreadOp: {"attrs": ()},
                                           Accum: {"running": False, "rescale": None},
-                                          MaskIter: {"valid": None}}
+                                          MaskIter: {"valid": None},
+                                          InputIter: {"gather": -1}}
 
 
 # field types checked on load, so that foreign JSON with the right keys is still rejected here
@@ -68,7 +69,8 @@ _FIELDS: dict[type, dict[str, Any]] = {
     DTensor: {"name": _str, "shape": _tuple_of(_int), "dtype": _str},
     ThreadOp: {"out": _str, "op": _str, "operands": _tuple_of(_operand), "attrs": _attrs},
     ThreadGraph: {"ninputs": _int, "ops": _tuple_of(_is(ThreadOp))},
-    InputIter: {"out": _str, "input": _int, "imap": _tuple_of(_int, 3), "fmap": _int},
+    InputIter: {"out": _str, "input": _int, "imap": _tuple_of(_int, 3), "fmap": _int,
+                "gather": _int},
     MaskIter: {"out": _str, "shape": _tuple_of(_int, 2), "offset": _size_expr,
                "window": _size_expr, "imap": _tuple_of(_int, 3), "fmap": _int,
                "valid": lambda v: v is None or (isinstance(v, tuple) and len(v) == 2 and

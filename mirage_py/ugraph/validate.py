@@ -29,20 +29,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import MirageError, ShapeError, ValidationError
-from ..lax.ops import DTYPES, OPS
+from ..lax.ops import DTYPES, OPS, is_index
 from ..lax.precision import MatmulMath
 from ..lax.shapes import Affine
 from ..lax.tensor import broadcast_shapes
 from ..targets import Target, get_target
 from .graph import (ACCUM_KINDS, AXES, Accum, BlockGraph, BlockOp, DTensor, Fused, GraphKernel,
                     InputIter, KernelGraph, KernelOp, MaskIter, OutputSaver, ThreadGraph,
-                    iter_tile_shape, matmul_shape, sum_shape, tiles_read)
+                    iter_source, iter_tile_shape, matmul_shape, sum_shape, tiles_read)
 from .phase import Phase, combine
 
 REDUCTIONS = ("sum", "max", "min")
-BLOCK_OPS = ("matmul", *REDUCTIONS, "concat", "slice", "reshape")
+BLOCK_OPS = ("matmul", *REDUCTIONS, "concat", "slice", "reshape", "transpose")
 KERNEL_OPS = ("matmul", *REDUCTIONS, "rms_norm", "reshape", "transpose", "slice", "concat",
-              "mask")
+              "mask", "take")
 
 
 def _err(msg: str, rule: str, op: str | None) -> ValidationError:
@@ -191,10 +191,19 @@ def check_block(bg: BlockGraph, ins: list[DTensor], outs: list[DTensor], target:
     for node in bg.ops:
         if isinstance(node, InputIter):
             who = f"input iterator {node.out!r}"
-            if not 0 <= node.input < len(ins):
-                raise _err(f"{who} reads input #{node.input}, the kernel has {len(ins)}",
-                           "binding", label)
-            t = ins[node.input]
+            if not 0 <= node.input < len(ins) or not -1 <= node.gather < len(ins):
+                raise _err(f"{who} reads input #{node.input} (gather {node.gather}), the "
+                           f"kernel has {len(ins)}", "binding", label)
+            if is_index(ins[node.input].dtype):
+                raise _err(f"{who} reads the index tensor {ins[node.input].name!r} as data; "
+                           "indices only pick rows (gather=)", "dtype", label)
+            if node.gather >= 0 and (not is_index(ins[node.gather].dtype) or
+                                     not ins[node.input].shape):
+                raise _err(f"{who} gathers rows of {ins[node.input].name!r} "
+                           f"{ins[node.input].shape} by {ins[node.gather].name!r} "
+                           f"{ins[node.gather].dtype}, which is not an index tensor",
+                           "dtype", label)
+            t = iter_source(node, ins)
             nd = len(t.shape)
             dims = [d for d in node.imap if d >= 0]
             if len(node.imap) != 3 or any(d >= nd or d < -1 for d in node.imap) or \
@@ -275,6 +284,13 @@ def check_block(bg: BlockGraph, ins: list[DTensor], outs: list[DTensor], target:
                 if len(node.operands) != 1 or len(tiles) != 1:
                     raise _err(f"{who}: slice takes one tile", "operator", label)
                 shape = _slice_shape(tiles[0], dict(node.attrs), who, label)
+            elif node.op == "transpose":
+                perm = tuple(node.attr("perm", ()))
+                if len(node.operands) != 1 or len(tiles) != 1 or \
+                        sorted(perm) != list(range(len(tiles[0]))):
+                    raise _err(f"{who}: cannot permute tile {tiles[0]} by {perm}", "shape",
+                               label)
+                shape = tuple(tiles[0][p] for p in perm)
             elif node.op == "reshape":
                 shape = tuple(node.attr("shape", ()))
                 n = 1
@@ -434,7 +450,20 @@ def kernel_op_shape(op: KernelOp, args: list[DTensor | float]) -> tuple[int, ...
         return op.output.shape
     if not tensors:
         raise _err("needs at least one tensor operand", "operator", who)
+    for k, t in enumerate(tensors):
+        if is_index(t.dtype) and not (op.op == "take" and k == 1):
+            raise _err(f"operand {t.name!r} {t.shape} is an index tensor ({t.dtype}); only a "
+                       "take reads one, as its indices", "dtype", who)
     try:
+        if op.op == "take":
+            if len(args) != 2 or len(tensors) != 2 or not is_index(tensors[1].dtype):
+                raise _err("take reads a table and an index tensor (int32 / int64)",
+                           "operator", who)
+            if not tensors[0].shape or is_index(op.output.dtype) or \
+                    op.output.dtype != tensors[0].dtype:
+                raise _err(f"take of a table {tensors[0].shape} {tensors[0].dtype} writes its "
+                           f"rows in the table's dtype, got {op.output.dtype}", "dtype", who)
+            return tuple(tensors[1].shape) + tuple(tensors[0].shape[1:])
         if op.op == "matmul":
             if len(args) != 2 or len(tensors) != 2:
                 raise _err("matmul takes two tensors", "operator", who)

@@ -158,7 +158,32 @@ class DegreeBackend(Backend):
 
     # values ---------------------------------------------------------------------------------
     def input(self, value: Any, dtype: str) -> Deg:
+        if _ops.is_index(dtype):
+            return self.index(value)
         return Deg(tuple(value.shape), 1)
+
+    def index(self, value: Any) -> Shaped:
+        """An index tensor: known data whose values vary per test, so only its shape counts
+        (the degrees must hold for every choice of indices)."""
+        return Shaped(tuple(value.shape))
+
+    def take(self, table: Deg, ids: Any) -> Deg:
+        """Picked rows keep the table's degrees. A denominator factor that is the same along
+        the rows stays shared; one that varies along them is given an instance per picked
+        element (which rows meet is unknown: distinct instances only over-count)."""
+        lead = tuple(int(d) for d in ids.shape)
+        shape = lead + table.shape[1:]
+
+        def moved(f: Factor) -> Factor:
+            idx = _rank(f.idx, table.ndim)
+            if idx.shape[0] == 1:
+                return Factor(f.uid, idx.reshape((1,) * len(lead) + idx.shape[1:]), f.deg,
+                              f.vanish)
+            n = int(np.prod(shape, dtype=np.int64))
+            return Factor(next(_uids), np.arange(n).reshape(shape), f.deg, f.vanish)
+
+        return Deg(shape, table.dn, tuple(moved(f) for f in table.den),
+                   tuple(moved(f) for f in table.risk), table.nonzero)
 
     def scalar(self, v: float) -> Deg:
         f = Fraction(v)

@@ -40,7 +40,8 @@ from ..ugraph.validate import validate
 from .degree import DegreeBackend, Shaped, pair_degree
 from .errors import (InterfaceMismatchError, NestedExpError, UnverifiableOperatorError,
                      VerifierArgumentError)
-from .field import SAFE_PRIMES, FieldBackend, FieldParams, FieldValue, random_input
+from .field import (SAFE_PRIMES, FieldBackend, FieldParams, FieldValue, random_indices,
+                    random_input)
 
 DEFAULT_BOUND = 1e-9
 _MODULI = tuple(SAFE_PRIMES) + tuple((p - 1) // 2 for p in SAFE_PRIMES)
@@ -185,6 +186,7 @@ class Verifier:
                                             f"{', '.join(missing)} (sizes=...)")
             program = program.at(self.sizes)
         self.program = program
+        self.index_bounds = program.index_bounds()
         self.seed = int(seed)
         self.target = target
         self.bound_target = bound_target
@@ -202,8 +204,13 @@ class Verifier:
     def params(self, test: int) -> FieldParams:
         return FieldParams(SAFE_PRIMES[(self.seed + test) % len(SAFE_PRIMES)], self.seed, test)
 
-    def inputs(self, params: FieldParams, test: int) -> dict[str, FieldValue]:
-        return {t.name: random_input(params, t.name, t.shape, self.seed, test)
+    def inputs(self, params: FieldParams, test: int) -> dict[str, FieldValue | np.ndarray]:
+        """Fresh random field values per input; an index input (token ids) is known data,
+        valid indices drawn per test (``random_indices``), as masks are known 0/1 data."""
+        return {t.name: (random_indices(t.name, t.shape, self.index_bounds[t.name], self.seed,
+                                        test)
+                         if t.name in self.index_bounds else
+                         random_input(params, t.name, t.shape, self.seed, test))
                 for t in self.program.inputs}
 
     def _reference(self, test: int) -> tuple[FieldParams, dict[str, FieldValue],
@@ -222,7 +229,8 @@ class Verifier:
         out = self.program.evaluate(inputs, backend=be)
         ref = {n: be.canonical(v) for n, v in out.items()}
         zero = any(v.zero for v in out.values())
-        size = sum(v.p.nbytes + (v.q.get()[0].nbytes if v.q is not None and v.q.forced else 0)
+        size = sum(v.nbytes if isinstance(v, np.ndarray) else
+                   v.p.nbytes + (v.q.get()[0].nbytes if v.q is not None and v.q.forced else 0)
                    for v in inputs.values())
         keep = self._cached_bytes + size <= self.cache_bytes
         if keep:

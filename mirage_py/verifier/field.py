@@ -486,6 +486,15 @@ def random_input(params: FieldParams, name: str, shape: tuple[int, ...], seed: i
     return FieldValue(p, params.P.bound, q)
 
 
+def random_indices(name: str, shape: tuple[int, ...], bound: int, seed: int,
+                   test: int) -> np.ndarray:
+    """Known data of one test for an index input: valid indices drawn uniformly from
+    ``[0, bound)`` (``bound``: the fewest rows of a table the input picks from), fresh per
+    test like the field's other random choices."""
+    rng = np.random.default_rng(_seed(seed, test, "indices", name, bound))
+    return rng.integers(0, max(int(bound), 1), size=tuple(shape), dtype=np.int64)
+
+
 # ---- the backend -----------------------------------------------------------------------------
 
 class FieldBackend(Backend):
@@ -505,6 +514,8 @@ class FieldBackend(Backend):
 
     # values -------------------------------------------------------------------------------
     def input(self, value: Any, dtype: str) -> FieldValue:
+        if _ops.is_index(dtype):  # token ids: known integers, drawn per test (random_indices)
+            return self.index(value)
         if not isinstance(value, FieldValue):
             raise FieldValueError(f"field backend: {self.where or 'input'} must be a FieldValue, "
                                   f"got {type(value).__name__}")
@@ -688,6 +699,8 @@ FIELD_COMPUTE: dict[str, Callable[..., FieldValue]] = {
     "transpose": lambda be, a, *, perm: be.layout(a, lambda x: x.transpose(perm)),
     "slice": lambda be, a, **at: be.compute("slice", [a], at),
     "concat": lambda be, *xs, axis: be.concat(list(xs), axis),
+    # rows picked by known indices: a data movement of the table's residues, exact
+    "take": lambda be, table, ids: be.take(table, ids),
 }
 
 
@@ -710,4 +723,4 @@ register()
 
 
 __all__ = ["SAFE_PRIMES", "Modulus", "QCell", "FieldValue", "FieldParams", "FieldBackend",
-           "random_input", "uniform_residues", "register", "FIELD_COMPUTE"]
+           "random_input", "random_indices", "uniform_residues", "register", "FIELD_COMPUTE"]

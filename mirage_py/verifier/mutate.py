@@ -29,6 +29,8 @@ kind                   what changes
 ``mask``               a mask iterator with another offset or window, or split differently
 ``input``              an iterator or kernel reads another input of the same shape
 ``saver``              an output saver saves another tile
+``take``               a gather reads the neighbouring row (its table rolled by one row), or a
+                       transposed square table
 =====================  ==========================================================================
 """
 
@@ -48,7 +50,7 @@ from ..ugraph.validate import validate
 SWAP_OP = {"add": "sub", "sub": "add", "mul": "div", "div": "mul", "exp": "square",
            "square": "neg", "neg": "square", "sqrt": "square", "silu": "relu", "relu": "silu",
            "gelu": "silu", "maximum": "minimum", "minimum": "maximum", "max": "min", "min": "max",
-           "sigmoid": "tanh", "tanh": "sigmoid", "log": "exp", "abs": "neg", "softplus": "relu",
+           "sigmoid": "tanh", "tanh": "sigmoid", "sin": "cos", "cos": "sin", "log": "exp", "abs": "neg", "softplus": "relu",
            "mish": "silu", "leaky_relu": "relu", "clamp": "relu", "pow": "square",
            "where": "add", "cast": "neg"}
 
@@ -385,6 +387,32 @@ def _kernel_mutations(g: KernelGraph, k: int) -> Iterator[tuple[str, str, Kernel
             for c in _alt_constants(float(o)):
                 ops = tuple(c if jj == j else oo for jj, oo in enumerate(op.operands))
                 yield "const", f"{here} constant {o}->{c}", _with_op(g, k, replace(op, operands=ops))
+    if op.op == "take" and isinstance(op.operands[0], str):
+        table = tensors[op.operands[0]]
+        rows = table.shape[0]
+        taken = set(tensors)
+        pre: list[tuple[str, list[KernelOp]]] = []
+        if rows > 1:  # row i of the rolled table is row i + 1 of the table
+            lo, hi, rolled = (_fresh(f"{table.name}_{s}", taken) for s in ("lo", "hi", "roll"))
+            pre.append(("the neighbouring row", [
+                KernelOp("slice", (table.name,), DTensor(lo, (rows - 1,) + table.shape[1:],
+                                                         table.dtype),
+                         attrs_of(axis=0, start=1, stop=rows)),
+                KernelOp("slice", (table.name,), DTensor(hi, (1,) + table.shape[1:],
+                                                         table.dtype),
+                         attrs_of(axis=0, start=0, stop=1)),
+                KernelOp("concat", (lo, hi), DTensor(rolled, table.shape, table.dtype),
+                         attrs_of(axis=0))]))
+        if len(table.shape) == 2 and table.shape[0] == table.shape[1]:
+            tr = _fresh(f"{table.name}_t", taken)
+            pre.append(("the transposed table", [
+                KernelOp("transpose", (table.name,), DTensor(tr, table.shape, table.dtype),
+                         attrs_of(perm=(1, 0)))]))
+        for what, extra in pre:
+            ops = list(g.ops)
+            ops[k:k + 1] = [*extra, replace(op, operands=(extra[-1].output.name,
+                                                          op.operands[1]))]
+            yield "take", f"{here} gathers {what}", replace(g, ops=tuple(ops))
     if op.op == "rms_norm":
         eps = float(op.attr("eps", 1e-6))
         for c in _alt_constants(eps):

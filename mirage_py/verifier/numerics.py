@@ -27,6 +27,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from ..lax.ops import is_index
+
 from ..lax.backend import NumpyBackend
 from ..lax.precision import MatmulMath
 from ..lax.program import Program
@@ -75,6 +77,9 @@ class Probe:
         out = {}
         for t in program.inputs:
             x = stored[t.name]
+            if is_index(t.dtype):  # indices are no magnitudes: the same valid rows
+                out[t.name] = x
+                continue
             s = min(self.scale, FLOAT16_SCALE_CAP if t.dtype == "float16" else math.inf)
             if s != 1.0:  # (float16 arithmetic in NumPy is slow: scale in float32)
                 x = (x.astype(np.float32) * np.float32(s)).astype(x.dtype)
@@ -95,8 +100,12 @@ def stored_inputs(program: Program, seed: int = 0) -> dict[str, np.ndarray]:
     would)."""
     from ..lax.ops import storage_round
     rng = np.random.default_rng(seed)
+    bounds = program.index_bounds()
     out = {}
     for t in program.inputs:
+        if t.name in bounds:  # an index input: valid indices, as random_inputs draws them
+            out[t.name] = rng.integers(0, bounds[t.name], size=t.shape, dtype=np.int64)
+            continue
         x = rng.standard_normal(t.shape, dtype=np.float32)
         out[t.name] = x.astype(np.float16) if t.dtype == "float16" else \
             storage_round(x, t.dtype)
