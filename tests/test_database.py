@@ -476,3 +476,46 @@ def test_an_answer_is_served_only_to_the_code_that_made_it(tmp_path):
     other = run("b")
     assert other == ["search", first[1]]  # other code searches again: the same graph here
     assert run("b")[0] == run("a")[0] == "database"
+
+
+def test_a_search_another_call_completed_is_not_run_again(tmp_path, monkeypatch):
+    """Without the whole answer and the regions' chosen answers, a second call still runs no
+    search its first call completed (kept searches and floors, schema 3), and makes the same
+    answer."""
+    from mirage_py.superopt import local, part
+    p = mp.Program("two_layers")
+    X = p.input("X", (8, 256))
+    W1, W2 = p.input("W1", (256, 256)), p.input("W2", (256, 512))
+    h = X + mp.silu(mp.rms_norm(X) @ W1)
+    p.output(mp.rms_norm(h) @ W2, name="Y")
+    path = tmp_path / "r.sqlite"
+    first = mp.superopt(p, workers=1, progress=False, database=path)
+    con = sqlite3.connect(path)
+    kinds = [k for (k,) in con.execute("SELECT kind FROM kept")]
+    assert any(k.startswith("search:") for k in kinds) and any(k.startswith("floor:")
+                                                              for k in kinds)
+    con.execute("DELETE FROM kept WHERE kind LIKE 'program:%'")
+    con.execute("UPDATE records SET chosen = 0")
+    con.commit()
+    con.close()
+    searches, floors = [], []
+    explore_jobs, floor_explore = local.LocalExecutor.explore, part.explore
+
+    def counted_jobs(self, jobs, run, **kw):
+        searches.extend(j for j in jobs if j.prior is None)
+        return explore_jobs(self, jobs, run, **kw)
+
+    def counted_floor(*a, **k):
+        floors.append(a)
+        return floor_explore(*a, **k)
+    monkeypatch.setattr(local.LocalExecutor, "explore", counted_jobs)
+    monkeypatch.setattr(part, "explore", counted_floor)
+    again = mp.superopt(p, workers=1, progress=False, database=path)
+    assert again.origin == "search" and searches == [] and floors == []
+    assert again.graph.structural_hash() == first.graph.structural_hash()
+    assert again.estimated_time_us == pytest.approx(first.estimated_time_us)
+    assert all(v.equivalent and v.bound <= 1e-9 for v in again.verification)
+    # and with the whole answer kept, the third call is that answer
+    third = mp.superopt(p, workers=1, progress=False, database=path)
+    assert third.origin == "database" and third.graph.structural_hash() == \
+        first.graph.structural_hash()
