@@ -228,14 +228,22 @@ class BlockKernelEmitter:
                     *self.loop(prod(shape) // v, body, var="v")]
         decls, cs = _declare("i", shape)
         off = linear(terms + list(zip(cs, lay.strides)))
+        return self._element_copy(st, head, decls, f"{src}[{off}]")
+
+    def _element_copy(self, st: Step, head: str, decls: list, value: str) -> list[str]:
+        """An input tile element by element (element ``i``'s ``value``, its coordinates
+        declared by ``decls``): stored into the tile, or added into the accumulator a step
+        writes into."""
+        it = st.node
+        shape = self.shape(it.out)
         if st.into:
             acc = self.tile(st.writes)
             return [head + f", added into {st.writes}",
                     *self.loop(prod(shape), [*_const_ints(decls),
-                                             f"{acc}[i] += to_float({src}[{off}]);"])]
+                                             f"{acc}[i] += to_float({value});"])]
         return [head, *self.loop(prod(shape), [*_const_ints(decls),
                                                f"{self.tile(it.out)}[{self.sw(it.out, 'i')}] = "
-                                               f"{src}[{off}];"])]
+                                               f"{value};"])]
 
     def emit_gather(self, st: Step, iteration: str = "it") -> list[str]:
         """The tile of a gathering iterator: element (g..., r...) of the gathered tensor is
@@ -267,14 +275,7 @@ class BlockKernelEmitter:
         fmap = f" fmap={it.fmap}" if it.fmap >= 0 else ""
         head = (f"// {it.out} = iter {table}[{ids}] imap={{{imap}}}{fmap}: rows gathered by "
                 f"the indices, element by element")
-        if st.into:
-            acc = self.tile(st.writes)
-            return [head + f", added into {st.writes}",
-                    *self.loop(prod(shape), [*_const_ints(decls),
-                                             f"{acc}[i] += to_float({src}[{off}]);"])]
-        return [head, *self.loop(prod(shape), [*_const_ints(decls),
-                                               f"{self.tile(it.out)}[{self.sw(it.out, 'i')}] = "
-                                               f"{src}[{off}];"])]
+        return self._element_copy(st, head, decls, f"{src}[{off}]")
 
     def _result(self, st: Step, value: str) -> list[str]:
         """Store an element-wise step's ``value`` for element ``i`` (inside a fragment loop:
