@@ -312,3 +312,32 @@ def test_mask_mutants_wrong_only_at_some_sizes_are_rejected_by_the_family_check(
                 assert any(not verify(padded_program, g, sizes=b).equivalent
                            for b in bindings), changed
     assert wrong >= 4
+
+
+def test_one_compiled_bucket_serves_every_size_on_the_emulator_and_compiles_with_nvcc(
+        decode_family):
+    """A bucket's CUDA takes the valid sizes as kernel arguments (``mp_dim_S``): compiled once
+    (the emulator's library, nvcc), run at several sizes, equal to the interpreter and to
+    float64 at each; a missing size is a typed error."""
+    from mirage_py.codegen_cuda import emit_cuda
+    from mirage_py.codegen_cuda.emulator import EmulatedGraph
+    from mirage_py.codegen_cuda.errors import CodegenError
+    from mirage_py.codegen_cuda.nvcc import compile_with_nvcc, find_nvcc
+    p, fam = decode_family
+    inst = fam.instance({"S": 64})
+    src = emit_cuda(inst.annotated, prefix="decode_s")
+    assert any(spec.dims == ("S",) for spec in src.launches)
+    assert "const int mp_dim_S" in src.cu() and "int mp_dim_S;" in src.header
+    em = EmulatedGraph(src)
+    for s in (64, 40, 33, 1):
+        x = _inputs(p, {"S": s}, seed=s)
+        padded_x = pad_inputs(p, p.check_inputs(x), {"S": 64})
+        got = cut_outputs(p, em(padded_x, sizes={"S": s}), {"S": s})["O"]
+        interp = fam.run_numpy(x)["O"]
+        assert _rel(np.asarray(got, np.float64), interp) <= 2e-3, s
+        assert _rel(np.asarray(got, np.float64), p.evaluate(x)["O"]) <= 2e-3, s
+    with pytest.raises(CodegenError, match="sizes"):
+        em(pad_inputs(p, p.check_inputs(_inputs(p, {"S": 8})), {"S": 64}))
+    if find_nvcc() is not None:
+        res = compile_with_nvcc(src.cu(), name="decode_s")
+        assert res.warnings == [], res.warnings

@@ -22,6 +22,7 @@ from ..targets import Target
 from ..lax.ops import OPS
 from ..ugraph.graph import (AXES, Accum, BlockOp, Fused, GraphKernel, InputIter, MaskIter,
                             OutputSaver)
+from ..ugraph.bind import op_params
 from ..ugraph.printing import format_block
 from ..ugraph.phase import Phase
 from .cexpr import (CTYPES, REDUCE_INIT, Names, broadcast_coords, declare_coords, elementwise,
@@ -767,7 +768,7 @@ class BlockKernelEmitter:
         spec = LaunchSpec(self.kernel, self.plan.index, self.bg.grid, (self.T, 1, 1),
                           smem.total_bytes, tuple(self.in_params + self.out_params),
                           1 if self.one_block_per_sm(smem.total_bytes) else 0,
-                          tuple(self.tensor_maps.values()))
+                          tuple(self.tensor_maps.values()), op_params(self.gk))
         lines = [f"// {'-' * 94}", f"// graph-defined kernel #{self.plan.index}: "
                  f"grid {self.bg.grid}, {self.T} threads, for-loop of {self.F}"]
         outs = ", ".join(f"{t.name}: {t.shape} {t.dtype}" for t in self.gk.outputs)

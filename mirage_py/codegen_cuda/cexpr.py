@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Any
 
 import numpy as np
 
 from ..lax.ops import EXACT_POW, OPS
 from .errors import CodegenError
+from .launch import DIM_PARAM
 
 # storage type of each device dtype in the emitted code (see prelude.cuh)
 CTYPES = {"float16": "fp16_t", "bfloat16": "bf16_t", "float32": "float", "int32": "int",
@@ -99,21 +101,35 @@ def reduce_step(op: str, acc: str, x: str) -> str:
     return f"{acc} = {'maxf' if op == 'max' else 'minf'}({acc}, {x})"
 
 
-def mask_value(row: str, col: str, offset: int, window: int,
-               valid: tuple[int, int] | None = None) -> str:
+def size_expr(v: Any) -> str:
+    """A size that is an int or an expression of dims (``lax.shapes.Affine``) as C: a dim is
+    read from its kernel parameter (``DIM_PARAM``), so one compiled graph serves every binding
+    of the sizes its masks name."""
+    if isinstance(v, (int, np.integer)):
+        return str(int(v))
+    terms = getattr(v, "terms", None)
+    if terms is None:
+        raise CodegenError(f"mask attribute {v!r} is neither an int nor an expression of dims")
+    parts = [(f"{DIM_PARAM}{n}" if c == 1 else f"{c} * {DIM_PARAM}{n}") for n, c in terms]
+    if v.const or not parts:
+        parts.append(str(v.const))
+    return "(" + " + ".join(parts) + ")"
+
+
+def mask_value(row: str, col: str, offset: Any, window: Any,
+               valid: tuple | None = None) -> str:
     """The 0/1 value of a position mask at (row, col) as a float expression (the rule of
     :func:`mirage_py.lax.ops.mask_values`): 1 where ``d = col - row - offset <= 0`` and, with a
     window, ``d > -window``, and, with ``valid``, ``row < rows_valid`` and ``col <
-    cols_valid``. The attributes are bound sizes (``ugraph.bind``)."""
-    for v in (offset, window, *(valid or ())):
-        if not isinstance(v, int):
-            raise CodegenError(f"mask attribute {v!r} names dims: bind the graph's sizes first "
-                               "(emit_cuda(..., sizes=...))")
+    cols_valid``. Attributes that are expressions of dims read them from the kernel's size
+    parameters (:func:`size_expr`)."""
     # signed: blockIdx is unsigned, and a negative difference must not wrap
-    d = f"static_cast<int>({col}) - static_cast<int>({row})" + (f" - ({offset})" if offset else "")
-    cond = f"{d} <= 0" + (f" && {d} > {-window}" if window else "")
+    d = f"static_cast<int>({col}) - static_cast<int>({row})" + \
+        (f" - {size_expr(offset)}" if offset != 0 else "")
+    cond = f"{d} <= 0" + (f" && {d} > -{size_expr(window)}" if window != 0 else "")
     if valid is not None:
-        cond += f" && static_cast<int>({row}) < {valid[0]} && static_cast<int>({col}) < {valid[1]}"
+        cond += (f" && static_cast<int>({row}) < {size_expr(valid[0])} && "
+                 f"static_cast<int>({col}) < {size_expr(valid[1])}")
     return f"(({cond}) ? 1.0f : 0.0f)"
 
 

@@ -86,8 +86,9 @@ def emit_cuda(graph: Any, target: Any = "h100", prefix: str | None = None,
     graph's name), so several graphs can share one translation unit (:func:`translation_unit`).
     ``tensor_cores=False`` keeps every tile matmul on fp32 FMA (exact fp32 products; slower).
     ``stages``: cp.async pipeline depth per graph-defined kernel (default: the annotation's, else
-    2). ``sizes``: the binding of the dims a padded graph's masks name (``ugraph.bind``); the
-    code is compiled for that binding."""
+    2). A padded graph's masks name dims (``ugraph.bind``): its kernels take their sizes as
+    ``int`` parameters when they run (``LaunchSpec.dims``), so one compiled graph serves every
+    binding; ``sizes`` binds them at compile time instead (static code for one binding)."""
     if hasattr(graph, "stages_full") and hasattr(graph, "graph"):
         stages = tuple(graph.stages_full()) if stages is None else stages
         graph = graph.graph

@@ -26,7 +26,7 @@ from ..lax.ops import storage_round
 from ..ugraph.graph import KernelGraph
 from .cexpr import ident
 from .emit import CudaSource, emit_cuda, translation_unit
-from .runtime import check_gather_indices
+from .runtime import check_gather_indices, dim_values
 from .errors import CompileError, ToolMissing
 from .tensor_map import MAP_BYTES, emulated
 
@@ -43,23 +43,26 @@ def cache_dir() -> Path:
 _SIGNATURE = re.compile(r'extern "C" __global__ void __launch_bounds__\(\d+(?:, \d+)?\)\s*(\w+)\((.*?)\)\s*\{',
                         re.DOTALL)
 _PARAM = re.compile(r"(const )?((?:long )?\w+)\* __restrict__ \w+|"
-                    r"const __grid_constant__ (mp_tensor_map) \w+")
+                    r"const __grid_constant__ (mp_tensor_map) \w+|const (int) mp_dim_\w+")
 
 
 def kernel_signatures(code: str) -> list[tuple[str, list[tuple[bool, str]]]]:
     """(name, [(is_const, type)...]) of every emitted __global__ function in ``code``: the
-    storage type of a pointer parameter, or ``mp_tensor_map`` for a TMA map passed by value."""
+    storage type of a pointer parameter, ``mp_dim`` for a dim's size or ``mp_tensor_map`` for
+    a TMA map (both passed by value)."""
     out = []
     for m in _SIGNATURE.finditer(code):
-        params = [(True, p.group(3)) if p.group(3) else (bool(p.group(1)), p.group(2))
-                  for p in _PARAM.finditer(m.group(2))]
+        params = [(True, p.group(3)) if p.group(3) else (True, "mp_dim") if p.group(4)
+                  else (bool(p.group(1)), p.group(2)) for p in _PARAM.finditer(m.group(2))]
         out.append((m.group(1), params))
     return out
 
 
 def _argument(i: int, const: bool, ctype: str) -> str:
-    if ctype == "mp_tensor_map":
+    if ctype == "mp_tensor_map":  # passed by value: a[i] points at the value
         return f"*static_cast<const mp_tensor_map*>(a[{i}])"
+    if ctype == "mp_dim":  # a dim's size, by value
+        return f"*static_cast<const int*>(a[{i}])"
     return f"static_cast<{'const ' if const else ''}{ctype}*>(a[{i}])"
 
 
@@ -180,8 +183,11 @@ class EmulatedGraph:
     def graph(self) -> KernelGraph:
         return self.source.graph
 
-    def __call__(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    def __call__(self, inputs: Mapping[str, Any],
+                 sizes: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
+        """Run on ``inputs``; ``sizes``: the sizes of the dims a padded graph's masks name."""
         g, dev = self.graph, self.source.plan.device
+        dims = dim_values(g, sizes)
         check_gather_indices(g, lambda n: (int(np.min(inputs[n])), int(np.max(inputs[n]))))
         keep: list[np.ndarray] = []
         ptr: dict[str, int] = {}
@@ -210,7 +216,8 @@ class EmulatedGraph:
                 buf[:] = np.frombuffer(emulated(m.copy, ptr[m.tensor]), np.uint8)
                 keep.append(raw)
                 maps.append(buf.ctypes.data)
-            run_kernel(self.lib, spec.kernel, [ptr[p.tensor] for p in spec.params] + maps,
+            run_kernel(self.lib, spec.kernel, [ptr[p.tensor] for p in spec.params] +
+                       [dims[d].ctypes.data for d in spec.dims] + maps,
                        spec.grid, spec.block, spec.smem_bytes, self.order)
         tensors = g.tensors()
         return {n: from_storage(outs[n], tensors[n].dtype).reshape(tensors[n].shape)

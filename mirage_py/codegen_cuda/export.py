@@ -15,10 +15,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..ugraph.bind import params
 from ..ugraph.graph import KernelGraph
 from .cexpr import ident
 from .emit import CudaSource, emit_cuda
 from .host import io_fields
+from .launch import DIM_PARAM
 
 TORCH_DTYPES = {"float16": "at::kHalf", "bfloat16": "at::kBFloat16", "float32": "at::kFloat",
                 "int32": "at::kInt", "int64": "at::kLong"}
@@ -36,7 +38,9 @@ def binding_text(src: CudaSource) -> str:
     fields = io_fields(g)
     ins = [(n, f) for n, f, is_in in fields if is_in]
     outs = [(n, f) for n, f, is_in in fields if not is_in]
-    args = ", ".join(f"const at::Tensor& {f}" for _, f in ins)
+    dims = params(g)  # a padded graph's valid sizes: ints after the tensors
+    args = ", ".join([f"const at::Tensor& {f}" for _, f in ins] +
+                     [f"int64_t {DIM_PARAM}{d}" for d in dims])
     lines = [f"// PyTorch binding of the mirage_py μGraph {g.name!r}: forward({', '.join(f for _, f in ins)})",
              "// checks every input (CUDA, dtype, shape, contiguous, 16-byte aligned, one device),",
              "// allocates the outputs and the workspace, and launches on the current stream.",
@@ -77,13 +81,16 @@ def binding_text(src: CudaSource) -> str:
               f"  {p}_tensors tensors;"]
     for _, f, _ in fields:
         lines.append(f"  tensors.{f} = {f}.data_ptr();")
+    for d in dims:
+        lines.append(f"  tensors.{DIM_PARAM}{d} = static_cast<int>({DIM_PARAM}{d});")
     lines += [f"  const cudaError_t err = {p}_launch(&tensors, workspace.data_ptr(), "
               "c10::cuda::getCurrentCUDAStream());",
               f'  TORCH_CHECK(err == cudaSuccess, "{p}_launch failed: ", cudaGetErrorString(err));',
               "  return {" + ", ".join(f'{{"{n}", {f}}}' for n, f in outs) + "};", "}", "",
               "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {",
               f'  m.def("forward", &forward, "Run the μGraph {g.name} (outputs by name)",',
-              "        " + ", ".join(f'pybind11::arg("{f}")' for _, f in ins) + ");", "}", ""]
+              "        " + ", ".join([f'pybind11::arg("{f}")' for _, f in ins] +
+                                   [f'pybind11::arg("{d}")' for d in dims]) + ");", "}", ""]
     return "\n".join(lines)
 
 

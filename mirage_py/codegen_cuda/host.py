@@ -4,9 +4,10 @@ kernel of the graph in order on one stream, with intermediates in a caller-provi
 from __future__ import annotations
 
 from ..layout.tensors import DevicePlan
+from ..ugraph.bind import params
 from ..ugraph.graph import KernelGraph
 from .cexpr import CTYPES, Names
-from .launch import LaunchSpec
+from .launch import DIM_PARAM, LaunchSpec
 from .tensor_map import DATA_TYPES
 
 
@@ -27,13 +28,17 @@ def header_text(prefix: str, graph: KernelGraph, device: DevicePlan, target: str
              "#include <cuda_runtime_api.h>", "", "#ifdef __cplusplus", 'extern "C" {',
              "#endif", "",
              "// Device pointers of the graph's inputs and outputs: dense row-major arrays,",
-             "// 16-byte aligned.",
+             "// 16-byte aligned" + (" (and the sizes of the dims its masks name)."
+                                     if params(graph) else "."),
              "typedef struct {"]
     for name, field, is_in in io_fields(graph):
         t = tensors[name]
         q = "const void*" if is_in else "void*"
         lines.append(f"  {q} {field};  // {'input' if is_in else 'output'} {name}: "
                      f"{t.shape} {t.dtype}")
+    for d in params(graph):
+        lines.append(f"  int {DIM_PARAM}{d};  // the size of dim {d} this call runs at (masks of "
+                     f"a padded graph)")
     lines += [f"}} {prefix}_tensors;", "",
               f"// Bytes of device workspace {prefix}_launch needs for intermediates: "
               f"{device.workspace_bytes}",
@@ -74,6 +79,7 @@ def launcher_text(prefix: str, graph: KernelGraph, device: DevicePlan,
     lines.append("  cudaError_t err = cudaSuccess;")
     for spec in launches:
         args = ", ".join([local(p.tensor) for p in spec.params] +
+                         [f"tensors->{DIM_PARAM}{d}" for d in spec.dims] +
                          [f"{p.cname}_{spec.op_index}" for p in spec.tensor_maps])
         lines.append(f"  // kernel #{spec.op_index}")
         lines += _encode_maps(spec, local)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from ..layout.tensors import DevicePlan, TensorLayout
 from ..lax.ops import OPS
+from ..ugraph.bind import op_params
 from ..ugraph.graph import KernelOp
 from .cexpr import (CTYPES, REDUCE_INIT, Names, broadcast_coords, declare_coords, elementwise,
                     flit, linear, mask_value, prod, prune_unused, reduce_step)
@@ -95,7 +96,8 @@ class KernelOpEmitter:
 
     def spec(self, grid: tuple[int, int, int], block: tuple[int, int, int],
              smem: int = 0) -> LaunchSpec:
-        return LaunchSpec(self.kernel, self.index, grid, block, smem, tuple(self.params))
+        return LaunchSpec(self.kernel, self.index, grid, block, smem, tuple(self.params),
+                          dims=op_params(self.op))
 
     def finish(self, spec: LaunchSpec, body: list[str], note: str) -> tuple[str, LaunchSpec]:
         lines = [self.header(), f"// {note}", spec.signature() + " {",

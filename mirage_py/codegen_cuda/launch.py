@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 from ..layout.tma import TmaCopy
 
+DIM_PARAM = "mp_dim_"  # the parameter carrying a dim's size (codegen_cuda.cexpr.size_expr)
+
 
 @dataclass(frozen=True)
 class KernelParam:
@@ -48,13 +50,18 @@ class LaunchSpec:
     # registers, and it spilled). Otherwise ptxas chooses.
     min_blocks: int = 0
     tensor_maps: tuple[TensorMapParam, ...] = ()  # TMA copies' maps, after the pointers
+    # the dims whose sizes the kernel reads when it runs (a padded graph's masks: ugraph.bind),
+    # passed as ``const int mp_dim_<name>`` after the pointers, before the maps
+    dims: tuple[str, ...] = ()
 
     @property
     def threads(self) -> int:
         return self.block[0] * self.block[1] * self.block[2]
 
     def signature(self) -> str:
-        args = ",\n    ".join(p.decl() for p in (*self.params, *self.tensor_maps))
+        args = ",\n    ".join([p.decl() for p in self.params] +
+                                [f"const int {DIM_PARAM}{d}" for d in self.dims] +
+                                [p.decl() for p in self.tensor_maps])
         bounds = f"{self.threads}, {self.min_blocks}" if self.min_blocks else f"{self.threads}"
         return (f'extern "C" __global__ void __launch_bounds__({bounds})\n'
                 f"{self.kernel}(\n    {args})")

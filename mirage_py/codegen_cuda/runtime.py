@@ -18,10 +18,11 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..errors import DTypeError, IndexRangeError, ProgramError, ShapeError
+from ..ugraph.bind import params
 from ..ugraph.graph import KernelGraph, KernelOp
 from . import tensor_map
 from .emit import CudaSource, emit_cuda
-from .errors import CompileError, ToolMissing
+from .errors import CodegenError, CompileError, ToolMissing
 
 _MODULES: dict[str, Any] = {}  # sha256 of device code + options -> cupy.RawModule
 COMPILED_FOR: dict[str, str] = {}  # the same key -> "sm_90a" (warpgroup MMA) or "cupy default"
@@ -167,6 +168,16 @@ def check_gather_indices(graph: KernelGraph, extrema: Any) -> None:
                                       f"(valid 0 .. {rows - 1})")
 
 
+def dim_values(graph: KernelGraph, sizes: Mapping[str, int] | None) -> dict[str, np.ndarray]:
+    """The size of each dim the graph's masks name, as a C int (a kernel argument by value)."""
+    need = params(graph)
+    missing = [d for d in need if d not in (sizes or {})]
+    if missing:
+        raise CodegenError(f"μGraph {graph.name!r}: its masks name dims {missing}: give their "
+                           f"sizes (sizes=...)")
+    return {d: np.array([int(sizes[d])], np.int32) for d in need}
+
+
 class CompiledGraph:
     """A kernel graph compiled for the GPU. ``graph(inputs)`` -> outputs by name.
 
@@ -204,9 +215,12 @@ class CompiledGraph:
         return a
 
     def __call__(self, inputs: Mapping[str, Any], outputs: Mapping[str, Any] | None = None,
-                 poison: bool = False) -> dict[str, Any]:
+                 poison: bool = False, sizes: Mapping[str, int] | None = None) -> dict[str, Any]:
+        """Run on ``inputs`` (``sizes``: the sizes of the dims a padded graph's masks name,
+        passed to its kernels)."""
         cp = _cupy()
         g, dev = self.graph, self.source.plan.device
+        dims = {d: np.int32(v[0]) for d, v in dim_values(g, sizes).items()}
         tensors = g.tensors()
         missing = [t.name for t in g.inputs if t.name not in inputs]
         if missing:
@@ -234,6 +248,7 @@ class CompiledGraph:
             arrays[n] = ws[off:off + dev.layouts[n].nbytes]
         for spec in self.source.launches:
             args = tuple(arrays[p.tensor] for p in spec.params) + \
+                tuple(dims[d] for d in spec.dims) + \
                 tuple(self._tensor_map(spec.kernel, m, arrays[m.tensor].data.ptr)
                       for m in spec.tensor_maps)
             self.kernels[spec.kernel](spec.grid, spec.block, args, shared_mem=spec.smem_bytes)

@@ -3,8 +3,9 @@
 A graph searched for a padded program (lax/family.py) keeps its masks' valid sizes and offsets
 as expressions of dims (``MaskIter.offset``, ``valid``; a ``mask`` kernel's attributes): one
 graph serves every binding up to its bucket. :func:`params` lists the dims it needs;
-:func:`bind` gives the static graph for one binding, what code generation compiles (the
-interpreter and the verifier take the sizes instead: ``run(..., sizes=...)``).
+:func:`bind` gives the static graph for one binding (the interpreter and the verifier take
+the sizes instead: ``run(..., sizes=...)``); code generation keeps the expressions and passes
+each kernel the sizes it reads (:func:`op_params`) when it runs.
 """
 
 from __future__ import annotations
@@ -24,17 +25,22 @@ def _names(v: Any) -> set[str]:
     return {n for n, _ in v.terms} if isinstance(v, Affine) else set()
 
 
+def op_params(op: Any) -> tuple[str, ...]:
+    """The dims one kernel of a graph reads (its masks'; sorted): the sizes its code takes
+    when it runs."""
+    names: set[str] = set()
+    if isinstance(op, KernelOp) and op.op == "mask":
+        for k in _MASK_ATTRS:
+            names |= _names(op.attr(k))
+    elif isinstance(op, GraphKernel):
+        for n in op.block.masks():
+            names |= _names((n.offset, n.window, n.valid))
+    return tuple(sorted(names))
+
+
 def params(graph: KernelGraph) -> tuple[str, ...]:
     """The dims the graph's masks name (sorted; empty for a static graph)."""
-    names: set[str] = set()
-    for op in graph.ops:
-        if isinstance(op, KernelOp) and op.op == "mask":
-            for k in _MASK_ATTRS:
-                names |= _names(op.attr(k))
-        elif isinstance(op, GraphKernel):
-            for n in op.block.masks():
-                names |= _names((n.offset, n.window, n.valid))
-    return tuple(sorted(names))
+    return tuple(sorted({n for op in graph.ops for n in op_params(op)}))
 
 
 def bind(graph: KernelGraph, sizes: Mapping[str, int]) -> KernelGraph:
@@ -57,4 +63,4 @@ def bind(graph: KernelGraph, sizes: Mapping[str, int]) -> KernelGraph:
     return replace(graph, ops=tuple(ops))
 
 
-__all__ = ["params", "bind"]
+__all__ = ["params", "op_params", "bind"]
