@@ -34,6 +34,10 @@ def empty(shape, dtype):
     return _wrap(np.empty(shape, dtype))
 
 
+def zeros(shape, dtype):
+    return _wrap(np.zeros(shape, dtype))
+
+
 def full(shape, value, dtype):
     return _wrap(np.full(shape, value, dtype))
 
@@ -63,8 +67,10 @@ class RawKernel:
     def __call__(self, grid, block, args, shared_mem=0):
         assert shared_mem <= self.max_dynamic_shared_size_bytes, "attribute not raised"
         self.calls.append((tuple(grid), tuple(block), shared_mem))
-        # CuPy arrays by pointer; by-value structs (TMA maps) as NumPy arrays, by address
-        ptrs = [a.data.ptr if isinstance(a, ndarray) else a.ctypes.data for a in args]
+        # CuPy arrays by pointer; by-value structs (TMA maps) as NumPy arrays and ints (sizes)
+        # as NumPy scalars, by address
+        keep = [a if isinstance(a, (ndarray, np.ndarray)) else np.array(a) for a in args]
+        ptrs = [a.data.ptr if isinstance(a, ndarray) else a.ctypes.data for a in keep]
         run_kernel(self.lib, self.name, ptrs, tuple(grid), tuple(block), shared_mem, order=1)
 
 
@@ -93,7 +99,7 @@ class CompileException(Exception):
 
 def install(monkeypatch) -> types.ModuleType:
     mod = types.ModuleType("cupy")
-    for name, val in dict(ndarray=ndarray, empty=empty, full=full, asarray=asarray,
+    for name, val in dict(ndarray=ndarray, empty=empty, zeros=zeros, full=full, asarray=asarray,
                           ascontiguousarray=ascontiguousarray, from_dlpack=from_dlpack,
                           asnumpy=asnumpy, RawModule=RawModule, uint8=np.uint8,
                           uint16=np.uint16, int16=np.int16, uint32=np.uint32,

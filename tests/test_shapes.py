@@ -341,3 +341,26 @@ def test_one_compiled_bucket_serves_every_size_on_the_emulator_and_compiles_with
     if find_nvcc() is not None:
         res = compile_with_nvcc(src.cu(), name="decode_s")
         assert res.warnings == [], res.warnings
+
+
+def test_a_family_runs_through_the_gpu_runtime(decode_family, monkeypatch):
+    """``FamilyProgram(inputs)`` on the GPU path (the CuPy stand-in that runs the emitted CUDA
+    on the CPU emulator): each bucket compiled once and run at every size in it, outputs equal
+    to float64."""
+    import fake_cupy
+    from mirage_py.codegen_cuda import runtime
+    monkeypatch.setattr(runtime, "_MODULES", {})
+    cp = fake_cupy.install(monkeypatch)
+    compiled = fake_cupy.RawModule.compiled
+    p, fam = decode_family
+    fam._compiled.clear()
+    for s in (40, 64, 17, 33):  # buckets 64, 64, 32, 64
+        x = _inputs(p, {"S": s}, seed=s)
+        out = fam({n: cp.asarray(v.astype(np.float16)) for n, v in x.items()})["O"]
+        assert out.shape == (4, 1, 32)
+        assert _rel(np.asarray(out, np.float64), p.evaluate(x)["O"]) <= 2e-3, s
+    assert sorted(fam._compiled) == [(("S", 32),), (("S", 64),)]
+    assert fake_cupy.RawModule.compiled - compiled == 2
+    with pytest.raises(ShapeError):
+        fam({"Q": cp.zeros((4, 1, 32), np.float16), "K": cp.zeros((4, 32, 300), np.float16),
+             "V": cp.zeros((4, 300, 32), np.float16)})  # S = 300 is out of its range

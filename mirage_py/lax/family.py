@@ -252,16 +252,17 @@ def padded(program: Program, padded_sizes: Mapping[str, int]) -> Program:
 
 
 def pad_inputs(program: Program, inputs: Mapping[str, Any],
-               padded_sizes: Mapping[str, int]) -> dict[str, np.ndarray]:
-    """``inputs`` of the symbolic ``program`` zero-filled to the bucket's sizes."""
+               padded_sizes: Mapping[str, int], xp: Any = np) -> dict[str, Any]:
+    """``inputs`` of the symbolic ``program`` zero-filled to the bucket's sizes (arrays of the
+    array module ``xp``: NumPy, or CuPy for device arrays)."""
     out = {}
     for t in program.inputs:
-        a = np.asarray(inputs[t.name])
+        a = inputs[t.name] if xp is not np else np.asarray(inputs[t.name])
         target = tuple(padded_sizes[d.name] if isinstance(d, Dim) else d for d in t.shape)
-        if a.shape == target:
+        if tuple(a.shape) == target:
             out[t.name] = a
             continue
-        z = np.zeros(target, dtype=a.dtype)
+        z = xp.zeros(target, dtype=a.dtype)
         z[tuple(slice(0, n) for n in a.shape)] = a
         out[t.name] = z
     return out

@@ -71,6 +71,7 @@ class FamilyProgram:
         # every binding of the valid sizes a call has used, verified once (verify_sizes)
         self.verify_sizes = verify_sizes
         self.size_checks: dict[tuple, SizeCheck] = {}
+        self._compiled: dict[tuple, Any] = {}  # bucket -> its CompiledGraph (GPU calls)
 
     # -- buckets --------------------------------------------------------------------------------
     @staticmethod
@@ -126,6 +127,30 @@ class FamilyProgram:
         out = inst.graph.run(pad_inputs(self.program, arrays, bucket), precision=precision,
                              sizes=sizes)
         return {n: np.asarray(v) for n, v in cut_outputs(self.program, out, sizes).items()}
+
+    def __call__(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        """Run on the GPU (compiled CUDA through CuPy; inputs CuPy arrays or DLPack tensors):
+        sizes bound from the inputs, checked once (``check_sizes``), the bucket's graph --
+        compiled once per bucket, the valid sizes passed to its kernels -- run on the inputs
+        zero-filled on the device, the outputs cut back (views of the bucket's outputs)."""
+        from ..codegen_cuda import CompiledGraph
+        from ..codegen_cuda.runtime import _cupy, _to_cupy
+        cp = _cupy()
+        missing = [t.name for t in self.program.inputs if t.name not in inputs]
+        if missing:
+            raise ShapeError(f"FamilyProgram {self.program.name!r}: missing input(s) {missing}")
+        arrays = {t.name: _to_cupy(inputs[t.name], cp) for t in self.program.inputs}
+        sizes = self.program.bind({n: tuple(a.shape) for n, a in arrays.items()})
+        bucket = self.bucket(sizes)
+        inst = self.instance(bucket)
+        if self.verify_sizes:
+            self.check_sizes(sizes)
+        key = self._key(bucket)
+        compiled = self._compiled.get(key)
+        if compiled is None:
+            compiled = self._compiled[key] = CompiledGraph(inst.annotated, inst.target)
+        out = compiled(pad_inputs(self.program, arrays, bucket, xp=cp), sizes=sizes)
+        return cut_outputs(self.program, out, sizes)
 
     # -- reports --------------------------------------------------------------------------------
     @property
