@@ -1,0 +1,182 @@
+"""Transformers architectures through ``mp.compile``: what is captured, what runs eagerly and
+why, kernels per layer, search time, error against eager.
+
+Each architecture is built from its transformers config at a tiny size (2 layers, hidden 64, 4
+heads -- 2 KV heads where the architecture groups them --, FFN 128, vocabulary 128, random
+weights, float32, eval mode), run on one input (16 tokens; ViT: a 32 x 32 image of 8 x 8
+patches) by PyTorch eager and by ``mp.compile`` (the CPU interpreter), and compared::
+
+    python -m benchmarks.models                  # writes benchmarks/results/models.{json,md}
+    python -m benchmarks.models --only llama gpt2
+
+The table gives the whole model's kernels and, per layer, the kernels found over the layers
+(the embedding, final norm and head included: an upper bound of a layer's own).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import platform
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+RESULTS = Path(__file__).resolve().parent / "results"
+LAYERS, HIDDEN, HEADS, KV_HEADS, FFN, VOCAB, TOKENS = 2, 64, 4, 2, 128, 128, 16
+
+
+def _decoder(cls_name: str, **extra: Any) -> Callable[[], tuple[Any, dict]]:
+    """A causal LM of the transformers config class ``cls_name`` at the tiny size."""
+    def build():
+        import torch
+        import transformers
+        cfg = getattr(transformers, cls_name)(
+            hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=LAYERS,
+            num_attention_heads=HEADS, vocab_size=VOCAB, max_position_embeddings=64,
+            use_cache=False, **extra)
+        cfg._attn_implementation = "sdpa"
+        model = transformers.AutoModelForCausalLM.from_config(cfg)
+        ids = torch.randint(0, VOCAB, (1, TOKENS), generator=torch.Generator().manual_seed(0))
+        return model, {"input_ids": ids}
+    return build
+
+
+def _gpt2():
+    import torch
+    import transformers
+    cfg = transformers.GPT2Config(n_embd=HIDDEN, n_inner=FFN, n_layer=LAYERS, n_head=HEADS,
+                                  vocab_size=VOCAB, n_positions=64, use_cache=False)
+    cfg._attn_implementation = "sdpa"
+    ids = torch.randint(0, VOCAB, (1, TOKENS), generator=torch.Generator().manual_seed(0))
+    return transformers.GPT2LMHeadModel(cfg), {"input_ids": ids}
+
+
+def _bert():
+    import torch
+    import transformers
+    cfg = transformers.BertConfig(hidden_size=HIDDEN, intermediate_size=FFN,
+                                  num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                                  vocab_size=VOCAB, max_position_embeddings=64)
+    cfg._attn_implementation = "sdpa"
+    ids = torch.randint(0, VOCAB, (1, TOKENS), generator=torch.Generator().manual_seed(0))
+    return transformers.BertModel(cfg, add_pooling_layer=False), {"input_ids": ids}
+
+
+def _vit():
+    import torch
+    import transformers
+    cfg = transformers.ViTConfig(hidden_size=HIDDEN, intermediate_size=FFN,
+                                 num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                                 image_size=32, patch_size=8, num_channels=3)
+    cfg._attn_implementation = "sdpa"
+    x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    return transformers.ViTModel(cfg, add_pooling_layer=False), {"pixel_values": x}
+
+
+ARCHITECTURES: dict[str, Callable[[], tuple[Any, dict]]] = {
+    "gpt2": _gpt2,
+    "bert": _bert,
+    "vit": _vit,
+    "llama": _decoder("LlamaConfig", num_key_value_heads=KV_HEADS, head_dim=HIDDEN // HEADS),
+    "mistral": _decoder("MistralConfig", num_key_value_heads=KV_HEADS,
+                        head_dim=HIDDEN // HEADS),
+    "qwen2": _decoder("Qwen2Config", num_key_value_heads=KV_HEADS),
+    "qwen3": _decoder("Qwen3Config", num_key_value_heads=KV_HEADS, head_dim=HIDDEN // HEADS),
+    "gemma": _decoder("GemmaConfig", num_key_value_heads=KV_HEADS, head_dim=HIDDEN // HEADS),
+    "phi3": _decoder("Phi3Config", num_key_value_heads=KV_HEADS),
+    "gpt_neox": _decoder("GPTNeoXConfig"),
+}
+
+
+def _main_output(out: Any) -> Any:
+    """The model's first tensor output (logits or the last hidden state)."""
+    import torch
+    if isinstance(out, torch.Tensor):
+        return out
+    for key in ("logits", "last_hidden_state"):
+        v = getattr(out, key, None)
+        if v is not None:
+            return v
+    return out[0]
+
+
+def run_one(name: str, build: Callable[[], tuple[Any, dict]]) -> dict[str, Any]:
+    import torch
+    import mirage_py as mp
+    torch.manual_seed(0)
+    row: dict[str, Any] = {"architecture": name}
+    try:
+        model, inputs = build()
+        model = model.eval()
+        g = torch.Generator().manual_seed(1)
+        for p in model.parameters():  # random weights of a trained model's scale
+            p.data = torch.randn(p.shape, generator=g) * 0.2
+        with torch.no_grad():
+            ref = _main_output(model(**inputs))
+            cm = mp.compile(model, workers=1, database=False)
+            t0 = time.perf_counter()
+            got = _main_output(cm(**inputs))
+            row["compile_s"] = round(time.perf_counter() - t0, 1)
+        row["error"] = float((got - ref).norm() / ref.norm())
+        regions = cm.regions()
+        eager = cm.eager_ops()
+        row.update(
+            captured=next(iter(cm.graphs.values())).cap.method if cm.graphs else None,
+            regions=len(regions),
+            kernels_naive=sum(r["kernels_naive"] for r in regions),
+            kernels=sum(r["kernels"] for r in regions),
+            kernels_per_layer=round(sum(r["kernels"] for r in regions) / LAYERS, 1),
+            search_s=round(sum(r["search_seconds"] for r in regions), 1),
+            verified=all(r["verified"] for r in regions),
+            eager=[f"{e['op']}: {e['reason']}" for e in eager])
+    except Exception as e:  # noqa: BLE001 -- a row, not the end of the table
+        row["failure"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+        row["trace"] = traceback.format_exc(limit=3)[-600:]
+    return row
+
+
+def markdown(doc: dict) -> str:
+    out = ["# Transformers architectures through `mp.compile`", "",
+           f"Made by `python -m benchmarks.models` on {doc['date']} ({doc['processor']}): "
+           f"{LAYERS} layers, hidden {HIDDEN}, {HEADS} heads ({KV_HEADS} KV heads where "
+           f"grouped), FFN {FFN}, vocabulary {VOCAB}, {TOKENS} tokens, random weights, "
+           f"float32, CPU interpreter. *error*: norm-wise relative error of the main output "
+           f"against eager. Kernels: the whole model's, naive -> found; per layer: found / "
+           f"{LAYERS} (the embedding, final norm and head included).", "",
+           "| architecture | captured by | error | kernels naive -> found | per layer | "
+           "search s | eager operators (why) |", "|---|---|---|---|---|---|---|"]
+    for r in doc["rows"]:
+        if "failure" in r:
+            out.append(f"| {r['architecture']} | failed: {r['failure']} | | | | | |")
+            continue
+        eager = "; ".join(r["eager"]) or "none"
+        out.append(f"| {r['architecture']} | {r['captured']} | {r['error']:.1e} | "
+                   f"{r['kernels_naive']} -> {r['kernels']} | {r['kernels_per_layer']} | "
+                   f"{r['search_s']} | {eager} |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", nargs="*", choices=sorted(ARCHITECTURES))
+    ap.add_argument("--out", default=str(RESULTS / "models"))
+    args = ap.parse_args(argv)
+    names = args.only or list(ARCHITECTURES)
+    doc = {"date": _dt.date.today().isoformat(),
+           "processor": platform.processor() or platform.machine(), "rows": []}
+    for name in names:
+        row = run_one(name, ARCHITECTURES[name])
+        doc["rows"].append(row)
+        print(name, {k: v for k, v in row.items() if k != "trace"}, flush=True)
+    out = Path(args.out)
+    out.with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")
+    md = markdown(doc)
+    out.with_suffix(".md").write_text(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
