@@ -485,7 +485,8 @@ def test_positions_from_arange_become_a_slice_of_the_table():
 
         def forward(self, ids):
             pos = torch.arange(0, ids.shape[1], dtype=torch.long)
-            return self.wte(ids) + self.wpe(pos)
+            # 1-D positions, and (1, T) ones as GPT-2 makes them: both a slice
+            return self.wte(ids) + self.wpe(pos) + self.wpe(pos.unsqueeze(0))
 
     m = Pos().eval()
     ids = torch.randint(0, 20, (2, 6), generator=torch.Generator().manual_seed(3))

@@ -187,8 +187,9 @@ class NodeContext:
 
     def indices(self, v: Any, what: str = "indices") -> Tensor | tuple[int, int]:
         """``v`` as indices: an index program input (a runtime int32 / int64 tensor), or --
-        for a constant holding a contiguous range ``a, a+1, ..., b-1`` (positions from
-        ``arange``) -- that range ``(a, b)``, which the caller turns into a slice."""
+        for a constant holding a contiguous range ``a, a+1, ..., b-1`` in row-major order, of
+        any shape (positions from ``arange``, ``(1, T)`` ones too) -- that range ``(a, b)``,
+        which the caller turns into a slice (and a reshape to its result's shape)."""
         if isinstance(v, Sym):
             if v.t.dtype in INDEX_DTYPES and not v.lazy:
                 return v.t
@@ -207,7 +208,7 @@ class NodeContext:
                 raise Unsupported(f"its {what} are a constant of dtype {v.dtype}")
             first = int(flat[0].item())
             want = _torch().arange(first, first + flat.numel(), dtype=flat.dtype)
-            if v.dim() == 1 and bool((flat == want).all()):
+            if bool((flat == want).all()):  # of any shape: the result is reshaped after
                 return first, first + flat.numel()
             raise Unsupported(f"its {what} are a constant {tuple(v.shape)} that is not a "
                               "contiguous range")
