@@ -403,7 +403,8 @@ TREE_GRID = [  # (LightGBM parameters, round counts, feature columns left out, r
     ([{"num_leaves": nl, "min_data_in_leaf": 40} for nl in (7, 31)],
      [200, 300, 500, 800], [(), OLD_FEATURES], [1.0, 4.0]),
 ]
-GRAPH_GRID = ([200, 400, 800], [1.0, 3.0])  # epochs, rank weights
+GRAPH_GRID = ([100, 200, 400], [1.0])  # epochs, rank weights (one fit per rank weight and
+# fold, 400 epochs ~2 min on two busy cores: the grid is what fitted the time there was)
 
 
 def select_models(records: list, log=print) -> dict:
