@@ -19,13 +19,19 @@ Stages:
    edges, captured) and ``results/published_measurements.json`` (every timing row).
    ``--ours`` (with ``--kernelbench``): superopt every captured problem at the H100 PCIe's
    sizes for the ``h100_pcie`` target (``--time-budget`` per search, each problem in a child
-   killed after ``--limit``), appended to ``results/published_ours.jsonl``.
-2. From those committed files (no KernelBench checkout needed): the analytic model, the
+   killed after ``--limit``, held to ``MEMORY_LIMIT``), appended to
+   ``results/published_ours.jsonl`` (``--retry``: search again those without an answer).
+2. ``--select``: the learned models' hyper-parameters and feature sets cross-validated on the
+   *training* half only (:mod:`mirage_py.learned.select`, the grids ``TREE_GRID`` and
+   ``GRAPH_GRID``), written to ``results/published_cv.json``; the winners are the defaults
+   of :mod:`mirage_py.learned.gbt` and :mod:`mirage_py.learned.gnn`.
+3. From those committed files (no KernelBench checkout needed): the analytic model, the
    calibrated one and the learned ones scored on the held-out problems, and
    ``results/published_gpu.{json,md}`` written.
 
     python -m benchmarks.published_gpu --kernelbench ~/KernelBench --rebuild --ours  # all
-    python -m benchmarks.published_gpu                                  # stage 2 only
+    python -m benchmarks.published_gpu --select                         # stages 2 and 3
+    python -m benchmarks.published_gpu                                  # stage 3 only
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ import tarfile
 import tempfile
 import time
 import warnings
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -154,25 +161,33 @@ def _in_child(fn, args: tuple, limit_s: float) -> dict[str, Any]:
     import multiprocessing as mpr
     import resource
 
-    def child(q) -> None:
+    def child(conn) -> None:  # a pipe, not a queue: a queue's feeder thread needs memory
         resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
         try:
-            q.put(fn(*args))
+            row = fn(*args)
         except MemoryError:
-            q.put({"status": f"over the memory limit ({MEMORY_LIMIT >> 30} GiB)"})
+            row = {"status": f"over the memory limit ({MEMORY_LIMIT >> 30} GiB)"}
         except Exception as e:  # noqa: BLE001 - a row, not the end of the run
-            q.put({"status": f"error: {type(e).__name__}: {str(e)[:200]}"})
+            if ("allocate" in str(e) and "memory" in str(e)) or \
+                    "can't start new thread" in str(e):  # torch's allocator; a thread's stack
+                row = {"status": f"over the memory limit ({MEMORY_LIMIT >> 30} GiB): "
+                                 f"{str(e)[:120]}"}
+            else:
+                row = {"status": f"error: {type(e).__name__}: {str(e)[:200]}"}
+        conn.send(row)
+        conn.close()
 
     ctx = mpr.get_context("fork")
-    q = ctx.Queue()
-    p = ctx.Process(target=child, args=(q,))
+    recv, send = ctx.Pipe(duplex=False)
+    p = ctx.Process(target=child, args=(send,))
     p.start()
+    send.close()
     p.join(limit_s)
     if p.is_alive():
         p.kill()
         p.join()
         return {"status": f"over {limit_s:.0f} s"}
-    return q.get() if not q.empty() else {"status": "child died"}
+    return recv.recv() if recv.poll() else {"status": "child died"}
 
 
 def _capture(path: Path, limit_s: int) -> dict[str, Any]:
@@ -210,7 +225,9 @@ def trace_problem(path: Path, problem: str, capture: dict | None = None,
                    ops=[k.op for k in kernels])
         out.update(capture if capture is not None else _capture(path, limit_s))
     except Exception as e:  # noqa: BLE001
-        out.update(error=f"{type(e).__name__}: {str(e).strip()[:300]}")
+        # the problem's name, not the temporary export's path: rebuilds give the same file
+        msg = str(e).strip().replace(str(path), f"{problem}.py")
+        out.update(error=f"{type(e).__name__}: {msg[:300]}")
     return out
 
 
@@ -258,28 +275,56 @@ def build(repo: Path, log=print) -> None:
 # ---- stage 1b: superopt's answers at full size (--ours) ---------------------------------------
 
 OURS = RESULTS / "published_ours.jsonl"  # one line per problem, appended as each finishes
+# what the rows' predictions depend on: a row made with other versions of these is re-run
+PRICING_FILES = ("mirage_py/cost_model.py", "mirage_py/targets.py", "mirage_py/lax/precision.py")
+
+
+def pricing_key() -> str:
+    """A hash of the files that price an answer (``PRICING_FILES``): rows of ``OURS`` made
+    under another key are stale (the first three rows priced float32 matmuls on float16
+    tensor cores)."""
+    h = hashlib.sha256()
+    for f in PRICING_FILES:
+        h.update((ROOT / f).read_bytes())
+    return h.hexdigest()[:12]
 
 
 def _search(path: Path, target: str, budget_s: float) -> dict[str, Any]:
+    import resource
+
     import mirage_py as mp
+    from mirage_py.superopt.search import calibrated_model
     program = _meta_program(path)
+    # the program's tensors at float32 (the numerics check holds float64 references too)
+    sizes = {"inputs_mb": round(sum(4 * math.prod(t.shape) for t in program.inputs) / 2**20),
+             "largest_mb": round(max(4 * math.prod(t.shape) for t in program.nodes()) / 2**20)}
     t0 = time.perf_counter()
-    opt = mp.superopt(program, target=target, time_budget_s=budget_s, workers=1,
-                      progress=False, database=False)
-    return {"status": "ok", "predicted_ms": round(opt.estimated_time_us / 1000, 5),
+    try:
+        opt = mp.superopt(program, target=target, time_budget_s=budget_s, workers=1,
+                          progress=False, database=False)
+    except MemoryError as e:
+        return {"status": f"over the memory limit ({MEMORY_LIMIT >> 30} GiB)",
+                "memory_error": str(e)[:160], **sizes}
+    return {"status": "ok", **sizes, "predicted_ms": round(opt.estimated_time_us / 1000, 5),
             "naive_predicted_ms": round(opt.naive_estimated_time_us / 1000, 5),
+            "calibrated_predicted_ms": round(
+                calibrated_model().predict(opt.annotated, target) / 1000, 5),
             "kernels_naive": opt.naive_num_kernels, "kernels": opt.num_kernels,
             "verified": all(v is not None and v.equivalent for v in opt.verification),
-            "search_s": round(time.perf_counter() - t0, 1)}
+            "search_s": round(time.perf_counter() - t0, 1),
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024}
 
 
-def search_ours(repo: Path, budget_s: float, limit_s: float, log=print) -> None:
+def search_ours(repo: Path, budget_s: float, limit_s: float, log=print,
+                only: set[str] | None = None, retry: bool = False) -> None:
     """superopt (``time_budget_s=budget_s``) of every captured problem of the primary GPU's
-    sizes, each in a forked child killed after ``limit_s``; rows appended to ``OURS`` (problems
-    already there are skipped, so an interrupted run resumes)."""
-    done = set()
-    if OURS.exists():
-        done = {json.loads(x)["problem"] for x in OURS.read_text().splitlines() if x.strip()}
+    sizes (or of ``only``), each in a forked child killed after ``limit_s`` and held to
+    ``MEMORY_LIMIT``; rows appended to ``OURS``. Problems with a row under the current
+    :func:`pricing_key` are skipped (with ``retry``, only those whose row is an answer), so an
+    interrupted run resumes and a stale row is redone."""
+    key = pricing_key()
+    done = {p for p, r in _ours(stale=True).items()
+            if r.get("pricing") == key and (not retry or r.get("status") == "ok")}
     captured = {json.loads(x)["problem"] for x in PROGRAMS.read_text().splitlines()
                 if json.loads(x).get("captured")}
     src = next(s for s in SOURCES if s.folder.startswith("H100_PCIe"))
@@ -289,15 +334,18 @@ def search_ours(repo: Path, budget_s: float, limit_s: float, log=print) -> None:
             for f in sorted((root / level).glob("*.py"),
                             key=lambda f: int(f.stem.split("_")[0])):
                 problem = f"{level}/{f.stem}"
-                if problem in done or problem not in captured:
+                if problem in done or problem not in captured or \
+                        (only is not None and problem not in only):
                     continue
                 t0 = time.perf_counter()
                 row = _in_child(_search, (f, PRIMARY, budget_s), limit_s)
                 row.update(problem=problem, target=PRIMARY, budget_s=budget_s,
+                           limit_s=limit_s, pricing=key,
                            wall_s=round(time.perf_counter() - t0, 1))
                 with open(OURS, "a") as out:
                     out.write(json.dumps(row, sort_keys=True) + "\n")
-                log(f"{problem}: {row['status']} {row.get('predicted_ms')}")
+                log(f"{problem}: {row['status']} {row.get('predicted_ms')} "
+                    f"({row['wall_s']} s)")
 
 
 # ---- stage 2: records, models, scores --------------------------------------------------------
@@ -345,6 +393,42 @@ def _scores(recs: list, pred: list[float], by_level: bool = True) -> dict:
             out[level] = score([pred[i] for i in idx],
                                [recs[i].measured_us for i in idx]).as_dict()
     return out
+
+
+CV = RESULTS / "published_cv.json"
+OLD_FEATURES = ("gemm_", "log_mem_over_compute")  # the columns this issue's second pass added
+TREE_GRID = [  # (LightGBM parameters, round counts, feature columns left out, rank weights)
+    ([{"num_leaves": nl, "min_data_in_leaf": md} for nl in (7, 15, 31) for md in (10, 40)],
+     [100, 200, 300, 500, 800], [(), OLD_FEATURES], [0.0]),
+    ([{"num_leaves": nl, "min_data_in_leaf": 40} for nl in (7, 31)],
+     [200, 300, 500, 800], [(), OLD_FEATURES], [1.0, 4.0]),
+]
+GRAPH_GRID = ([100, 200, 400], [1.0])  # epochs, rank weights (one fit per rank weight and
+# fold, 400 epochs ~2 min on two busy cores: the grid is what fitted the time there was)
+
+
+def select_models(records: list, log=print) -> dict:
+    """Cross-validate ``TREE_GRID`` and ``GRAPH_GRID`` on the training half (5 folds by
+    problem, each calibrated without its fold) and write ``CV``: every candidate's
+    out-of-fold score, best first."""
+    from mirage_py.learned import Split
+    from mirage_py.learned.select import (cross_validate, fold_constants, graph_fit_predict,
+                                          select, tree_fit_predict)
+    train_recs = [r for r in records if r.split() is Split.TRAIN]
+    consts = fold_constants(train_recs)
+    trees: dict = {}
+    for params, rounds, exclude, ranks in TREE_GRID:
+        trees.update(cross_validate(train_recs, tree_fit_predict(params, rounds, exclude, ranks),
+                                    consts))
+        log(f"trees: {len(trees)} candidates scored")
+    graphs = cross_validate(train_recs, graph_fit_predict(*GRAPH_GRID), consts)
+    doc = {"criterion": "mean over GPUs of the Kendall tau of the out-of-fold predictions "
+                        "of each GPU's captured training records (5 folds by problem)",
+           "records": len(train_recs),
+           "gbt": [r.as_dict() for r in select(trees)],
+           "gnn": [r.as_dict() for r in select(graphs)]}
+    CV.write_text(json.dumps(doc, indent=1) + "\n")
+    return doc
 
 
 def evaluate(records: list, log=print) -> dict:
@@ -410,6 +494,8 @@ def write_results(records: list, ev: dict) -> dict:
             "gbt_ms": round(preds["gbt"][i] / 1000, 5),
             "gnn_ms": round(preds["gnn"][i] / 1000, 5),
             "ours_predicted_ms": o.get("predicted_ms"),
+            "ours_calibrated_ms": o.get("calibrated_predicted_ms"),
+            "ours_status": _ours_status(r, o),
         })
     doc = {"source": json.loads(MEASUREMENTS.read_text())["source"],
            "split": {"unit": "problem", "seed": 31, "test": sum(
@@ -425,12 +511,14 @@ def _primary_commit() -> str:
     return next(s.commit for s in SOURCES if s.folder.startswith("H100_PCIe"))
 
 
-def _ours() -> dict[str, dict]:
-    """superopt's answers (``--ours``) by problem; {} before any ran."""
+def _ours(stale: bool = False) -> dict[str, dict]:
+    """superopt's answers (``--ours``) by problem, the last row of each; rows of another
+    :func:`pricing_key` only with ``stale``; {} before any ran."""
     if not OURS.exists():
         return {}
+    key = pricing_key()
     rows = [json.loads(x) for x in OURS.read_text().splitlines() if x.strip()]
-    return {r["problem"]: r for r in rows}
+    return {r["problem"]: r for r in rows if stale or r.get("pricing") == key}
 
 
 def _best_learned(ev: dict) -> str:
@@ -450,12 +538,61 @@ MODELS = (("analytic", "analytic"), ("analytic_calibrated", "calibrated"), ("gbt
           ("gnn", "GraphSAGE"))
 
 
-def _ours_cell(o: dict | None) -> str:
+def _ours_status(r, o: dict) -> str | None:
+    """Why a primary-GPU record has no answer of ours (None elsewhere and where it has one)."""
+    if r.target != PRIMARY or r.extra.get("commit") != _primary_commit():
+        return None
+    if not r.captured:
+        return "not captured by the torch frontend"
     if not o:
-        return "-"
+        return "not searched"
     if o.get("status") != "ok":
-        return o["status"].split(":")[0]
-    return f"{_f(o['predicted_ms'])} ({o['kernels_naive']} -> {o['kernels']})"
+        return o["status"]
+    return "ok" if o.get("verified") else "answer not verified"
+
+
+def _ours_cell(r: dict) -> str:
+    st = r.get("ours_status")
+    if st is None:
+        return "-"
+    if st == "ok":
+        return f"{_f(r['ours_predicted_ms'])}"
+    if st.startswith("not captured"):
+        return "not captured"
+    if st.startswith("over the memory"):
+        return f"over {MEMORY_LIMIT >> 30} GiB"
+    return st.split(":")[0]
+
+
+def ours_summary(doc: dict, ours: dict[str, dict]) -> list[str]:
+    """Item 5 of the issue: where superopt's answers would stand against torch.compile on the
+    primary GPU (predicted, with the predictor's held-out error beside)."""
+    rows = [r for r in doc["records"] if r["target"] == PRIMARY and r["ours_status"] is not None]
+    held = doc["scores"].get(f"{PRIMARY}/captured/test", {})
+    err = held.get("analytic", {}).get("all", {}).get("median_abs_log_ratio")
+    ok = [r for r in rows if r["ours_status"] == "ok"]
+    why = Counter(_ours_cell(r) for r in rows if r["ours_status"] != "ok")
+    ratio = sorted(r["ours_predicted_ms"] / r["measured_compile_ms"] for r in ok
+                   if r["measured_compile_ms"])
+    budgets = sorted({o.get("budget_s") for o in ours.values()})
+    limits = sorted({o.get("limit_s") for o in ours.values()})
+    out = [f"## Where superopt's answers would stand on the {GPU_NAMES[PRIMARY]} (predicted)", "",
+           f"Every KernelBench problem at the {GPU_NAMES[PRIMARY]}'s sizes (v0.2); superopt "
+           f"(target `{PRIMARY}`, float32 products as PyTorch computes them, time budget "
+           f"{', '.join(f'{b:g}' for b in budgets)} s per search, one process, each problem in "
+           f"a child held to {MEMORY_LIMIT >> 30} GiB of address space and "
+           f"{', '.join(f'{x:g}' for x in limits)} s) on each problem the frontend captures. "
+           f"**ours** is the analytic model's **predicted** time of the answer -- no GPU has "
+           f"run it -- against the **measured** `torch.compile` time. The analytic model's "
+           f"held-out error on this GPU (captured test problems, eager programs): median "
+           f"|log(pred / measured)| {_f(err)}, a factor of "
+           f"{math.exp(err) if err is not None else float('nan'):.2f}; its ratio on each "
+           f"problem's eager program is in the table's *analytic / eager* column.", "",
+           f"{len(rows)} problems: {len(ok)} answered, " +
+           ", ".join(f"{n} {k}" for k, n in why.most_common()) + "." +
+           (f" Answered: predicted / measured compile time median {ratio[len(ratio) // 2]:.2f}"
+            f" (range {ratio[0]:.2f} - {ratio[-1]:.2f})." if ratio else ""), ""]
+    return out
 
 
 def markdown(doc: dict, ours: dict[str, dict]) -> str:
@@ -508,29 +645,27 @@ def markdown(doc: dict, ours: dict[str, dict]) -> str:
                                      c["target_gemm_eff"].items()) +
             "; convolution x " + ", ".join(f"{GPU_NAMES.get(k, k)} {v:.2f}" for k, v in
                                            c["target_conv_eff"].items()) + ".", ""]
-    held = sc.get(f"{PRIMARY}/captured/test", {}).get("analytic_calibrated", {}).get("all", {})
-    err = held.get("median_abs_log_ratio")
+    out += ours_summary(doc, ours)
     out += [f"## Every problem on the {GPU_NAMES[PRIMARY]}", "",
-            "Milliseconds; every model column is a **prediction** of eager PyTorch. The "
-            "calibrated model's held-out error on this GPU is a factor of "
-            f"{math.exp(err) if err is not None else float('nan'):.2f} (median |log ratio| of "
-            "the captured test problems); its ratio for each problem is in the last column. "
-            "*ours*: the analytic model's **predicted** time of superopt's answer for the "
-            "problem at these sizes (`--ours`: float32, the time budget in the JSON; kernels "
-            "naive -> found); no GPU has run it, and the analytic model's own error on this "
-            "GPU is in the first table.",
+            "Milliseconds; every model column is a **prediction** of eager PyTorch (*analytic / "
+            "eager*: the analytic model's ratio to the measured eager time). *ours*: the "
+            "analytic model's **predicted** time of superopt's answer for the problem at these "
+            "sizes, or why there is none (`published_ours.jsonl` has each search's row); "
+            "*ours / compile*: that prediction over the measured `torch.compile` time.",
             "", "| problem | split | captured | eager measured | compile measured | analytic |"
-            " calibrated | learned | calibrated / measured | ours (predicted) |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+            " calibrated | learned | analytic / eager | ours (predicted) | ours / compile |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
     rows = [r for r in doc["records"] if r["target"] == PRIMARY]
     for r in sorted(rows, key=lambda r: (r["problem"].split("/")[0],
                                          int(r["problem"].split("/")[1].split("_")[0]))):
+        vs = "-" if not r["ours_predicted_ms"] or not r["measured_compile_ms"] else \
+            f"{r['ours_predicted_ms'] / r['measured_compile_ms']:.2f}"
         out.append(f"| {r['problem']} | {r['split']} | {'yes' if r['captured'] else 'no'} | "
                    f"{_f(r['measured_eager_ms'])} | {_f(r['measured_compile_ms'])} | "
                    f"{_f(r['analytic_ms'])} | {_f(r['analytic_calibrated_ms'])} | "
                    f"{_f(r['learned_ms'])} | "
-                   f"{r['analytic_calibrated_ms'] / r['measured_eager_ms']:.2f} | "
-                   f"{_ours_cell(ours.get(r['problem']))} |")
+                   f"{r['analytic_ms'] / r['measured_eager_ms']:.2f} | {_ours_cell(r)} | "
+                   f"{vs} |")
     return "\n".join(out) + "\n"
 
 
@@ -544,16 +679,24 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --kernelbench: trace the problems again (else only --ours)")
     ap.add_argument("--ours", action="store_true",
                     help="with --kernelbench: superopt every captured problem at full size")
-    ap.add_argument("--time-budget", type=float, default=10.0, help="seconds per search")
-    ap.add_argument("--limit", type=float, default=240.0, help="seconds per problem")
+    ap.add_argument("--select", action="store_true",
+                    help="cross-validate the learned models' settings on the training half")
+    ap.add_argument("--retry", action="store_true",
+                    help="with --ours: search again the problems whose row is not an answer")
+    ap.add_argument("--time-budget", type=float, default=20.0, help="seconds per search")
+    ap.add_argument("--limit", type=float, default=300.0, help="seconds per problem")
     args = ap.parse_args(argv)
     if args.kernelbench and (args.rebuild or not PROGRAMS.exists()):
         build(Path(args.kernelbench))
     if args.kernelbench and args.ours:
-        search_ours(Path(args.kernelbench), args.time_budget, args.limit)
+        search_ours(Path(args.kernelbench), args.time_budget, args.limit, retry=args.retry)
     records = published_records()
     print(f"{len(records)} records, {len({r.problem for r in records})} problems, "
           f"{sum(r.captured for r in records)} captured")
+    if args.select:
+        cv = select_models(records)
+        for kind in ("gbt", "gnn"):
+            print(kind, "best:", cv[kind][0])
     ev = evaluate(records)
     doc = write_results(records, ev)
     from mirage_py.cost_model import CALIBRATION

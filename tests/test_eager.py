@@ -6,8 +6,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from mirage_py.eager import (DEFAULT, EagerConstants, KernelClass, eager_kernels,  # noqa: E402
-                             eager_time, trace_module)
+from mirage_py.eager import (DEFAULT, EagerConstants, GemmShape, KernelClass,  # noqa: E402
+                             eager_kernels, eager_time, trace_module)
 from mirage_py.errors import EagerTraceError  # noqa: E402
 from mirage_py.targets import get_target  # noqa: E402
 
@@ -112,6 +112,26 @@ def test_full_size_traces_on_the_meta_device_with_data_edges():
     assert gemm.write_bytes == 8192 * 16384 * 4
     assert ks[1].sources == (0,) and ks[2].sources == (1,)
     assert all(k.call < len(calls) for k in ks)
+
+
+def test_gemms_carry_their_shape_and_operand_layout():
+    """What cuBLAS picks its kernel by: nn.Linear is (rows x in) by weight.t() -- B transposed
+    -- with the bias epilogue; ``A.T @ B`` has A transposed; a bmm its batch; the second
+    GEMM of attention takes ``k.transpose`` as B."""
+    gemm = _predicted(LinearGelu, [(8, 64)])[0].gemm
+    assert gemm == GemmShape(1, 8, 32, 64, False, True, True)
+    assert GemmShape.from_json(gemm.to_json()) == gemm
+
+    class TransposedA(nn.Module):
+        def forward(self, a, b):
+            return torch.matmul(a.T, b)
+    assert _predicted(TransposedA, [(24, 16), (24, 8)])[0].gemm == \
+        GemmShape(1, 16, 8, 24, True, False, False)
+    qk, pv = [k.gemm for k in _predicted(BatchedAttention, [(2, 4, 16, 8)] * 3)
+              if k.kind is KernelClass.GEMM]
+    assert (qk.batch, qk.m, qk.n, qk.k, qk.b_transposed) == (8, 16, 16, 8, True)
+    assert (pv.batch, pv.m, pv.n, pv.k, pv.b_transposed) == (8, 16, 8, 16, False)
+    assert all(k.gemm is None for k in _predicted(LogSumExp, [(32, 16)])[1:])
 
 
 def test_bias_that_is_not_a_vector_costs_a_copy_kernel():

@@ -18,6 +18,7 @@ from mirage_py.learned import (LearnedCostModel, ModelKind, Split, calibrate, fa
                                from_export_row, load_records, predict_us, save_records, score,
                                split_of, top_k, train)
 from mirage_py.learned.calibrate import Prepared
+from mirage_py.targets import get_target
 
 SAMPLE = Path(__file__).parent / "data" / "published_sample.jsonl"
 
@@ -168,3 +169,86 @@ def test_published_timings_are_paired_with_the_problem_files_of_their_commit():
     assert flops[("t4", "T4_modal")] == 2.0 * 2048 ** 3
     assert len({r.split() for r in recs}) == 1
     assert {r.target for r in recs} >= {"h100_pcie", "h100", "l40s", "a100", "l4", "t4"}
+
+
+def test_gemm_features_are_the_shape_cublas_sees(sample):
+    """A GEMM node carries its shape, layout and wave fill; other nodes and the host node
+    zeros; the feature rows have every named column."""
+    from mirage_py.learned.features import GEMM_NAMES, NODE_NAMES, node_features
+    r = next(r for r in sample if r.problem == "level1/7_Matmul_with_small_K_dimension_"
+             and r.target == "h100_pcie")
+    f = node_features(r)
+    assert f.shape == (len(r.kernels) + 1, len(NODE_NAMES))
+    col = {n: i for i, n in enumerate(NODE_NAMES)}
+    g = r.kernels[0].gemm
+    assert (g.m, g.n, g.k) == (32768, 32768, 64)
+    assert math.expm1(f[0, col["gemm_log_k"]]) == pytest.approx(64)
+    assert 0 < f[0, col["gemm_wave_fill"]] <= 1
+    t = get_target("h100_pcie")  # k = 64: 32 flops a byte, just compute-bound
+    k = r.kernels[0]
+    assert f[0, col["log_mem_over_compute"]] == pytest.approx(
+        math.log((k.bytes / t.mem_bw) / (k.flops / t.fp32_flops)))
+    assert f[0, col["log_mem_over_compute"]] < 0
+    assert not f[-1, [col[n] for n in GEMM_NAMES]].any()
+    linear = [k.gemm for r in sample for k in r.kernels
+              if r.problem.startswith("level2/") and k.gemm is not None]
+    assert linear and all(g.b_transposed and not g.a_transposed for g in linear)
+
+
+def test_tree_ranking_loss_and_feature_exclusion(sample):
+    """The trees' optional pairwise ranking term (same-GPU pairs) still learns the relabelled
+    ordering; columns left out are left out of the model and of its saved form."""
+    from mirage_py.learned.gbt import BoostedTrees
+    recs = _relabelled(sample)
+    tr = [r for r in recs if r.split() is Split.TRAIN]
+    te = [r for r in recs if r.split() is Split.TEST]
+    meas = [r.measured_us for r in te]
+    m = BoostedTrees(DEFAULT, rounds=200, params={"min_data_in_leaf": 3}, rank_weight=1.0,
+                     exclude=("gemm_",)).fit(tr)
+    assert score(m.predict(te), meas).tau > score([predict_us(r) for r in te], meas).tau + 0.05
+    assert m.booster.num_feature() == len(
+        [n for n in __import__("mirage_py.learned.features", fromlist=["NODE_NAMES"]).NODE_NAMES
+         if not n.startswith("gemm_")])
+    assert BoostedTrees.from_json(m.to_json()).predict(te) == pytest.approx(m.predict(te))
+    assert m.predict(te, rounds=10) != m.predict(te)
+
+
+def test_cross_validation_sees_only_the_records_it_is_given(sample):
+    """Folds are by problem (fixed-seed hash); cross_validate fits on the other folds and
+    scores every candidate on out-of-fold predictions: a candidate that predicts the truth
+    wins, one that predicts its reverse loses."""
+    from mirage_py.learned.select import FOLDS, cross_validate, fold_of, select
+    tr = [r for r in sample if r.split() is Split.TRAIN]
+    folds = {}
+    for r in tr:
+        assert folds.setdefault(r.problem, fold_of(r.problem)) == fold_of(r.problem)
+    assert set(folds.values()) <= set(range(FOLDS))
+    seen = []
+
+    def fp(train_recs, held, c):
+        seen.append(({r.problem for r in train_recs}, {r.problem for r in held}))
+        return {"truth": [r.measured_us for r in held],
+                "reverse": [1.0 / r.measured_us for r in held]}
+    res = cross_validate(tr, fp, constants=[DEFAULT] * FOLDS)
+    assert all(not (a & b) for a, b in seen) and len(seen) == FOLDS
+    best = select(res)
+    assert best[0].candidate == "truth" and best[0].tau == pytest.approx(1.0)
+    assert best[-1].tau == pytest.approx(-1.0)
+
+
+def test_full_size_searches_run_in_a_child_held_to_the_memory_cap(tmp_path, monkeypatch):
+    """superopt at KernelBench's sizes runs in a forked child: an allocation past the cap is a
+    row saying so (not the machine's OOM killer), an error is a row, a result comes back; rows
+    made under other pricing files are stale and searched again."""
+    import numpy as np
+
+    import benchmarks.published_gpu as pg
+    big = lambda: {"n": np.ones(pg.MEMORY_LIMIT // 4, dtype=np.float64).size}  # noqa: E731
+    assert pg._in_child(big, (), 60)["status"].startswith("over the memory limit")
+    assert pg._in_child(lambda: 1 / 0, (), 60)["status"].startswith("error: ZeroDivisionError")
+    assert pg._in_child(lambda x: {"status": "ok", "x": x}, (3,), 60) == {"status": "ok", "x": 3}
+    ours = tmp_path / "ours.jsonl"
+    ours.write_text(json.dumps({"problem": "a", "status": "ok", "pricing": "old"}) + "\n" +
+                    json.dumps({"problem": "b", "status": "ok", "pricing": pg.pricing_key()}))
+    monkeypatch.setattr(pg, "OURS", ours)
+    assert set(pg._ours()) == {"b"} and set(pg._ours(stale=True)) == {"a", "b"}

@@ -7,10 +7,10 @@ published-measurement benchmark (``benchmarks/published_gpu.py``) and the learne
 (``mirage_py.learned``) build on it; see docs/learned.md.
 """
 
-from .kernels import EagerKernel, KernelClass, call_kernels, eager_kernels
+from .kernels import EagerKernel, GemmShape, KernelClass, call_kernels, eager_kernels
 from .predict import DEFAULT, EagerConstants, EagerTime, eager_time, kernel_us
 from .trace import INPUT, AtenCall, TensorMeta, trace_module
 
-__all__ = ["EagerKernel", "KernelClass", "call_kernels", "eager_kernels", "DEFAULT",
+__all__ = ["EagerKernel", "GemmShape", "KernelClass", "call_kernels", "eager_kernels", "DEFAULT",
            "EagerConstants", "EagerTime", "eager_time", "kernel_us", "INPUT", "AtenCall",
            "TensorMeta", "trace_module"]

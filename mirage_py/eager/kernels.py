@@ -31,7 +31,7 @@ compare these lists with what ``torch.profiler`` records for the same modules on
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 
 from .trace import INPUT, AtenCall, TensorMeta
@@ -55,6 +55,32 @@ class KernelClass(Enum):
 
 
 @dataclass(frozen=True)
+class GemmShape:
+    """A GEMM as cuBLAS sees it: ``batch`` products of (m x k) by (k x n), and which operands
+    arrive transposed (a non-contiguous operand: ``x.T``, or ``nn.Linear``'s weight, which
+    ``addmm`` gets as ``weight.t()``). cuBLAS picks its kernel by these, and its efficiency
+    differs by shape and layout (KernelBench's 4096^3-flop float32 products on an H100 PCIe:
+    3.40 ms with A transposed, 4.90 ms with B transposed)."""
+
+    batch: int
+    m: int
+    n: int
+    k: int
+    a_transposed: bool = False
+    b_transposed: bool = False
+    bias: bool = False  # cuBLASLt's bias epilogue (addmm with a bias vector): another kernel
+
+    def to_json(self) -> list:
+        return [self.batch, self.m, self.n, self.k, int(self.a_transposed),
+                int(self.b_transposed), int(self.bias)]
+
+    @classmethod
+    def from_json(cls, d: list) -> "GemmShape":
+        b, m, n, k, at, bt, bias = d
+        return cls(int(b), int(m), int(n), int(k), bool(at), bool(bt), bool(bias))
+
+
+@dataclass(frozen=True)
 class EagerKernel:
     """One kernel eager PyTorch launches."""
 
@@ -67,6 +93,7 @@ class EagerKernel:
     call: int = 0  # index of the aten call in the trace
     sources: tuple[int, ...] = ()  # indices (in the kernel list) of kernels it reads from
     rows: int = 0  # a row-per-block kernel's rows (norms, softmax); 0: spreads over the GPU
+    gemm: GemmShape | None = None  # a GEMM's shape and operand layout
 
     @property
     def bytes(self) -> float:
@@ -125,8 +152,18 @@ def _elems(c: AtenCall) -> float:
 
 
 def _k(c: AtenCall, kind: KernelClass, read: float, write: float, flops: float = 0.0,
-       op: str | None = None, tc: bool = False, rows: int = 0) -> EagerKernel:
-    return EagerKernel(op or c.op, kind, read, write, flops, tc, c.index, (), rows)
+       op: str | None = None, tc: bool = False, rows: int = 0,
+       gemm: GemmShape | None = None) -> EagerKernel:
+    return EagerKernel(op or c.op, kind, read, write, flops, tc, c.index, (), rows, gemm)
+
+
+def _gemm_shape(a: TensorMeta, b: TensorMeta, out: TensorMeta) -> GemmShape:
+    m = a.shape[-2] if len(a.shape) >= 2 else 1
+    k = a.shape[-1] if a.shape else 1
+    n = b.shape[-1] if len(b.shape) >= 2 else 1
+    batch = max(out.numel // max(m * n, 1), 1)
+    return GemmShape(batch, m, n, k, len(a.shape) >= 2 and not a.contiguous,
+                     len(b.shape) >= 2 and not b.contiguous)
 
 
 def _gemm(c: AtenCall) -> list[EagerKernel]:
@@ -142,16 +179,18 @@ def _gemm(c: AtenCall) -> list[EagerKernel]:
     k = a.shape[-1] if a.shape else 1
     flops = 2.0 * out.numel * k
     read = a.nbytes + b.nbytes
+    shape = _gemm_shape(a, b, out)
     if op in ("addmm", "baddbmm", "addmv", "addbmm"):
         bias = ins[0]
         fused = op == "addmm" and len(bias.shape) == 1 and bias.contiguous and \
             len(out.shape) == 2 and min(out.shape) > 1
         if fused:  # cuBLASLt with the bias epilogue
-            return [_k(c, KernelClass.GEMM, read + bias.nbytes, out.nbytes, flops)]
+            return [_k(c, KernelClass.GEMM, read + bias.nbytes, out.nbytes, flops,
+                       gemm=replace(shape, bias=True))]
         # the bias (broadcast) is copied into the output, then the GEMM accumulates onto it
         return [_k(c, KernelClass.COPY, bias.nbytes, out.nbytes, 0.0, f"{c.op}.bias"),
-                _k(c, KernelClass.GEMM, read + out.nbytes, out.nbytes, flops)]
-    return [_k(c, KernelClass.GEMM, read, out.nbytes, flops)]
+                _k(c, KernelClass.GEMM, read + out.nbytes, out.nbytes, flops, gemm=shape)]
+    return [_k(c, KernelClass.GEMM, read, out.nbytes, flops, gemm=shape)]
 
 
 def _conv(c: AtenCall, tf32: bool) -> list[EagerKernel]:
@@ -281,7 +320,8 @@ def eager_kernels(calls: list[AtenCall], tf32: bool = True) -> list[EagerKernel]
         for j, k in enumerate(ks):
             prev = (len(out) - 1,) if j else ()  # steps of one call run in order
             out.append(EagerKernel(k.op, k.kind, k.read_bytes, k.write_bytes, k.flops,
-                                   k.tensor_core, c.index, tuple(srcs) + prev, k.rows))
+                                   k.tensor_core, c.index, tuple(srcs) + prev, k.rows,
+                                   k.gemm))
         if ks:
             last[c.index] = len(out) - 1
     return out

@@ -26,7 +26,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..eager import EagerKernel, KernelClass
+from ..eager import EagerKernel, GemmShape, KernelClass
 from ..errors import LearnedModelError
 
 SPLIT_SEED = 31  # the issue's number: the split of the published records
@@ -55,6 +55,7 @@ class KernelNode:
     forloop: int = 0
     call: int = 0  # the host call that launches it (an eager trace's aten call index)
     rows: int = 0  # a row-per-block library kernel's rows (0: spreads over the GPU)
+    gemm: GemmShape | None = None  # a library GEMM's shape and operand layout
 
     @property
     def bytes(self) -> float:
@@ -62,10 +63,13 @@ class KernelNode:
 
     def to_json(self) -> dict[str, Any]:
         """The fields that differ from their defaults (records hold thousands of kernels)."""
-        d = {k: v for k, v in asdict(self).items() if v not in (0, 0.0, False, ())}
+        d = {k: v for k, v in asdict(self).items()
+             if k != "gemm" and v not in (0, 0.0, False, ())}
         d["kind"] = self.kind.value
         if self.sources:
             d["sources"] = list(self.sources)
+        if self.gemm is not None:
+            d["gemm"] = self.gemm.to_json()
         return d
 
     @classmethod
@@ -73,6 +77,8 @@ class KernelNode:
         d = dict(d)
         d["kind"] = KernelClass(d["kind"])
         d["sources"] = tuple(d.get("sources", ()))
+        if d.get("gemm") is not None:
+            d["gemm"] = GemmShape.from_json(d["gemm"])
         d.setdefault("read_bytes", 0.0)
         d.setdefault("write_bytes", 0.0)
         d.setdefault("flops", 0.0)
@@ -81,7 +87,7 @@ class KernelNode:
     @classmethod
     def from_eager(cls, k: EagerKernel) -> "KernelNode":
         return cls(k.kind, k.read_bytes, k.write_bytes, k.flops, k.tensor_core, k.sources,
-                   call=k.call, rows=k.rows)
+                   call=k.call, rows=k.rows, gemm=k.gemm)
 
 
 @dataclass(frozen=True)
