@@ -86,7 +86,7 @@ ARCHITECTURES: dict[str, Callable[[], tuple[Any, dict]]] = {
     "qwen2": _decoder("Qwen2Config", num_key_value_heads=KV_HEADS),
     "qwen3": _decoder("Qwen3Config", num_key_value_heads=KV_HEADS, head_dim=HIDDEN // HEADS),
     "gemma": _decoder("GemmaConfig", num_key_value_heads=KV_HEADS, head_dim=HIDDEN // HEADS),
-    "phi3": _decoder("Phi3Config", num_key_value_heads=KV_HEADS),
+    "phi3": _decoder("Phi3Config", num_key_value_heads=KV_HEADS, pad_token_id=0),
     "gpt_neox": _decoder("GPTNeoXConfig"),
 }
 
