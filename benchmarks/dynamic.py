@@ -22,16 +22,14 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import json
 import math
 import platform
 import time
-from pathlib import Path
 
 import mirage_py as mp
+from benchmarks._results import RESULTS, write_results
 from mirage_py.examples.programs import ATTENTION, get_program
 
-RESULTS = Path(__file__).resolve().parent / "results"
 LO, HI = 1024, 32768
 POWERS = (1024, 2048, 4096, 8192, 16384, 32768)
 INSIDE = (3072, 12288, 24576)  # halfway (in log) between two powers of two
@@ -181,11 +179,7 @@ def main(argv: list[str] | None = None) -> None:
         doc = run(("mqa", "gqa"), (1024, 3072, 4096))
     else:
         doc = run(ATTENTION, tuple(sorted(POWERS + INSIDE)))
-    out = Path(args.out)
-    out.with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")
-    md = markdown(doc)
-    out.with_suffix(".md").write_text(md)
-    print(md)
+    print(write_results(args.out, doc, markdown))
 
 
 if __name__ == "__main__":

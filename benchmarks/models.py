@@ -17,16 +17,14 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import json
 import platform
 import time
 import traceback
-from pathlib import Path
 from typing import Any, Callable
 
-RESULTS = Path(__file__).resolve().parent / "results"
 LAYERS, HIDDEN, HEADS, KV_HEADS, FFN, VOCAB, TOKENS = 2, 64, 4, 2, 128, 128, 16
 
+from benchmarks._results import RESULTS, write_results
 
 def _decoder(cls_name: str, **extra: Any) -> Callable[[], tuple[Any, dict]]:
     """A causal LM of the transformers config class ``cls_name`` at the tiny size."""
@@ -175,11 +173,7 @@ def main(argv: list[str] | None = None) -> None:
         row = run_one(name, ARCHITECTURES[name])
         doc["rows"].append(row)
         print(name, {k: v for k, v in row.items() if k != "trace"}, flush=True)
-    out = Path(args.out)
-    out.with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")
-    md = markdown(doc)
-    out.with_suffix(".md").write_text(md)
-    print(md)
+    print(write_results(args.out, doc, markdown))
 
 
 if __name__ == "__main__":

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import json
 import time
 from pathlib import Path
 
 import numpy as np
 
 import mirage_py as mp
+from benchmarks._results import write_results
 from benchmarks.compositions import decoder_block
 
 OUTLIERS = (1.0, 300.0, 1000.0)
@@ -78,10 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "outliers"))
     args = ap.parse_args(argv)
     res = run(args.workers)
-    out = Path(args.out)
-    out.with_suffix(".json").write_text(json.dumps(res, indent=1) + "\n")
-    out.with_suffix(".md").write_text(markdown(res))
-    print(markdown(res))
+    print(write_results(args.out, res, markdown))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,19 @@
+"""Writing a benchmark's results: ``<out>.json`` (the numbers) and ``<out>.md`` (the table)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def write_results(out: str | Path, doc: Any, markdown: Callable[[Any], str]) -> str:
+    """Write ``doc`` as ``<out>.json`` and ``markdown(doc)`` as ``<out>.md``; returns the
+    markdown (the scripts print it)."""
+    out = Path(out)
+    out.with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")
+    md = markdown(doc)
+    out.with_suffix(".md").write_text(md)
+    return md
