@@ -675,11 +675,14 @@ def markdown(rows: list[dict], meta: dict) -> str:
     s = summary(rows)
     lines = ["# KernelBench through the PyTorch frontend", "",
              "**Goal: every problem below captured, fused, verified and equal to eager.** "
-             "The problems: every KernelBench level-1 and level-2 problem without a "
-             "convolution, and the level-3 MLPs and attention blocks "
-             f"({', '.join(LEVEL3_SET)}). Made by `python -m benchmarks.kernelbench "
-             "--issue-set <KernelBench checkout>` "
-             f"(KernelBench {meta.get('kernelbench', '?')}), {meta.get('date', '')}.", "",
+             + (("The problems: every KernelBench level-1 and level-2 problem without a "
+                 "convolution, and the level-3 MLPs and attention blocks "
+                 f"({', '.join(LEVEL3_SET)}). Made by `python -m benchmarks.kernelbench "
+                 "--issue-set <KernelBench checkout>`")
+                if meta.get("selection", "--issue-set") == "--issue-set" else
+                ("The problems: the files of `python -m benchmarks.kernelbench "
+                 f"{meta['selection']}`"))
+             + f" (KernelBench {meta.get('kernelbench', '?')}), {meta.get('date', '')}.", "",
              f"Settings: `mp.superopt` / `mp.compile` on {meta.get('target')} with "
              f"{meta.get('time_budget')} s per search, {meta.get('workers')} worker(s); sizes "
              f"scaled for the CPU (`--scale {meta.get('scale')}`: <= "
@@ -824,7 +827,10 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"date": _dt.date.today().isoformat(), "kernelbench": args.kernelbench_commit or _kernelbench_version(files),
             "target": args.target, "time_budget": args.time_budget, "workers": args.workers,
             "scale": args.scale, "max_elements": args.max_elements, "max_flops": args.max_flops,
-            "tolerance": args.tolerance}
+            "tolerance": args.tolerance,
+            # what was selected: the issue set, or the paths given (and what was left out)
+            "selection": "--issue-set" if args.issue_set else
+            " ".join([*map(str, args.paths)] + [f"--exclude {x}" for x in args.exclude or ()])}
     text = markdown(rows, meta)
     if args.out:
         Path(args.out + ".md").write_text(text)
