@@ -163,12 +163,8 @@ class NodeContext:
         if isinstance(v, Sym):
             return v
         if isinstance(v, Boundary):
-            if mirage_dtype(v.dtype) is None:
-                raise Unsupported(f"its {what} is a {str(v.dtype).replace('torch.', '')} "
-                                  f"tensor {v.shape}; programs hold float16, bfloat16 and float32")
-            if any(d == 0 for d in v.shape):
-                raise Unsupported(f"its {what} {v.shape} is empty")
-            return Sym(self._make_input(v), v.shape)
+            return Sym(self._input_of(v, what, mirage_dtype, "is",
+                                      "programs hold float16, bfloat16 and float32"), v.shape)
         if _is_torch_tensor(v):
             shape = tuple(int(d) for d in v.shape)
             c = uniform_value(v)
@@ -185,6 +181,17 @@ class NodeContext:
             return Sym(lax.const(_finite(float(v)), "float32"), ())
         raise Unsupported(f"its {what} is {type(v).__name__}, not a tensor")
 
+    def _input_of(self, v: Boundary, what: str, dtype_of: Callable[[Any], Any], verb: str,
+                  holds: str) -> Tensor:
+        """The program input of the runtime tensor ``v``: its dtype one ``dtype_of`` knows
+        (else Unsupported, saying what ``holds``), and no empty dim."""
+        if dtype_of(v.dtype) is None:
+            raise Unsupported(f"its {what} {verb} a {str(v.dtype).replace('torch.', '')} "
+                              f"tensor {v.shape}; {holds}")
+        if any(d == 0 for d in v.shape):
+            raise Unsupported(f"its {what} {v.shape} {verb} empty")
+        return self._make_input(v)
+
     def indices(self, v: Any, what: str = "indices") -> Tensor | tuple[int, int]:
         """``v`` as indices: an index program input (a runtime int32 / int64 tensor), or --
         for a constant holding a contiguous range ``a, a+1, ..., b-1`` in row-major order, of
@@ -196,12 +203,7 @@ class NodeContext:
             raise Unsupported(f"its {what} {v.shape} are computed ({v.dtype}); indices must be "
                               "a runtime integer tensor or a constant range")
         if isinstance(v, Boundary):
-            if index_dtype(v.dtype) is None:
-                raise Unsupported(f"its {what} are a {str(v.dtype).replace('torch.', '')} "
-                                  f"tensor {v.shape}; indices are int32 or int64")
-            if any(d == 0 for d in v.shape):
-                raise Unsupported(f"its {what} {v.shape} are empty")
-            return self._make_input(v)
+            return self._input_of(v, what, index_dtype, "are", "indices are int32 or int64")
         if _is_torch_tensor(v):
             flat = v.detach().to("cpu").reshape(-1)
             if v.is_floating_point() or v.is_complex() or flat.numel() == 0:

@@ -48,7 +48,7 @@ from .result import (Answer, OptimizedProgram, PartResult, Piece, RegionResult,
 from .run import Run
 from .search import (_parallel_search, _Progress, _rank, _shape, calibrated_model,
                      default_model, tuning_choice)
-from .store import AnswerSettings, program_kind, stored_program
+from .store import AnswerSettings, keep_program, program_kind, stored_program
 
 
 def _check_options(program, time_budget_s, workers, max_kernels, max_verify, tune_top,
@@ -188,7 +188,7 @@ def superopt(program: Program, *, target: Any = "h100", time_budget_s: float | N
                for i, part in enumerate(parts)]
     opt = OptimizedProgram(program, tgt.name, results, time.perf_counter() - t0, model, parts)
     if db is not None and opt.complete and not run.interrupted:
-        db.keep(program, tgt.name, run.key.digest, kind, None, opt.to_json())
+        keep_program(db, program, tgt, run.key, kind, opt)
     return opt
 
 

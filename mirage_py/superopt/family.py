@@ -91,7 +91,8 @@ class FamilyProgram:
             t0 = time.perf_counter()
             prog = padded(self.program, bucket)
             # sizes of 1 drop no-ops (a max over one element): another structure, searched
-            same = [a for a in self.answers.values() if _outline(prog) == _outline(a.program)]
+            outline = _outline(prog)
+            same = [a for a in self.answers.values() if _outline(a.program) == outline]
             built = [superopt(prog, sizes=dict(bucket), replay=a, **self.options)
                      for a in same] or [superopt(prog, sizes=dict(bucket), **self.options)]
             self.instances[key] = min(built, key=lambda o: o.estimated_time_us)
@@ -114,16 +115,23 @@ class FamilyProgram:
         return hit
 
     # -- running --------------------------------------------------------------------------------
+    def _serving(self, arrays: Mapping[str, Any]) -> tuple[dict, dict, Any]:
+        """What serves a call on ``arrays``: the sizes bound from their shapes, the bucket that
+        holds them and its answer (built if new), the sizes verified first if they are new
+        (unless ``verify_sizes`` is off)."""
+        sizes = self.program.bind({n: tuple(a.shape) for n, a in arrays.items()})
+        bucket = self.bucket(sizes)
+        inst = self.instance(bucket)
+        if self.verify_sizes:
+            self.check_sizes(sizes)
+        return sizes, bucket, inst
+
     def run_numpy(self, inputs: Mapping[str, Any], precision: str = "gpu") -> dict[str, Any]:
         """Run on the CPU interpreter at the inputs' sizes (module docstring); a binding of the
         sizes met for the first time is verified first (:meth:`check_sizes`) unless
         ``verify_sizes`` is off."""
         arrays = self.program.check_inputs(inputs)
-        sizes = self.program.bind({n: a.shape for n, a in arrays.items()})
-        bucket = self.bucket(sizes)
-        inst = self.instance(bucket)
-        if self.verify_sizes:
-            self.check_sizes(sizes)
+        sizes, bucket, inst = self._serving(arrays)
         out = inst.graph.run(pad_inputs(self.program, arrays, bucket), precision=precision,
                              sizes=sizes)
         return {n: np.asarray(v) for n, v in cut_outputs(self.program, out, sizes).items()}
@@ -140,11 +148,7 @@ class FamilyProgram:
         if missing:
             raise ShapeError(f"FamilyProgram {self.program.name!r}: missing input(s) {missing}")
         arrays = {t.name: _to_cupy(inputs[t.name], cp) for t in self.program.inputs}
-        sizes = self.program.bind({n: tuple(a.shape) for n, a in arrays.items()})
-        bucket = self.bucket(sizes)
-        inst = self.instance(bucket)
-        if self.verify_sizes:
-            self.check_sizes(sizes)
+        sizes, bucket, inst = self._serving(arrays)
         key = self._key(bucket)
         compiled = self._compiled.get(key)
         if compiled is None:

@@ -363,15 +363,16 @@ class PartCover:
         structure whose job does not come back is skipped (a search) or keeps its untuned
         options (a tuning)."""
         run = self.run
+        settings = {st.key: _settings(st, run) for st in sts}
         got: dict = {}
         if run.db is not None:  # searches another call completed: no search
             for st in sts:
                 if st.prior is None:
                     ex = stored_exploration(run.db, st.program, run.target, run.key,
-                                            _settings(st, run))
+                                            settings[st.key])
                     if ex is not None:
                         got[st.key] = ex
-        jobs = [ExploreJob(st.key, st.program, _settings(st, run), st.prior) for st in sts
+        jobs = [ExploreJob(st.key, st.program, settings[st.key], st.prior) for st in sts
                 if st.key not in got]
         kept = set(got)
         got.update(run.executor.explore(jobs, run,
@@ -382,8 +383,7 @@ class PartCover:
             if ex is not None and ex.stats.interrupted:
                 run.interrupted = True
             if ex is not None and run.db is not None and st.key not in kept:
-                keep_exploration(run.db, st.program, run.target, run.key, _settings(st, run),
-                                 ex)
+                keep_exploration(run.db, st.program, run.target, run.key, settings[st.key], ex)
             floor = tuned_floor(ex.options, st.program, run.model, run.target) \
                 if ex is not None and ex.pending else 0.0
             if st.land(ex, floor):

@@ -182,6 +182,12 @@ def stored_program(db: ResultsDB, program: Program, target, key: AnswerKey, kind
     return None if got is None else got[1]
 
 
+def keep_program(db: ResultsDB, program: Program, target, key: AnswerKey, kind: str,
+                 answer: Any) -> None:
+    """Keep a whole program's answer (an ``OptimizedProgram``) for other calls."""
+    db.keep(program, target.name, key.digest, kind, None, answer.to_json())
+
+
 @dataclass(frozen=True)
 class Recording:
     """What one structure leaves in the database: its naive graph (and its measurement), its

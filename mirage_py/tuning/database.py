@@ -265,41 +265,49 @@ class ResultsDB:
         return f"ResultsDB({self.path!r})"
 
     # -- writing ------------------------------------------------------------------------------
-    def add(self, program: Any, records: Iterable[TuningRecord]) -> list[int]:
-        """Store ``records`` for subprogram ``program`` (a Program, or (hash, name, json)) in one
-        transaction: all of them or, if anything fails or the process dies, none."""
+    @contextlib.contextmanager
+    def _writing(self, program: Any, what: str) -> Iterator[tuple[sqlite3.Connection, int]]:
+        """One write transaction for subprogram ``program`` (a Program, or (hash, name, json)):
+        its workload row made if new, ``(connection, workload id)`` handed to the body, all of
+        it committed or -- if anything fails or the process dies -- none."""
         if isinstance(program, tuple):
             h, name, pjson = program
         else:
             h, name, pjson = program.structural_hash(), program.name, program.to_json()
         con = self._connect()
-        ids: list[int] = []
-        with self._guard("write records"):
+        with self._guard(what):
             con.execute("BEGIN IMMEDIATE")
             try:
                 con.execute("INSERT OR IGNORE INTO workloads (hash, name, program_json, created) "
                             "VALUES (?, ?, ?, ?)", (h, name, json.dumps(pjson), _now()))
                 wid = con.execute("SELECT id FROM workloads WHERE hash = ?", (h,)).fetchone()[0]
-                version = _tool_version()
-                for r in records:
-                    cur = con.execute(
-                        "INSERT INTO records (workload_id, target, graph_hash, graph_json, "
-                        "annotations_json, predicted_us, measured_us, runner, samples_json, "
-                        "chosen, verification_json, tool_version, created, answer_key) "
-                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        (wid, r.target, r.graph_hash, json.dumps(r.graph, sort_keys=True),
-                         json.dumps(r.annotations, sort_keys=True), _num(r.predicted_us),
-                         _num(r.measured_us), r.runner,
-                         None if r.samples is None else json.dumps(list(r.samples)),
-                         int(bool(r.chosen)),
-                         None if r.verification is None else json.dumps(r.verification),
-                         r.tool_version or version, r.created or _now(), r.answer_key))
-                    ids.append(cur.lastrowid)
+                yield con, wid
                 con.execute("COMMIT")
             except BaseException:
                 with contextlib.suppress(sqlite3.Error):
                     con.execute("ROLLBACK")
                 raise
+
+    def add(self, program: Any, records: Iterable[TuningRecord]) -> list[int]:
+        """Store ``records`` for subprogram ``program`` (a Program, or (hash, name, json)) in one
+        transaction: all of them or, if anything fails or the process dies, none."""
+        ids: list[int] = []
+        with self._writing(program, "write records") as (con, wid):
+            version = _tool_version()
+            for r in records:
+                cur = con.execute(
+                    "INSERT INTO records (workload_id, target, graph_hash, graph_json, "
+                    "annotations_json, predicted_us, measured_us, runner, samples_json, "
+                    "chosen, verification_json, tool_version, created, answer_key) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (wid, r.target, r.graph_hash, json.dumps(r.graph, sort_keys=True),
+                     json.dumps(r.annotations, sort_keys=True), _num(r.predicted_us),
+                     _num(r.measured_us), r.runner,
+                     None if r.samples is None else json.dumps(list(r.samples)),
+                     int(bool(r.chosen)),
+                     None if r.verification is None else json.dumps(r.verification),
+                     r.tool_version or version, r.created or _now(), r.answer_key))
+                ids.append(cur.lastrowid)
         return ids
 
     def keep(self, program: Any, target: str, answer_key: str, kind: str,
@@ -309,23 +317,11 @@ class ResultsDB:
         one (a tuning that finished what its search left pending is the newer one)."""
         if not answer_key:
             return
-        h, name, pjson = program.structural_hash(), program.name, program.to_json()
-        con = self._connect()
-        with self._guard("keep a result"):
-            con.execute("BEGIN IMMEDIATE")
-            try:
-                con.execute("INSERT OR IGNORE INTO workloads (hash, name, program_json, created) "
-                            "VALUES (?, ?, ?, ?)", (h, name, json.dumps(pjson), _now()))
-                wid = con.execute("SELECT id FROM workloads WHERE hash = ?", (h,)).fetchone()[0]
-                con.execute("INSERT OR REPLACE INTO kept (workload_id, target, answer_key, kind, "
-                            "cap, doc_json, created) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                            (wid, target, answer_key, kind, _num(cap),
-                             json.dumps(doc, sort_keys=True), _now()))
-                con.execute("COMMIT")
-            except BaseException:
-                with contextlib.suppress(sqlite3.Error):
-                    con.execute("ROLLBACK")
-                raise
+        with self._writing(program, "keep a result") as (con, wid):
+            con.execute("INSERT OR REPLACE INTO kept (workload_id, target, answer_key, kind, "
+                        "cap, doc_json, created) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        (wid, target, answer_key, kind, _num(cap),
+                         json.dumps(doc, sort_keys=True), _now()))
 
     def kept(self, workload: str, target: str, answer_key: str,
              kind: str) -> tuple[float | None, dict] | None:
