@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import numpy as np
 
 import torch
 
-from ..errors import OptionError, TorchCaptureError
+from ..errors import MirageError, OptionError, TorchCaptureError
 from ..lax.ops import INDEX_DTYPES
 from ..lax.program import Program
 from .capture import capture
+from .dynamic import DimRange, Dynamic, dim_ranges, grown_examples, out_of_range
 from .whole_program import whole_program
 from .runtime import CompiledCapture, describe_signature, float32_matmul_of, signature_of
 
@@ -116,6 +118,18 @@ def from_torch(fn_or_module: Any, example_inputs: Any, example_kwargs: dict | No
     return tp
 
 
+@contextlib.contextmanager
+def _own_forward(module: Any) -> Any:
+    """``module`` with its class's forward while capturing (``generate`` routes the instance's
+    forward to the compiled module)."""
+    patched = module.__dict__.pop("forward", None)
+    try:
+        yield
+    finally:
+        if patched is not None:
+            module.forward = patched
+
+
 class CompiledModule(torch.nn.Module):
     """``module`` with its supported regions superoptimised (see :func:`compile`).
 
@@ -123,12 +137,17 @@ class CompiledModule(torch.nn.Module):
     every call. A call with new shapes, dtypes or argument structure captures and superoptimises
     again (one :class:`~.runtime.CompiledCapture` per signature in ``graphs``)."""
 
-    def __init__(self, module: Any, options: dict[str, Any], name: str):
+    def __init__(self, module: Any, options: dict[str, Any], name: str,
+                 dynamic: Any = None, dynamic_shapes: Any = None):
         super().__init__()
         self.module = module
         self._options = dict(options)
         self._name = name
+        self.dynamic = Dynamic.parse(dynamic)
+        self._dynamic_shapes = dynamic_shapes
+        self._ranges: list[DimRange] | None = None  # the user's dynamic dims, from the 1st call
         self.graphs: dict[tuple, CompiledCapture] = {}
+        self.why: dict[tuple, str] = {}  # per signature: why it was captured
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         from torch.utils._pytree import tree_flatten, tree_unflatten
@@ -169,20 +188,74 @@ class CompiledModule(torch.nn.Module):
             list(self.module.named_parameters()) + list(self.module.named_buffers()))
 
     def _compile(self, args: tuple, kwargs: dict, sig: tuple) -> CompiledCapture:
-        cap = capture(self.module, args, kwargs)
+        from torch.utils._pytree import tree_flatten, tree_unflatten
+        with _own_forward(self.module):
+            cap = capture(self.module, args, kwargs)
         names = [r.name for r in sorted((r for r in cap.roles if r.kind == "user"),
                                         key=lambda r: r.index)]
-        g = CompiledCapture(cap, self._name, self._options, describe_signature(sig, names))
+        leaves, spec = tree_flatten((tuple(args), dict(kwargs)))
+        if self._ranges is None:
+            from .capture import user_input_names
+            with _own_forward(self.module):
+                fn = getattr(self.module, "_mirage_function", None) or self.module.forward
+                self._ranges = dim_ranges(user_input_names(fn, args, kwargs), leaves,
+                                          self._dynamic_shapes)
+        dynamic, companions = self.dynamic, []
+        why = "first call" if not self.graphs else "new signature"
+        outside = out_of_range(self._ranges, leaves)
+        if outside is not None and dynamic is not Dynamic.NEVER:
+            dynamic, why = Dynamic.NEVER, f"static: {outside}"
+        elif dynamic is Dynamic.ALWAYS and not self.graphs:
+            for grown in grown_examples(leaves, self._ranges):
+                a, k = tree_unflatten(grown, spec)
+                try:
+                    with _own_forward(self.module):
+                        companions.append(capture(self.module, a, k))
+                except MirageError:  # this growth breaks the graph: try fewer dims
+                    continue
+                except Exception:  # noqa: BLE001 -- the module itself refused these sizes
+                    continue
+        g = CompiledCapture(cap, self._name, self._options, describe_signature(sig, names),
+                            dynamic=dynamic, companions=companions)
         self.graphs[sig] = g
+        self.why[sig] = why
         return g
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        """transformers' ``generate`` of the wrapped model, every forward step running the
+        compiled graph. The KV cache object (``DynamicCache``) is not something a capture can take
+        as an input yet, so generation runs with ``use_cache=False``: each step recomputes the
+        whole prefix, a new sequence length each time -- with ``dynamic`` other than False, an
+        instance of the shape family found at the first change (no search per token). A
+        ``use_cache=True`` or a ``past_key_values`` passed in raises an OptionError."""
+        gen = getattr(self.module, "generate", None)
+        if gen is None:
+            raise OptionError(f"compile: {self._name} has no generate() (not a transformers "
+                              "generation model)")
+        if kwargs.get("use_cache") or kwargs.get("past_key_values") is not None:
+            raise OptionError("compile: generate() through a compiled model runs without a KV "
+                              "cache (use_cache=False); a cache cannot be captured yet")
+        kwargs["use_cache"] = False
+        module = self.module
+        module.forward = self.__call__  # generate calls self(...): route it here
+        try:
+            return gen(*args, **kwargs)
+        finally:
+            del module.forward
+
+    def searches(self) -> int:
+        """Region searches run over every signature compiled so far (a shape family counts
+        once; regions answered by a family, the memory cache or the database count 0)."""
+        return sum(g.searches() for g in self.graphs.values())
 
     def report(self) -> str:
         """Per compiled signature: the regions (aten nodes, inputs, outputs), kernels naive ->
         found, predicted time and verification bound of each; the operators run eagerly and
         why."""
-        lines = [f"mirage_py compile: {self._name}, {len(self.graphs)} signature(s)"]
-        for g in self.graphs.values():
-            lines.append(g.report())
+        lines = [f"mirage_py compile: {self._name}, {len(self.graphs)} signature(s), "
+                 f"{self.searches()} region search(es), dynamic={self.dynamic.value}"]
+        for sig, g in self.graphs.items():
+            lines.append(f"[{self.why.get(sig, '')}] " + g.report())
         return "\n".join(lines)
 
     def regions(self) -> list[dict[str, Any]]:
@@ -196,6 +269,7 @@ class CompiledModule(torch.nn.Module):
 
 
 def compile(module: Any, example_inputs: Any = None, example_kwargs: dict | None = None,  # noqa: A001
+            *, dynamic: bool | None = None, dynamic_shapes: Any = None,
             **superopt_options: Any) -> Any:
     """``module`` with its supported regions superoptimised, as a ``torch.nn.Module``.
 
@@ -204,11 +278,19 @@ def compile(module: Any, example_inputs: Any = None, example_kwargs: dict | None
     ``superopt_options`` (``time_budget_s``, ``workers``, ``database``, ``target``, ``seed``, ...).
     The returned module's forward runs each region's kernels on CUDA tensors (CuPy, DLPack, no
     copies), the μGraph interpreter on CPU tensors, and eager PyTorch for the operators in
-    between. Parameters are read at every call. The module is specialised to the example
-    signature; a call with other shapes or dtypes captures and superoptimises again (cached per
-    signature; regions seen before come from the in-memory cache or the results database).
-    ``.report()`` describes what was found. With ``example_inputs=None`` compilation waits for
-    the first call."""
+    between. Parameters are read at every call.
+
+    Shapes (docs/torch.md "Shapes that vary"): a call with other shapes captures again (under a
+    second for a small model) but searches only what no shape family answers. ``dynamic`` has
+    torch.compile's meaning: ``None`` -- the first compile is static, the first shape change
+    makes the sizes that changed symbolic (one more search per region); ``True`` -- symbolic
+    from the first compile (the graph is also captured with its dynamic dims grown); ``False``
+    -- one search per shape. ``dynamic_shapes`` (argument name -> {axis: ``torch.export.Dim``
+    or ``(lo, hi)``}) or ``torch._dynamo.mark_dynamic`` on the examples name the dynamic dims
+    and their ranges; a call outside a range compiles that shape statically (the report says
+    why). A new dtype is a new structure: it searches. Every size a family serves is verified
+    the first time it runs. ``.report()`` describes what was found and counts the searches. With
+    ``example_inputs=None`` compilation waits for the first call."""
     torch = _torch()
     if not isinstance(module, torch.nn.Module):
         from .capture import as_module
@@ -216,7 +298,7 @@ def compile(module: Any, example_inputs: Any = None, example_kwargs: dict | None
     name = getattr(getattr(module, "_mirage_function", None), "__name__", None) or \
         type(module).__name__
     _check_options(superopt_options)
-    cm = CompiledModule(module, superopt_options, name)
+    cm = CompiledModule(module, superopt_options, name, dynamic, dynamic_shapes)
     if example_inputs is not None or example_kwargs is not None:
         args, kwargs = _split_examples(example_inputs, example_kwargs)
         from torch.utils._pytree import tree_flatten

@@ -14,8 +14,11 @@ backend again with the new graph. Each such compile superoptimises its regions, 
 seen before (same program structure and options) comes back from the in-memory cache at once,
 and one seen by another process from superopt's results database without a search. When Dynamo
 marks dims dynamic after a shape change (its "automatic dynamic shapes"), the graph it passes
-has symbolic sizes: the backend then specialises at call time, one compile per concrete shape
-(pass ``dynamic=False`` to ``torch.compile`` to keep Dynamo's own graphs static).
+has symbolic sizes: the backend captures it at each concrete shape (make_fx, fast) and answers
+each region from a shape family where one fits (frontend_torch/dynamic.py): the region met at
+a second shape -- in Dynamo's static graph of the first shape and its symbolic graph of the
+second -- gets one family search, and later shapes search nothing. ``dynamic=False`` (through
+``functools.partial(mirage_backend, dynamic=False)``) searches every shape instead.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import torch  # noqa: F401 -- this module is torch's backend: torch must be ther
 
 from .capture import capture_graph_module
 from .classify import identifier
+from .dynamic import Dynamic
 from .runtime import CompiledCapture, float32_matmul_of, signature_of
 
 NAME = "mirage_py"
@@ -59,9 +63,10 @@ def _placeholders(gm: Any) -> tuple[list[str], list[str]]:
 class DynamoCompiled:
     """What the backend returns for one Dynamo graph: compiles per concrete signature on call."""
 
-    def __init__(self, gm: Any, options: dict[str, Any]):
+    def __init__(self, gm: Any, options: dict[str, Any], dynamic: Any = None):
         self.gm = gm
         self.options = dict(options)
+        self.dynamic = Dynamic.parse(dynamic)
         self.names, self.kinds = _placeholders(gm)
         self.graphs: dict[tuple, CompiledCapture] = {}
 
@@ -72,14 +77,15 @@ class DynamoCompiled:
         if g is None:
             cap = capture_graph_module(self.gm, list(args), [identifier(n) for n in self.names],
                                        self.kinds)
-            g = CompiledCapture(cap, "dynamo", self.options, _sig_text(sig, self.names))
+            g = CompiledCapture(cap, "dynamo", self.options, _sig_text(sig, self.names),
+                                dynamic=self.dynamic)
             self.graphs[sig] = g
         state = {r.node: args[r.index] for r in g.cap.roles}
         if not g.masks_hold(state):  # a mask buffer changed since the capture: capture again
             cap = capture_graph_module(self.gm, list(args), [identifier(n) for n in self.names],
                                        self.kinds)
             g = self.graphs[sig] = CompiledCapture(cap, "dynamo", self.options,
-                                                 _sig_text(sig, self.names))
+                                                 _sig_text(sig, self.names), dynamic=self.dynamic)
             state = {r.node: args[r.index] for r in g.cap.roles}
         outs = g.run(state)
         return tree_unflatten([outs[i] for i in g.cap.outputs], g.cap.out_spec)
@@ -99,13 +105,15 @@ def _sig_text(sig: tuple, names: list[str]) -> str:
 COMPILED: list[DynamoCompiled] = []
 
 
-def mirage_backend(gm: Any, example_inputs: list[Any], **options: Any) -> DynamoCompiled:
+def mirage_backend(gm: Any, example_inputs: list[Any], *, dynamic: bool | None = None,
+                   **options: Any) -> DynamoCompiled:
     """The ``torch.compile`` backend. ``options`` (``torch.compile(..., options={...})`` does not
     reach custom backends; use ``functools.partial(mirage_backend, time_budget_s=...)`` as the
-    backend to pass superopt options) go to ``mp.superopt``."""
+    backend to pass superopt options) go to ``mp.superopt``; ``dynamic`` is ``mp.compile``'s
+    (default None: a region met at a second shape gets a shape family, searched once)."""
     from .api import _check_options
     _check_options(options)
-    compiled = DynamoCompiled(gm, options)
+    compiled = DynamoCompiled(gm, options, dynamic)
     COMPILED.append(compiled)
     return compiled
 

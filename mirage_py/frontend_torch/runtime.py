@@ -27,11 +27,12 @@ import numpy as np
 from ..errors import MirageError, OptionError, TorchCaptureError
 from .capture import Captured
 from .classify import describe
+from .dynamic import (AnswerOrigin, Dynamic, FamilyRegion, family_of, samples_for, forget_families,
+                      superopt_family_of)
 from .region_programs import RegionSpec, Source, analyse
 
 #: superopt answers by (program structural hash, options): a recompile of a seen region is free
 _SUPEROPT_CACHE: dict[tuple, Any] = {}
-
 
 def _torch() -> Any:
     import torch
@@ -61,18 +62,25 @@ def superopt_cached(program: Any, options: dict[str, Any]) -> tuple[Any, bool]:
 
 
 def clear_cache() -> None:
-    """Forget the superopt answers kept in memory (the results database is not touched)."""
+    """Forget the superopt answers and shape families kept in memory (the results database is
+    not touched)."""
     _SUPEROPT_CACHE.clear()
+    forget_families()
 
 
 class CompiledCapture:
     """A captured graph with superoptimised regions, for one input signature."""
 
-    def __init__(self, cap: Captured, name: str, options: dict[str, Any], signature: str = ""):
+    def __init__(self, cap: Captured, name: str, options: dict[str, Any], signature: str = "",
+                 dynamic: Dynamic = Dynamic.NEVER, companions: "list[Captured] | None" = None):
         options = {**options, "float32_matmul": float32_matmul_of(options)}
         self.cap = cap
         self.name = name
         self.signature = signature
+        self.dynamic = Dynamic.parse(dynamic)
+        # the same graph captured at other sizes (dynamic=True): their regions are the second
+        # samples each region's family is generalised from
+        self._companions = list(companions or [])
         self.capture_seconds = self.superopt_seconds = 0.0
         forced: dict[str, str] = {}
         for _ in range(len(list(cap.gm.graph.nodes)) + 1):
@@ -100,18 +108,65 @@ class CompiledCapture:
 
     def _superopt(self, name: str, options: dict[str, Any]) -> tuple[RegionSpec, str] | None:
         self.opts: dict[int, Any] = {}
-        self.cached: dict[int, bool] = {}
+        self.origin: dict[int, AnswerOrigin] = {}
+        samples = self._companion_programs()
         for r in self.regions:
             if r.program is None:
                 continue
             r.program.name = f"{name}_{r.program.name}"
             try:
-                self.opts[r.index], self.cached[r.index] = superopt_cached(r.program, options)
+                self.opts[r.index], self.origin[r.index] = \
+                    self._answer(r.program, options, samples.get(r.index, []))
             except OptionError:
                 raise
             except MirageError as e:
                 return r, f"{type(e).__name__}: {e}"
         return None
+
+    def _answer(self, program: Any, options: dict[str, Any], samples: list
+                ) -> tuple[Any, AnswerOrigin]:
+        """A region program's answer: a known shape family it is an instance of, a family
+        generalised from it and a capture of it at other sizes (``samples`` of the companion
+        captures, or the first capture of the same structure at another shape), or the static
+        search."""
+        if self.dynamic is not Dynamic.NEVER:
+            from ..lax.generalize import erased_key
+            key = (erased_key(program), _options_key(options))
+            hit = family_of(program, key)
+            if hit is not None:
+                return FamilyRegion(hit[0].answer, program), AnswerOrigin.FAMILY
+            fam = superopt_family_of(program, samples + samples_for(key, program), key, options)
+            if fam is not None:
+                return FamilyRegion(fam.answer, program), AnswerOrigin.FAMILY_SEARCH
+        opt, cached = superopt_cached(program, options)
+        return opt, AnswerOrigin.MEMORY if cached else AnswerOrigin.SEARCH
+
+    def _companion_programs(self) -> dict[int, list]:
+        """The companion captures' region programs by region index (dynamic=True), from those
+        cut into the same regions."""
+        out: dict[int, list] = {}
+        for cap in self._companions:
+            try:
+                _, regions = analyse(cap, {})
+            except MirageError:
+                continue
+            if len(regions) != len(self.regions):
+                continue
+            for r in regions:
+                if r.program is not None:
+                    out.setdefault(r.index, []).append(r.program)
+        return out
+
+    @property
+    def cached(self) -> dict[int, bool]:
+        """Regions answered without a search, by index."""
+        return {i: o in (AnswerOrigin.MEMORY, AnswerOrigin.FAMILY) for i, o in self.origin.items()}
+
+    def searches(self) -> int:
+        """Region searches this capture ran (a family search counts once, as do the buckets its
+        first calls built by searching: sizes of 1)."""
+        return sum(1 for o in self.origin.values()
+                   if o in (AnswerOrigin.SEARCH, AnswerOrigin.FAMILY_SEARCH))
 
     # -- running --------------------------------------------------------------------------------
     def masks_hold(self, placeholders: dict[str, Any]) -> bool:
@@ -219,10 +274,12 @@ class CompiledCapture:
                            verified=bool(vs) and all(bool(v.equivalent) for v in vs),
                            bound=max((float(v.bound) for v in vs), default=math.nan),
                            search_seconds=opt.search_seconds,
-                           cached=self.cached.get(r.index, False))
+                           cached=self.cached.get(r.index, False),
+                           origin=self.origin[r.index].value,
+                           dims=sorted(getattr(opt, "dims", None) or {}))
             else:
                 row.update(kernels_naive=0, kernels=0, naive_us=0.0, us=0.0, verified=True,
-                           bound=0.0, search_seconds=0.0, cached=False)
+                           bound=0.0, search_seconds=0.0, cached=False, origin="", dims=[])
             rows.append(row)
         return rows
 
@@ -246,7 +303,10 @@ class CompiledCapture:
                  f"{nk} naive -> {fk} found, predicted "
                  f"{sum(r['naive_us'] for r in rows):.1f} -> {sum(r['us'] for r in rows):.1f} us"]
         for r in rows:
-            src = "memory cache" if r["cached"] else f"search {r['search_seconds']:.1f} s"
+            src = r["origin"] + (f" {r['search_seconds']:.1f} s" if r["origin"] in (
+                AnswerOrigin.SEARCH.value, AnswerOrigin.FAMILY_SEARCH.value) else "")
+            if r["dims"]:
+                src += f" (symbolic in {', '.join(r['dims'])})"
             lines.append(f"  region {r['region']}: {r['nodes']} aten node(s); kernels "
                          f"{r['kernels_naive']} naive -> {r['kernels']} found; predicted "
                          f"{r['naive_us']:.1f} -> {r['us']:.1f} us; "

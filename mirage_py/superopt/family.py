@@ -171,6 +171,11 @@ class FamilyProgram:
         return self.answer.estimated_time_us
 
     @property
+    def naive_estimated_time_us(self) -> float:
+        """The representative bucket's predicted time with one kernel per operator."""
+        return self.answer.naive_estimated_time_us
+
+    @property
     def verification(self) -> list:
         return self.answer.verification
 
