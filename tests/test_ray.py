@@ -320,12 +320,19 @@ def test_database_ships_as_a_snapshot_and_merges_each_record_once(tmp_path):
     assert again.parts[0].source == "database"
     assert again.graph.structural_hash() == a.graph.structural_hash()
     before = rows(other)
+    with ResultsDB(first) as db:
+        kept = db._kept_rows()
+    assert kept  # the whole program's answer and its completed searches
     with ResultsDB(other) as db:
-        assert db.merge(first) == len(rows(first))
+        new = [k for k in kept if db.kept(*k[:4]) is None]  # a shared piece may be there
+        assert new
+        assert db.merge(first) == len(rows(first)) + len(new)
         assert db.merge(copy) == 0 and db.merge(str(first)) == 0
+        assert all(db.kept(h, t, k, kind) is not None for h, t, k, kind, _, _ in kept)
     assert rows(other) == sorted(before + rows(first))
     third = mp.superopt(program(32), workers=1, progress=False, database=other)
     assert third.parts[0].source == "database"
+    assert third.origin == "database"  # the kept whole-program answer: nothing covered again
 
 
 def test_cli_ray_flag(cluster, capsys, tmp_path):

@@ -428,10 +428,11 @@ class ResultsDB:
             "answer_key")
 
     def merge(self, other: "ResultsDB | str") -> int:
-        """Add the records of another results database (a snapshot made elsewhere) that this one
-        lacks, in one transaction; a record already here (same workload and every field but the
-        row id) is not added again, so merging the same file twice adds nothing. Returns the
-        number of records added."""
+        """Add the records and kept results of another results database (a snapshot made
+        elsewhere) that this one lacks; a record already here (same workload and every field but
+        the row id) is not added again, so merging the same file twice adds nothing; a kept
+        result (a completed search, a whole program's answer) is added where this database has
+        none under the same key. Returns the number of records and kept results added."""
         src = other if isinstance(other, ResultsDB) else ResultsDB(os.fspath(other))
         if src.path == self.path:
             return 0
@@ -447,7 +448,20 @@ class ResultsDB:
         for h, recs in by_workload.items():
             w = programs[h]
             added += len(self.add((w.hash, w.name, w.program), recs))
+        for h, target, key, kind, cap, doc in src._kept_rows():
+            if self.kept(h, target, key, kind) is None:
+                w = programs[h]
+                self.keep((w.hash, w.name, w.program), target, key, kind, cap, doc)
+                added += 1
         return added
+
+    def _kept_rows(self) -> list[tuple[str, str, str, str, float | None, dict]]:
+        """Every kept result: (workload hash, target, answer key, kind, cap, doc)."""
+        with self._guard("read kept results"):
+            rows = self._connect().execute(
+                "SELECT w.hash, k.target, k.answer_key, k.kind, k.cap, k.doc_json FROM kept k "
+                "JOIN workloads w ON w.id = k.workload_id ORDER BY w.id").fetchall()
+        return [(h, t, a, k, c, json.loads(d)) for h, t, a, k, c, d in rows]
 
     @classmethod
     def _record_key(cls, r: TuningRecord) -> tuple:
