@@ -125,10 +125,13 @@ class CompiledCapture:
 
     def _answer(self, program: Any, options: dict[str, Any], samples: list
                 ) -> tuple[Any, AnswerOrigin]:
-        """A region program's answer: a known shape family it is an instance of, a family
-        generalised from it and a capture of it at other sizes (``samples`` of the companion
-        captures, or the first capture of the same structure at another shape), or the static
-        search."""
+        """A region program's answer: this shape's own answer from the memory cache, a known
+        shape family it is an instance of, a family generalised from it and captures of it at
+        other sizes (``samples`` of the companion captures, or the captures of the same
+        structure at other shapes met before), or the static search."""
+        exact = _SUPEROPT_CACHE.get((program.structural_hash(), _options_key(options)))
+        if exact is not None:  # this very shape was searched: its own answer, not a bucket's
+            return exact, AnswerOrigin.MEMORY
         if self.dynamic is not Dynamic.NEVER:
             from ..lax.generalize import erased_key
             key = (erased_key(program), _options_key(options))
