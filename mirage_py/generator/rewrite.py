@@ -62,6 +62,7 @@ class _Rewriter:
     def __init__(self) -> None:
         self.memo: dict[str, Tensor] = {}
         self.changed = False
+        self._moved = False  # a scale moved out of an element-wise product (``_linear``)
 
     def __call__(self, t: Tensor) -> Tensor:
         hit = self.memo.get(t.digest)
@@ -105,8 +106,9 @@ class _Rewriter:
     # a @ W pushed through a's linear structure
     def _matmul(self, t: Tensor) -> Tensor:
         a, w = t.inputs
+        self._moved = False
         terms = self._linear(a)
-        if not any(base is None for _, base in terms):
+        if not self._moved and not any(base is None for _, base in terms):
             return T.matmul(self(a), self(w))
         self.changed = True
         w2 = self(w)
@@ -149,6 +151,16 @@ class _Rewriter:
                         sc = T.div(1.0, s2) if sc is None else T.div(sc, s2)
                     out.append((sc, b))
                 return out
+            # an element-wise product of two values that both vary along the contracted dim
+            # (a norm's weight, ``(x / r) * g``): the scales of the first factor's terms commute
+            # with it, ``(s * b) * g = s * (b * g)``, so they leave the matmul as well; only
+            # worth a form when some scale really moves (``_moved``)
+            if a.op == "mul" and x.shape == a.shape and s.shape[-1:] == a.shape[-1:]:
+                inner = self._linear(x)
+                if any(sc is not None for sc, _ in inner):
+                    s2 = self(s)
+                    self._moved = True
+                    return [(sc, s2 if b is None else T.mul(b, s2)) for sc, b in inner]
         return [(None, self(a))]
 
 
