@@ -22,8 +22,10 @@ chunks cannot do that. Two identities remove the dependency:
 * **centred matmul**: ``(x - m) @ W = x @ W - m * sum(W, -2)`` for ``m`` constant along the
   contracted dim, and more generally a matmul is pushed through the linear structure of its left
   operand -- sums, differences, negation, and scaling by values constant along the contracted
-  dim (``(a / r) @ W = (a @ W) / r``) -- down to leaves ``a @ W`` and, for a term that is
-  constant along the contracted dim, ``s * sum(W, -2)``.
+  dim (``(a / r) @ W = (a @ W) / r``), and through an element-wise product of two values that
+  both vary along it, whose first factor's scales commute with the second
+  (``((x / r) * g) @ W = ((x * g) @ W) / r``: a norm's weight) -- down to leaves ``a @ W`` and,
+  for a term that is constant along the contracted dim, ``s * sum(W, -2)``.
 
 The rewritten program reads ``x`` once: ``x @ W``, ``sum(x)``, ``sum(x^2)`` and the column sums
 of ``W`` all accumulate in the same loop over the contracted dim, and an epilogue combines them,
@@ -35,7 +37,9 @@ precision when the mean is large against the deviation (float32 statistics keep 
 the (max-shifted) program, never instead of it.
 
 :func:`forms` applies the rewrite only where it removes a dependency (a centring term reaches a
-matmul, or a centred square is summed); otherwise it returns the program alone.
+matmul, a centred square is summed, or a row's scale reaches a matmul only through a product
+with a weight -- ``rms_norm(x, g) @ W``, whose division must follow the contraction for one
+kernel to loop over the contracted dim); otherwise it returns the program alone.
 """
 
 from __future__ import annotations
