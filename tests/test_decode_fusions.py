@@ -123,3 +123,21 @@ def test_heads_summed_without_residual_every_candidate_correct(heads):
     p.output(mp.sum(o @ w, axis=0), name="Y")
     for g in _one_kernel_candidates(p):
         _check(p, g)
+
+
+def test_one_pass_form_of_a_weighted_layer_norm_is_exact():
+    """The centred terms of a LayerNorm with weight and bias move the same way (a term constant
+    along the contracted dim times the weight becomes ``s * (g @ W)``): the form evaluates to
+    the program and verifies against it."""
+    p = mp.Program("ln_weight")
+    x = p.input("X", (4, 64))
+    g = p.input("g", (64,))
+    b = p.input("b", (64,))
+    w = p.input("W", (64, 32))
+    p.output(mp.layer_norm(x, g, b) @ w, name="Y")
+    fs = forms(p)
+    assert len(fs) == 2
+    xs = p.random_inputs(seed=2)
+    xs["X"] = xs["X"] + 2.0
+    assert _rel(fs[1].evaluate(xs)["Y"], p.evaluate(xs)["Y"]) <= 1e-10
+    assert verify(p, mp.ugraph.naive_lowering(fs[1])).equivalent
