@@ -271,9 +271,14 @@ def _round(pool: list[Val], new_from: int, add, ctx: Context, F: int, loop: str)
     for i in range(new_from, n):
         a = cur[i]
         for j, d in enumerate(a.dims):
-            if dim_size(d) == 1:
+            # a dim of one element is no reduction -- unless it is the loop's chunk of one
+            # (a batch label looped one entry at a time, as heads summed after a batched
+            # matmul): dropping it, the loop's accumulator sums over the label
+            if dim_size(d) == 1 and not (loop is not None and _outer(d) == loop):
                 continue
             for red, keep in ctx.reductions:
+                if dim_size(d) == 1 and keep:
+                    continue
                 dims = a.dims[:j] + (((),) if keep else ()) + a.dims[j + 1:]
                 add(Val(len(pool), dims, ae.apply(red, [a.expr], d), combine(a.phase),
                         a.consumed | {c[0] for c in d},

@@ -22,8 +22,10 @@ chunks cannot do that. Two identities remove the dependency:
 * **centred matmul**: ``(x - m) @ W = x @ W - m * sum(W, -2)`` for ``m`` constant along the
   contracted dim, and more generally a matmul is pushed through the linear structure of its left
   operand -- sums, differences, negation, and scaling by values constant along the contracted
-  dim (``(a / r) @ W = (a @ W) / r``) -- down to leaves ``a @ W`` and, for a term that is
-  constant along the contracted dim, ``s * sum(W, -2)``.
+  dim (``(a / r) @ W = (a @ W) / r``), and through an element-wise product of two values that
+  both vary along it, whose first factor's scales commute with the second
+  (``((x / r) * g) @ W = ((x * g) @ W) / r``: a norm's weight) -- down to leaves ``a @ W`` and,
+  for a term that is constant along the contracted dim, ``s * sum(W, -2)``.
 
 The rewritten program reads ``x`` once: ``x @ W``, ``sum(x)``, ``sum(x^2)`` and the column sums
 of ``W`` all accumulate in the same loop over the contracted dim, and an epilogue combines them,
@@ -35,7 +37,9 @@ precision when the mean is large against the deviation (float32 statistics keep 
 the (max-shifted) program, never instead of it.
 
 :func:`forms` applies the rewrite only where it removes a dependency (a centring term reaches a
-matmul, or a centred square is summed); otherwise it returns the program alone.
+matmul, a centred square is summed, or a row's scale reaches a matmul only through a product
+with a weight -- ``rms_norm(x, g) @ W``, whose division must follow the contraction for one
+kernel to loop over the contracted dim); otherwise it returns the program alone.
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ class _Rewriter:
     def __init__(self) -> None:
         self.memo: dict[str, Tensor] = {}
         self.changed = False
+        self._moved = False  # a scale moved out of an element-wise product (``_linear``)
 
     def __call__(self, t: Tensor) -> Tensor:
         hit = self.memo.get(t.digest)
@@ -105,8 +110,9 @@ class _Rewriter:
     # a @ W pushed through a's linear structure
     def _matmul(self, t: Tensor) -> Tensor:
         a, w = t.inputs
+        self._moved = False
         terms = self._linear(a)
-        if not any(base is None for _, base in terms):
+        if not self._moved and not any(base is None for _, base in terms):
             return T.matmul(self(a), self(w))
         self.changed = True
         w2 = self(w)
@@ -149,6 +155,16 @@ class _Rewriter:
                         sc = T.div(1.0, s2) if sc is None else T.div(sc, s2)
                     out.append((sc, b))
                 return out
+            # an element-wise product of two values that both vary along the contracted dim
+            # (a norm's weight, ``(x / r) * g``): the scales of the first factor's terms commute
+            # with it, ``(s * b) * g = s * (b * g)``, so they leave the matmul as well; only
+            # worth a form when some scale really moves (``_moved``)
+            if a.op == "mul" and x.shape == a.shape and s.shape[-1:] == a.shape[-1:]:
+                inner = self._linear(x)
+                if any(sc is not None for sc, _ in inner):
+                    s2 = self(s)
+                    self._moved = True
+                    return [(sc, s2 if b is None else T.mul(b, s2)) for sc, b in inner]
         return [(None, self(a))]
 
 
