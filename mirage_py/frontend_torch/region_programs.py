@@ -88,23 +88,24 @@ def build_region(an: Analysis, level: int, index: int, name: str = "region") -> 
         return names(role.name if role is not None else key)
 
     def make_in(b: Boundary) -> Tensor:
-        if b.key not in by_key:
-            nm = input_name(b.key)
+        if b.ref not in by_key:
+            nm = input_name(b.key) if not b.ops else names(f"{input_name(b.key)}_view")
             ref, _, idx = b.key.partition("[")
             ops = (("item", int(idx[:-1])),) if idx else ()
-            inputs[nm] = Source(ref, ops, b.static)
-            by_key[b.key] = make_input(nm, b.shape, input_dtype(b.dtype))
-        return by_key[b.key]
+            inputs[nm] = Source(ref, ops + b.ops, b.static)
+            by_key[b.ref] = make_input(nm, b.shape, input_dtype(b.dtype))
+        return by_key[b.ref]
 
-    def const_in(v: Any, where: str) -> Tensor:
+    def const_in(v: Any, where: str, dtype: str | None = None) -> Tensor:
+        dt = dtype or mirage_dtype(v.dtype) or "float32"
         for key, c in consts.items():
-            if c is v:
+            if c is v and by_key[key].dtype == dt:
                 return by_key[key]
         key = f"#const{len(consts)}_{where}"
         consts[key] = v
         nm = names(f"const_{where}")
-        dt = mirage_dtype(v.dtype) or "float32"
-        inputs[nm] = Source(key, (("to", dt),) if mirage_dtype(v.dtype) is None else (), True)
+        same = str(v.dtype).replace("torch.", "") == dt
+        inputs[nm] = Source(key, () if same else (("to", dt),), True)
         by_key[key] = make_input(nm, tuple(int(d) for d in v.shape), dt)
         return by_key[key]
 
@@ -129,6 +130,8 @@ def build_region(an: Analysis, level: int, index: int, name: str = "region") -> 
     reads: list[tuple[str, Sym]] = []
     for n in nodes:
         v = values[n.name]
+        if isinstance(v, Boundary):  # a view of a runtime index tensor: passed through
+            v = Sym(make_in(v), v.shape)
         if not isinstance(v, Sym):
             continue
         if any(u.name not in inside for u in n.users):
@@ -139,7 +142,7 @@ def build_region(an: Analysis, level: int, index: int, name: str = "region") -> 
 
 def _region_boundary(an: Analysis, n: Any) -> Any:
     v = an.values.get(n.name)
-    if isinstance(v, Sym):
+    if isinstance(v, (Sym, Boundary)):
         m = node_meta(n)
         return Boundary(n.name, v.shape, m.dtype, False)
     if isinstance(v, tuple):  # read through its getitem nodes, never whole
