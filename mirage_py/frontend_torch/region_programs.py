@@ -16,6 +16,7 @@ from typing import Any
 
 from ..errors import TorchCaptureError
 from ..lax import tensor as _lt
+from ..lax.ops import OPS
 from ..lax.program import Program
 from ..lax.tensor import Tensor, make_input, topo_order
 from .aten import Boundary, Sym, Unsupported, input_dtype, mirage_dtype, ranked
@@ -233,7 +234,75 @@ def _fold_head_layouts(roots: list[Tensor], inputs: dict[str, Source], names: Un
     """Weight layouts: first column slices of products with static weights (a fused QKV
     projection split in three), then attention's head split and merge (see
     :func:`_fold_weights`)."""
-    return _fold_weights(_fold_weights(roots, inputs, names, "slices"), inputs, names, "heads")
+    roots = _sink_transposes(_fold_weights(roots, inputs, names, "slices"))
+    return _fold_weights(roots, inputs, names, "heads")
+
+
+def _sink_transposes(roots: list[Tensor]) -> list[Tensor]:
+    """``transpose(f(v))`` as ``f(transpose(v))`` where ``f`` works along the last axis, which the
+    transpose keeps: element-wise operators and keep-dims reductions over axes the transpose
+    fixes, whose other operands are ``v``, values of ``f`` read by nothing else, or tensors of
+    lower rank that broadcast the same way after the transpose (a norm's weight). A per-head
+    norm between attention's head split and its transpose (Qwen3's q / k RMSNorm) so leaves the
+    split next to the projection, where :func:`_fold_weights` moves it into the weight."""
+    order = topo_order(roots)
+    readers: dict[int, list[Tensor]] = {}
+    for t in order:
+        for i in t.inputs:
+            readers.setdefault(id(i), []).append(t)
+    for t in roots:
+        readers.setdefault(id(t), []).append(t)
+
+    def chain(t: Tensor) -> tuple[Tensor, list[Tensor]] | None:
+        """(v, the nodes of f in dependency order) for ``t = transpose(f(v))``, or None."""
+        perm = t.attr("perm")
+        n = len(perm)
+        fixed = {a for a in range(n) if perm[a] == a}
+        if n - 1 not in fixed:
+            return None
+        nodes: dict[int, Tensor] = {}
+        sources: dict[int, Tensor] = {}
+        stack = [t.inputs[0]]
+        while stack:
+            y = stack.pop()
+            if id(y) in nodes or id(y) in sources:
+                continue
+            spec = OPS[y.op]
+            if y.ndim == n and (spec.elementwise or (
+                    spec.category == "reduce" and y.attr("keepdims") and
+                    set(y.attr("axes")) <= fixed)) and y.op not in ("const", "mask"):
+                nodes[id(y)] = y
+                for i in y.inputs:
+                    if i.ndim == n:
+                        stack.append(i)
+                    elif any(perm[a] != a for a in range(n - i.ndim, n)):
+                        return None  # it would broadcast against other dims
+            else:
+                sources[id(y)] = y
+        if len(sources) != 1 or not nodes:
+            return None
+        inside = set(nodes) | {id(t)}
+        if any(id(r) not in inside for y in nodes.values() for r in readers.get(id(y), [])):
+            return None  # f's values are read elsewhere too: both layouts would be computed
+        (v,) = sources.values()
+        return v, [y for y in order if id(y) in nodes]
+
+    new: dict[int, Tensor] = {}
+    for t in order:
+        ins = [new[id(i)] for i in t.inputs]
+        if t.op == "transpose" and t.inputs[0].ndim == len(t.attr("perm")):
+            found = chain(t)
+            if found is not None:
+                v, f = found
+                sub = {id(v): _lt.transpose(new[id(v)], t.attr("perm"))}
+                for y in f:
+                    sub[id(y)] = _lt.apply(y.op, [sub.get(id(i), new[id(i)]) for i in y.inputs],
+                                           y.attr_dict)
+                new[id(t)] = sub[id(t.inputs[0])]
+                continue
+        new[id(t)] = t if all(a is b for a, b in zip(ins, t.inputs)) else \
+            _lt.apply(t.op, ins, t.attr_dict)
+    return [new[id(t)] for t in roots]
 
 
 def _fold_weights(roots: list[Tensor], inputs: dict[str, Source], names: UniqueNames, rules: str
@@ -290,11 +359,20 @@ def _fold_weights(roots: list[Tensor], inputs: dict[str, Source], names: UniqueN
 
     def sliced_columns(t: Tensor) -> Tensor | None:
         y = t.inputs[0]
-        mm, bias = product(y)
         last = y.ndim - 1
-        if mm is None or t.attr("axis") != last or y.digest in root_digests or \
-                not all(u.op == "slice" and u.attr("axis") == last for u in readers[y.digest]) \
-                or (bias is not None and users[mm.digest] != 1):
+        if t.attr("axis") != last or y.digest in root_digests or \
+                not all(u.op == "slice" and u.attr("axis") == last for u in readers[y.digest]):
+            return None
+        # under reshapes that keep the columns (a 2-D addmm viewed as (B, S, N), as GPT-2's
+        # fused QKV projection is), each read once
+        base = y
+        while base.op == "reshape" and base.inputs[0].shape[-1:] == y.shape[-1:] and \
+                (base is y or users[base.digest] == 1):
+            base = base.inputs[0]
+        if base is not y and users[base.digest] != 1:
+            return None
+        mm, bias = product(base)
+        if mm is None or (bias is not None and users[mm.digest] != 1):
             return None
         x, wt = mm.inputs
         if not static(wt) or wt.ndim != 2:
@@ -304,6 +382,8 @@ def _fold_weights(roots: list[Tensor], inputs: dict[str, Source], names: UniqueN
                                                 (wt.shape[0], b - a)))
         if bias is not None:
             out = out + derived(bias, (("narrow", 0, a, b - a),), f"cols{a}", (b - a,))
+        if out.shape != t.shape and math.prod(out.shape) == math.prod(t.shape):
+            out = _lt.reshape(out, t.shape)
         return out if out.shape == t.shape else None
 
     def heads_in(t: Tensor) -> Tensor | None:
@@ -325,6 +405,8 @@ def _fold_weights(roots: list[Tensor], inputs: dict[str, Source], names: UniqueN
         k, _ = wt.shape
         h, d = r.shape[-2:]
         x = new[x.digest]
+        while x.op == "reshape":  # a reshape of a reshape is one reshape
+            x = x.inputs[0]
         xr = _lt.reshape(x, r.shape[:-3] + (1, r.shape[-3], k))
         out = _lt.matmul(xr, derived(wt, (("reshape", (k, h, d)), ("permute", (1, 0, 2))),
                                      "heads", (h, k, d)))
