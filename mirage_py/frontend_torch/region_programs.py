@@ -233,9 +233,11 @@ def _fold_head_layouts(roots: list[Tensor], inputs: dict[str, Source], names: Un
                        ) -> list[Tensor]:
     """Weight layouts: first column slices of products with static weights (a fused QKV
     projection split in three), then attention's head split and merge (see
-    :func:`_fold_weights`)."""
+    :func:`_fold_weights`), then column slices again (of the per-head products)."""
     roots = _sink_transposes(_fold_weights(roots, inputs, names, "slices"))
-    return _fold_weights(roots, inputs, names, "heads")
+    roots = _fold_weights(roots, inputs, names, "heads")
+    # column slices of the per-head products: GPT-NeoX's fused QKV, interleaved per head
+    return _fold_weights(roots, inputs, names, "slices")
 
 
 def _sink_transposes(roots: list[Tensor]) -> list[Tensor]:
@@ -332,12 +334,16 @@ def _fold_weights(roots: list[Tensor], inputs: dict[str, Source], names: UniqueN
     root_digests = {t.digest for t in roots}
 
     def product(y: Tensor) -> tuple[Tensor | None, Tensor | None]:
-        """``y`` as (``X @ Wt``, bias or None) with a static bias over the last axis."""
+        """``y`` as (``X @ Wt``, bias or None) with a static bias over the last axis (a vector,
+        or per head ``(H, 1, D)`` once the head split is in the weights)."""
         if y.op == "matmul":
             return y, None
-        if y.op == "add" and y.inputs[0].op == "matmul" and static(y.inputs[1]) and \
-                y.inputs[1].ndim == 1:
-            return y.inputs[0], y.inputs[1]
+        if y.op == "add" and y.inputs[0].op == "matmul" and static(y.inputs[1]):
+            b = y.inputs[1]
+            if b.ndim == 1 or (rules == "slices" and b.ndim <= y.ndim and
+                               b.shape[-1] == y.shape[-1] and
+                               all(d == 1 for d in b.shape[-2:-1])):
+                return y.inputs[0], b
         return None, None
 
     def static(t: Tensor) -> bool:
@@ -375,13 +381,14 @@ def _fold_weights(roots: list[Tensor], inputs: dict[str, Source], names: UniqueN
         if mm is None or (bias is not None and users[mm.digest] != 1):
             return None
         x, wt = mm.inputs
-        if not static(wt) or wt.ndim != 2:
+        if not static(wt) or wt.ndim < 2:
             return None
         a, b = t.attr("start"), t.attr("stop")
-        out = _lt.matmul(new[x.digest], derived(wt, (("narrow", 1, a, b - a),), f"cols{a}",
-                                                (wt.shape[0], b - a)))
+        out = _lt.matmul(new[x.digest], derived(wt, (("narrow", wt.ndim - 1, a, b - a),),
+                                                f"cols{a}", wt.shape[:-1] + (b - a,)))
         if bias is not None:
-            out = out + derived(bias, (("narrow", 0, a, b - a),), f"cols{a}", (b - a,))
+            out = out + derived(bias, (("narrow", bias.ndim - 1, a, b - a),), f"cols{a}",
+                                bias.shape[:-1] + (b - a,))
         if out.shape != t.shape and math.prod(out.shape) == math.prod(t.shape):
             out = _lt.reshape(out, t.shape)
         return out if out.shape == t.shape else None
