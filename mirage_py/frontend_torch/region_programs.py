@@ -233,11 +233,9 @@ def _fold_head_layouts(roots: list[Tensor], inputs: dict[str, Source], names: Un
                        ) -> list[Tensor]:
     """Weight layouts: first column slices of products with static weights (a fused QKV
     projection split in three), then attention's head split and merge (see
-    :func:`_fold_weights`), then column slices again (of the per-head products)."""
+    :func:`_fold_weights`)."""
     roots = _sink_transposes(_fold_weights(roots, inputs, names, "slices"))
-    roots = _fold_weights(roots, inputs, names, "heads")
-    # column slices of the per-head products: GPT-NeoX's fused QKV, interleaved per head
-    return _fold_weights(roots, inputs, names, "slices")
+    return _fold_weights(roots, inputs, names, "heads")
 
 
 def _sink_transposes(roots: list[Tensor]) -> list[Tensor]:
