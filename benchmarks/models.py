@@ -11,15 +11,27 @@ patches) by PyTorch eager and by ``mp.compile`` (the CPU interpreter), and compa
 
 The table gives the whole model's kernels and, per layer, the kernels found over the layers
 (the embedding, final norm and head included: an upper bound of a layer's own).
+
+**Decode** (``--decode``, the causal LMs): one new token over a cache of 16 earlier ones. The
+module captured takes the token id ``(1, 1)`` and each layer's cached keys and values
+``(1, kv_heads, 16, head_dim)``, fills a transformers ``DynamicCache`` with them and runs the
+model with ``use_cache=True``, returning the logits: the cache's concatenation, the rotary
+angles at position 16 and attention of one query over 17 keys are in the program. Its output
+is compared with eager on the same inputs. ``--reuse`` keeps the rows (prefill and decode)
+already in the results file for the architectures not named, so decode can be added later::
+
+    python -m benchmarks.models --only --decode llama mistral --reuse   # decode rows only
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import json
 import platform
 import time
 import traceback
+from pathlib import Path
 from typing import Any, Callable
 
 LAYERS, HIDDEN, HEADS, KV_HEADS, FFN, VOCAB, TOKENS = 2, 64, 4, 2, 128, 128, 16
@@ -89,6 +101,40 @@ ARCHITECTURES: dict[str, Callable[[], tuple[Any, dict]]] = {
 }
 
 
+DECODERS = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "gpt_neox")
+PAST = 16  # cached tokens at decode
+
+
+def _decode(build: Callable[[], tuple[Any, dict]]) -> Callable[[], tuple[Any, dict]]:
+    """The causal LM of ``build`` at decode: one token id over a cache of ``PAST`` tokens, the
+    cache passed in as tensors (see the module docstring)."""
+    def decode_build():
+        import torch
+        from transformers import DynamicCache
+        lm, _ = build()
+        cfg = lm.config
+        layers = cfg.num_hidden_layers
+        kv = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+
+        class Decode(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lm = lm
+
+            def forward(self, input_ids, *past):
+                cache = DynamicCache(config=cfg)
+                for i in range(layers):
+                    cache.update(past[2 * i], past[2 * i + 1], i)
+                return self.lm(input_ids=input_ids, past_key_values=cache, use_cache=True).logits
+
+        g = torch.Generator().manual_seed(2)
+        ids = torch.randint(0, VOCAB, (1, 1), generator=g)
+        past = tuple(torch.randn(1, kv, PAST, hd, generator=g) for _ in range(2 * layers))
+        return Decode(), {"input_ids": ids, "past": past}
+    return decode_build
+
+
 def _main_output(out: Any) -> Any:
     """The model's first tensor output (logits or the last hidden state)."""
     import torch
@@ -112,11 +158,12 @@ def run_one(name: str, build: Callable[[], tuple[Any, dict]]) -> dict[str, Any]:
         g = torch.Generator().manual_seed(1)
         for p in model.parameters():  # random weights of a trained model's scale
             p.data = torch.randn(p.shape, generator=g) * 0.2
+        past = inputs.pop("past", ())  # decode: the cache, positional after the token ids
         with torch.no_grad():
-            ref = _main_output(model(**inputs))
+            ref = _main_output(model(*inputs.values(), *past) if past else model(**inputs))
             cm = mp.compile(model, workers=1, database=False)
             t0 = time.perf_counter()
-            got = _main_output(cm(**inputs))
+            got = _main_output(cm(*inputs.values(), *past) if past else cm(**inputs))
             row["compile_s"] = round(time.perf_counter() - t0, 1)
         row["error"] = float((got - ref).norm() / ref.norm())
         regions = cm.regions()
@@ -146,31 +193,61 @@ def markdown(doc: dict) -> str:
            f"float32, CPU interpreter. *error*: norm-wise relative error of the main output "
            f"against eager. Kernels: the whole model's, naive -> found; per layer: found / "
            f"{LAYERS} (the embedding, final norm and head included).", "",
+           f"*decode*: one token over a cache of {PAST} (see `benchmarks/models.py`): error, "
+           "kernels naive -> found, per layer, search s, eager operators.", "",
            "| architecture | captured by | error | kernels naive -> found | per layer | "
-           "search s | eager operators (why) |", "|---|---|---|---|---|---|---|"]
+           "search s | eager operators (why) | decode |", "|---|---|---|---|---|---|---|---|"]
     for r in doc["rows"]:
+        dec = r.get("decode")
+        if dec is None:
+            dec_cell = "not measured" if r["architecture"] in DECODERS else "n/a (encoder)"
+        elif "failure" in dec:
+            dec_cell = f"failed: {dec['failure']}"
+        else:
+            dec_cell = (f"{dec['error']:.1e}; {dec['kernels_naive']} -> {dec['kernels']}; "
+                        f"{dec['kernels_per_layer']} a layer; {dec['search_s']} s"
+                        + (" (memory cache)" if dec.get("cached") else "") + "; eager: "
+                        + ("; ".join(dec["eager"]) or "none"))
         if "failure" in r:
-            out.append(f"| {r['architecture']} | failed: {r['failure']} | | | | | |")
+            out.append(f"| {r['architecture']} | failed: {r['failure']} | | | | | | {dec_cell} |")
             continue
         eager = "; ".join(r["eager"]) or "none"
         search = f"{r['search_s']}" + (" (an earlier row's program: memory cache)"
                                        if r.get("cached") else "")
         out.append(f"| {r['architecture']} | {r['captured']} | {r['error']:.1e} | "
                    f"{r['kernels_naive']} -> {r['kernels']} | {r['kernels_per_layer']} | "
-                   f"{search} | {eager} |")
+                   f"{search} | {eager} | {dec_cell} |")
     return "\n".join(out) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", nargs="*", choices=sorted(ARCHITECTURES))
+    ap.add_argument("--decode", nargs="*", choices=DECODERS, default=None,
+                    help="also measure these causal LMs at decode (no names: all of them)")
+    ap.add_argument("--reuse", action="store_true",
+                    help="keep the results file's rows for the architectures not named")
     ap.add_argument("--out", default=str(RESULTS / "models"))
     args = ap.parse_args(argv)
-    names = args.only or list(ARCHITECTURES)
+    names = list(ARCHITECTURES) if args.only is None else args.only  # `--only`: none
+    decode = [] if args.decode is None else (args.decode or list(DECODERS))
+    old: dict[str, dict] = {}
+    if args.reuse and Path(args.out).with_suffix(".json").exists():
+        old = {r["architecture"]: r for r in
+               json.loads(Path(args.out).with_suffix(".json").read_text())["rows"]}
     doc = {"date": _dt.date.today().isoformat(),
            "processor": platform.processor() or platform.machine(), "rows": []}
-    for name in names:
-        row = run_one(name, ARCHITECTURES[name])
+    for name in ARCHITECTURES:
+        if name not in names and name not in decode and name not in old:
+            continue
+        row = run_one(name, ARCHITECTURES[name]) if name in names or name not in old \
+            else old[name]
+        if name in decode:
+            dec = run_one(name, _decode(ARCHITECTURES[name]))
+            dec.pop("architecture", None)
+            row["decode"] = dec
+        elif name in old and "decode" in old[name]:
+            row["decode"] = old[name]["decode"]
         doc["rows"].append(row)
         print(name, {k: v for k, v in row.items() if k != "trace"}, flush=True)
     print(write_results(args.out, doc, markdown))

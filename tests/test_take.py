@@ -521,3 +521,54 @@ def test_numerics_probes_and_graphs_know_the_valid_indices():
     assert index_bounds(_fused_by_hand()[1]) == {"ids": V}
     q, fused = _fused_by_hand()
     assert numerics_verdict(q, fused, naive_lowering(q), seed=0, target="h100").ok
+
+
+class _Buffers:
+    """Token ids viewed and sliced, and BERT's index buffers: ``position_ids`` (``arange``) and
+    ``token_type_ids`` (zeros) sliced, gathered and expanded -- all of it before the lookups."""
+
+    @staticmethod
+    def make():
+        torch = pytest.importorskip("torch")
+
+        class M(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.wte = torch.nn.Embedding(20, 8)
+                self.wpe = torch.nn.Embedding(16, 8)
+                self.tte = torch.nn.Embedding(3, 8)
+                self.register_buffer("position_ids", torch.arange(16).expand((1, -1)),
+                                     persistent=False)
+                tt = torch.zeros((1, 16), dtype=torch.long)
+                tt[0, 1::3] = 2  # not a range and not all one value
+                self.register_buffer("token_type_ids", tt, persistent=False)
+
+            def forward(self, ids):
+                t = ids.shape[1] // 2
+                flat = ids.view(-1, t)  # (2, 2t) -> (4, t): a view of the token ids
+                pos = self.position_ids[:, 1:t + 1]
+                types = torch.gather(self.token_type_ids.expand(1, -1), 1, pos)
+                x = self.wte(flat) + self.wpe(pos) + self.tte(types.expand(flat.shape[0], t))
+                return x * 2.0 + self.wte(ids[:, 1:3]).mean(dim=(0, 1))
+
+        torch.manual_seed(0)
+        return M().eval()
+
+
+def test_index_views_and_index_buffers_run_in_the_region():
+    torch = pytest.importorskip("torch")
+    m = _Buffers.make()
+    ids = torch.randint(0, 20, (2, 8), generator=torch.Generator().manual_seed(4))
+    cm = mp.compile(m, (ids,), workers=1, time_budget_s=15, progress=False)
+    with torch.no_grad():
+        got, want = cm(ids), m(ids)
+        ids2 = torch.randint(0, 20, (2, 8), generator=torch.Generator().manual_seed(5))
+        got2, want2 = cm(ids2), m(ids2)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got2.numpy(), want2.numpy(), rtol=1e-5, atol=1e-5)
+    assert cm.eager_ops() == []
+    assert all(r["verified"] for r in cm.regions())
+    # a changed index buffer is seen (its value is checked at every call)
+    m.token_type_ids[0, 0] = 1
+    with torch.no_grad():
+        np.testing.assert_allclose(cm(ids).numpy(), m(ids).numpy(), rtol=1e-5, atol=1e-5)

@@ -259,6 +259,76 @@ def test_mask_buffer_and_fused_qkv_projection():
                           for t in r.program.nodes()}
 
 
+class Conv1DAttention(MinGPTAttention):
+    """GPT-2's form of the same: the fused projection an ``addmm`` of the flattened rows with an
+    untransposed weight (transformers' ``Conv1D``), viewed back to (B, T, 3C) before the split."""
+
+    def __init__(self, n_embd=32, n_head=2, max_seqlen=16):
+        super().__init__(n_embd, n_head, max_seqlen)
+        self.w = nn.Parameter(torch.randn(n_embd, 3 * n_embd))
+        self.b = nn.Parameter(torch.randn(3 * n_embd))
+
+    def forward(self, x):
+        B, T, C = x.size()
+        y = torch.addmm(self.b, x.view(-1, C), self.w).view(B, T, 3 * C)
+        q, k, v = y.split(self.n_embd, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+
+def test_conv1d_qkv_projection_viewed_before_its_split_moves_into_the_weights():
+    m = _randomize(Conv1DAttention()).to(F16).eval()
+    x = _rand(2, 8, 32)
+    cm = mp.compile(m, (x,), **dict(OPTS, time_budget_s=8))
+    with torch.no_grad():
+        _close(cm(x), m(x))
+    _fused(cm)
+    assert not cm.eager_ops()
+    inputs = cm.regions()[0]["inputs"]  # the columns of w and b, split into heads by torch
+    assert {"w_cols0_heads", "w_cols32_heads", "w_cols64_heads", "b_cols0_heads"} <= set(inputs)
+    ops = {t.op for g in cm.graphs.values() for r in g.regions if r.program
+           for t in r.program.nodes()}
+    assert "slice" not in ops and "transpose" in ops  # k's transpose for q @ k^T only
+
+
+class QKNormAttention(nn.Module):
+    """Qwen3's form: an RMSNorm over each head's features between the head split and the
+    transpose that moves heads before the rows."""
+
+    def __init__(self, n_embd=32, n_head=2):
+        super().__init__()
+        self.q, self.k, self.v, self.o = (nn.Linear(n_embd, n_embd, bias=False)
+                                          for _ in range(4))
+        self.q_norm, self.k_norm = nn.RMSNorm(n_embd // n_head), nn.RMSNorm(n_embd // n_head)
+        self.n_head = n_head
+
+    def forward(self, x):
+        B, T, C = x.size()
+        heads = (B, T, self.n_head, C // self.n_head)
+        q = self.q_norm(self.q(x).view(heads)).transpose(1, 2)
+        k = self.k_norm(self.k(x).view(heads)).transpose(1, 2)
+        v = self.v(x).view(heads).transpose(1, 2)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o(y.transpose(1, 2).reshape(B, T, C))
+
+
+def test_per_head_norm_before_the_transpose_leaves_the_head_split_in_the_weights():
+    m = _randomize(QKNormAttention()).eval()
+    for nrm in (m.q_norm, m.k_norm):
+        nrm.weight.data += 1.0
+    x = _rand(2, 8, 32, dtype=torch.float32)
+    cm = mp.compile(m, (x,), **dict(OPTS, time_budget_s=8))
+    with torch.no_grad():
+        _close(cm(x), m(x))
+    _fused(cm)
+    assert {"q_weight_t_heads", "k_weight_t_heads", "v_weight_t_heads"} <= \
+        set(cm.regions()[0]["inputs"])
+    transposes = [t for g in cm.graphs.values() for r in g.regions if r.program
+                  for t in r.program.nodes() if t.op == "transpose"]
+    assert len(transposes) == 1  # k's, for q @ k^T
+
+
 # ---- unsupported operators, weights, report, recompiles -----------------------------------
 
 class WithSort(nn.Module):

@@ -113,6 +113,11 @@ CASES = {
                 + F.avg_pool1d(x.flatten(2), 5).view(2, 3, 2, 2), (2, 3, 5, 4)),
     "pooling3d": (lambda x: F.avg_pool3d(x, 2) * F.max_pool3d(x, (1, 2, 2)).mean(2, keepdim=True),
                   (1, 2, 4, 4, 4)),
+    # a patch projection (stride = kernel, ViT's patch embedding): patches @ weight
+    "patch_conv2d": (nn.Conv2d(3, 8, 4, stride=4), (2, 3, 8, 12)),
+    "patch_conv1d_no_bias": (nn.Conv1d(2, 5, 3, stride=3, bias=False), (1, 2, 9)),
+    # an empty slice past a 4-wide rotary part is a constant that the concatenation skips
+    "empty_slice_cat": (lambda x: torch.cat([x[..., :4] * 2, x[..., 4:]], -1), (2, 3, 4)),
     "additive_mask": (lambda s: (s + torch.full((5, 5), float("-inf")).triu(1)).softmax(-1),
                       (2, 5, 5)),
 }
@@ -330,3 +335,9 @@ def test_infinite_fill_becomes_finite():
                                               float("-inf")), (_r(3, 3),))
     consts = [t.attr("value") for t in p.nodes() if t.op == "const"]
     assert consts and all(math.isfinite(c) for c in consts)
+
+
+def test_a_convolution_that_is_not_a_patch_projection_is_named():
+    conv = nn.Conv2d(3, 4, 3, padding=1).eval()
+    with pytest.raises(UnsupportedOperatorError, match=r"convolution.*padding \(1, 1\).*stride"):
+        mp.from_torch(conv, (_r(1, 3, 8, 8),))

@@ -80,6 +80,18 @@ class Boundary:
     shape: tuple[int, ...]
     dtype: Any
     static: bool = False
+    #: torch view ops (``("reshape", shape)``, ``("narrow", dim, start, length)``) applied to the
+    #: runtime tensor at call time: views of index tensors, which programs read only through
+    #: ``take`` (GPT-2's ``input_ids.view(-1, T)``)
+    ops: tuple = ()
+
+    @property
+    def ref(self) -> str:
+        """What identifies the value with its view ops (one program input per view)."""
+        return self.key + "".join(f"|{op!r}" for op in self.ops)
+
+    def viewed(self, op: tuple, shape: tuple[int, ...]) -> "Boundary":
+        return Boundary(self.key, tuple(shape), self.dtype, self.static, self.ops + (op,))
 
 
 class _NotComputed:
@@ -206,14 +218,19 @@ class NodeContext:
             return self._input_of(v, what, index_dtype, "are", "indices are int32 or int64")
         if _is_torch_tensor(v):
             flat = v.detach().to("cpu").reshape(-1)
-            if v.is_floating_point() or v.is_complex() or flat.numel() == 0:
+            if v.is_floating_point() or v.is_complex() or v.dtype == _torch().bool or \
+                    flat.numel() == 0:
                 raise Unsupported(f"its {what} are a constant of dtype {v.dtype}")
             first = int(flat[0].item())
             want = _torch().arange(first, first + flat.numel(), dtype=flat.dtype)
             if bool((flat == want).all()):  # of any shape: the result is reshaped after
                 return first, first + flat.numel()
-            raise Unsupported(f"its {what} are a constant {tuple(v.shape)} that is not a "
-                              "contiguous range")
+            if int(flat.min().item()) < 0:
+                raise Unsupported(f"its {what} are a constant {tuple(v.shape)} with negative "
+                                  "entries")
+            # other constant indices (BERT's token types, folded from their buffer): an index
+            # input fed from the constant
+            return self._const_input(v, self.node.name, index_dtype(v.dtype) or "int64")
         raise Unsupported(f"its {what} are {type(v).__name__}, not a tensor")
 
     def _float_dtype(self, v: Any) -> str:
@@ -733,6 +750,56 @@ def _linear(ctx: NodeContext, x: Any, w: Any, bias: Any = None) -> Sym:
     if bias is not None:
         y = y + ctx.operand(bias, dt, "bias")
     return _result(ctx, y)
+
+
+@op("convolution")
+def _convolution(ctx: NodeContext, x: Any, w: Any, bias: Any, stride: Any, padding: Any,
+                 dilation: Any, transposed: bool, output_padding: Any, groups: int) -> Sym:
+    """A patch projection -- stride equal to the kernel, no padding, dilation 1, one group, the
+    spatial sizes multiples of the kernel (ViT's patch embedding) -- is a reshape and transpose
+    of the input into patches and a matmul with the weight viewed as ``(O, C * k1 * ...)``:
+    ``out[n, o, p...] = sum_{c, i...} x[n, c, p * k + i ...] w[o, c, i...]``. Other convolutions
+    are not expressed (a window that overlaps or skips needs a gather of its own)."""
+    xs, ws = ctx.sym(x), ctx.sym(w, "weight")
+    n = len(ws.shape) - 2
+    kernel = ws.shape[2:]
+
+    def ints(v: Any) -> tuple[int, ...]:
+        return tuple(int(a) for a in (v if isinstance(v, (list, tuple)) else [v] * n))
+    stride, padding, dilation = ints(stride), ints(padding), ints(dilation)
+    spatial = xs.shape[2:]
+    why = []
+    if transposed:
+        why.append("transposed")
+    if int(groups) != 1:
+        why.append(f"groups={groups}")
+    if any(p != 0 for p in padding):
+        why.append(f"padding {padding}")
+    if any(d != 1 for d in dilation):
+        why.append(f"dilation {dilation}")
+    if stride != kernel:
+        why.append(f"stride {stride} != kernel {kernel}")
+    if len(spatial) != n or any(sz % k for sz, k in zip(spatial, kernel)):
+        why.append(f"input {xs.shape} not whole patches of {kernel}")
+    if why:
+        raise Unsupported("only a patch projection (stride = kernel, no padding, dilation 1, "
+                          f"one group) is expressed; this convolution of {xs.shape} by "
+                          f"{ws.shape} has " + ", ".join(why))
+    dt = ctx.out_dtype()
+    batch, chans, out_ch = xs.shape[0], xs.shape[1], ws.shape[0]
+    patches = tuple(sz // k for sz, k in zip(spatial, kernel))
+    ck = chans * math.prod(kernel)
+    split = (batch, chans) + tuple(a for pk in zip(patches, kernel) for a in pk)
+    t = lax.reshape(materialize(xs), split)
+    # (N, C, P1, k1, ..., Pn, kn) -> (N, P1, ..., Pn, C, k1, ..., kn)
+    perm = (0,) + tuple(2 + 2 * i for i in range(n)) + (1,) + tuple(3 + 2 * i for i in range(n))
+    t = lax.reshape(lax.transpose(t, perm), (batch, math.prod(patches), ck))
+    wm = lax.transpose(lax.reshape(materialize(ws), (out_ch, ck)))
+    y = lax.matmul(cast(t, dt), cast(wm, dt))
+    if bias is not None:
+        y = y + ctx.operand(bias, dt, "bias")
+    y = lax.reshape(y, (batch,) + patches + (out_ch,))
+    return _result(ctx, lax.transpose(y, (0, n + 1) + tuple(range(1, n + 1))))
 
 
 # reductions -----------------------------------------------------------------------------------
@@ -1320,8 +1387,19 @@ def reshape_sym(s: Sym, new: tuple[int, ...]) -> Sym:
 @op("view", "_unsafe_view", "reshape", "view_copy", "_reshape_alias", "flatten", "unflatten",
     "squeeze", "squeeze_copy", "unsqueeze", "unsqueeze_copy", "expand_as", "view_as",
     "reshape_as", "_unsafe_view_copy", "numpy_T_copy")
-def _view(ctx: NodeContext, x: Any, *args: Any, **kw: Any) -> Sym:
+def _view(ctx: NodeContext, x: Any, *args: Any, **kw: Any) -> Sym | Boundary:
+    if _index_boundary(x):  # a view of token ids: taken by torch at call time
+        if x.shape == ctx.out_shape():
+            return x
+        return x.viewed(("reshape", ctx.out_shape()), ctx.out_shape())
     return reshape_sym(ctx.sym(x), ctx.out_shape())
+
+
+def _index_boundary(x: Any) -> bool:
+    """Is ``x`` a runtime index tensor (int32 / int64), which programs read only through
+    ``take``? Views of it stay runtime tensors (:meth:`Boundary.viewed`)."""
+    return isinstance(x, Boundary) and index_dtype(x.dtype) is not None and \
+        all(d > 0 for d in x.shape)
 
 
 @op("expand", "expand_copy", "broadcast_to")
@@ -1385,14 +1463,16 @@ def _norm_range(start: Any, end: Any, n: int) -> tuple[int, int]:
 
 @op("slice", "slice_copy")
 def _slice(ctx: NodeContext, x: Any, dim: int = 0, start: Any = None, end: Any = None,
-           step: int = 1) -> Sym:
-    s = ctx.sym(x)
+           step: int = 1) -> Sym | Boundary:
+    s = x if _index_boundary(x) else ctx.sym(x)
     if step != 1:
         raise Unsupported(f"slice with step {step}")
     d = _dim(int(dim), len(s.shape))
     lo, hi = _norm_range(start, end, s.shape[d])
     if lo >= hi:
         raise Unsupported(f"an empty slice {start}:{end} of dim {d} of {s.shape}")
+    if isinstance(s, Boundary):  # rows of token ids: taken by torch at call time
+        return s.viewed(("narrow", d, lo, hi - lo), ctx.out_shape())
     return slice_sym(s, d, lo, hi)
 
 

@@ -62,8 +62,9 @@ class Captured:
     constants: dict[str, Any] = field(default_factory=dict)  # constant placeholder -> tensor
     method: str = "export"
     export_error: str = ""  # why export failed, when make_fx captured instead
-    #: buffers that hold a mask (rank >= 2, only 0 and 1): folded as constants at capture, their
-    #: values checked at every call (placeholder -> the value at capture)
+    #: buffers that hold a mask (rank >= 2, only 0 and 1) or indices (small integer buffers:
+    #: positions, token types): folded as constants at capture, their values checked at every
+    #: call (placeholder -> the value at capture)
     masks: dict[str, Any] = field(default_factory=dict)
 
 
@@ -80,10 +81,18 @@ def mask_like(t: Any) -> bool:
     return bool(((v == 0) | (v == 1)).all())
 
 
+def index_like(t: Any) -> bool:
+    """A small integer tensor (not bool): an index buffer such as BERT's ``position_ids``
+    (``arange(n)``) or ``token_type_ids``, whose values decide which rows a lookup picks."""
+    torch = _torch()
+    return isinstance(t, torch.Tensor) and t.numel() > 0 and t.numel() <= (1 << 16) and \
+        t.dtype != torch.bool and not t.is_floating_point() and not t.is_complex()
+
+
 def _masks(roles: list[InputRole], values: dict[str, Any], mutated: set[str]) -> dict[str, Any]:
     return {r.node: values[r.node].detach().to("cpu").clone() for r in roles
             if r.kind == "buffer" and r.node in values and r.name not in mutated
-            and mask_like(values[r.node])}
+            and (mask_like(values[r.node]) or index_like(values[r.node]))}
 
 
 def decomposition_table() -> dict:

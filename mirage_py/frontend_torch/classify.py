@@ -156,6 +156,11 @@ class Analysis:
                 ins = node.all_input_nodes
                 if pk in RANDOM or node.name in self.forced:
                     continue
+                empty = _empty_result(node)
+                if empty is not None:  # no elements: nothing to compute (Phi-3's `16:` slices)
+                    self.consts[node.name] = empty
+                    self.kind[node.name] = "const"
+                    continue
                 if not all(i.name in self.consts for i in ins) and pk not in SHAPE_ONLY:
                     continue
                 try:
@@ -181,10 +186,10 @@ class Analysis:
             counter[0] += 1
             return make_input(f"b{counter[0]}", b.shape, input_dtype(b.dtype))
 
-        def const_in(v: Any, where: str) -> Tensor:
+        def const_in(v: Any, where: str, dtype: str | None = None) -> Tensor:
             counter[0] += 1
             return make_input(f"c{counter[0]}", tuple(int(d) for d in v.shape),
-                              mirage_dtype(v.dtype) or "float32")
+                              dtype or mirage_dtype(v.dtype) or "float32")
 
         for node in self.nodes:
             name = node.name
@@ -328,6 +333,21 @@ def _dummy(node: Any) -> Any:
     raise ValueError("not a tensor")
 
 
+def _empty_result(node: Any) -> Any:
+    """An empty tensor of the node's shape and dtype when its result has no elements (a slice
+    past the end, say): such a value is the same whatever the inputs, a constant."""
+    m = node_meta(node)
+    if not _is_tensor_meta(m):
+        return None
+    try:
+        shape = _static_shape(m)
+    except Unsupported:
+        return None
+    if 0 not in shape:
+        return None
+    return _torch().empty(shape, dtype=m.dtype)
+
+
 def _too_big(v: Any) -> bool:
     if isinstance(v, (tuple, list)):
         return any(_too_big(x) for x in v)
@@ -374,6 +394,11 @@ def _check(node: Any, value: Any) -> None:
         for v, mm in zip(value, metas):
             if isinstance(v, Sym):
                 _check_one(v, mm)
+        return
+    if isinstance(value, Boundary):  # a view of a runtime index tensor
+        if not _is_tensor_meta(m) or value.shape != _static_shape(m) or value.dtype != m.dtype:
+            raise Unsupported(f"internal: an index view {value.shape} {value.dtype}, torch "
+                              f"says {getattr(m, 'shape', None)} {getattr(m, 'dtype', None)}")
         return
     if not isinstance(value, Sym):
         raise Unsupported(f"its result is {type(value).__name__}, not a tensor")

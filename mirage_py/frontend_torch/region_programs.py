@@ -16,6 +16,7 @@ from typing import Any
 
 from ..errors import TorchCaptureError
 from ..lax import tensor as _lt
+from ..lax.ops import OPS
 from ..lax.program import Program
 from ..lax.tensor import Tensor, make_input, topo_order
 from .aten import Boundary, Sym, Unsupported, input_dtype, mirage_dtype, ranked
@@ -88,23 +89,24 @@ def build_region(an: Analysis, level: int, index: int, name: str = "region") -> 
         return names(role.name if role is not None else key)
 
     def make_in(b: Boundary) -> Tensor:
-        if b.key not in by_key:
-            nm = input_name(b.key)
+        if b.ref not in by_key:
+            nm = input_name(b.key) if not b.ops else names(f"{input_name(b.key)}_view")
             ref, _, idx = b.key.partition("[")
             ops = (("item", int(idx[:-1])),) if idx else ()
-            inputs[nm] = Source(ref, ops, b.static)
-            by_key[b.key] = make_input(nm, b.shape, input_dtype(b.dtype))
-        return by_key[b.key]
+            inputs[nm] = Source(ref, ops + b.ops, b.static)
+            by_key[b.ref] = make_input(nm, b.shape, input_dtype(b.dtype))
+        return by_key[b.ref]
 
-    def const_in(v: Any, where: str) -> Tensor:
+    def const_in(v: Any, where: str, dtype: str | None = None) -> Tensor:
+        dt = dtype or mirage_dtype(v.dtype) or "float32"
         for key, c in consts.items():
-            if c is v:
+            if c is v and by_key[key].dtype == dt:
                 return by_key[key]
         key = f"#const{len(consts)}_{where}"
         consts[key] = v
         nm = names(f"const_{where}")
-        dt = mirage_dtype(v.dtype) or "float32"
-        inputs[nm] = Source(key, (("to", dt),) if mirage_dtype(v.dtype) is None else (), True)
+        same = str(v.dtype).replace("torch.", "") == dt
+        inputs[nm] = Source(key, () if same else (("to", dt),), True)
         by_key[key] = make_input(nm, tuple(int(d) for d in v.shape), dt)
         return by_key[key]
 
@@ -129,6 +131,8 @@ def build_region(an: Analysis, level: int, index: int, name: str = "region") -> 
     reads: list[tuple[str, Sym]] = []
     for n in nodes:
         v = values[n.name]
+        if isinstance(v, Boundary):  # a view of a runtime index tensor: passed through
+            v = Sym(make_in(v), v.shape)
         if not isinstance(v, Sym):
             continue
         if any(u.name not in inside for u in n.users):
@@ -139,7 +143,7 @@ def build_region(an: Analysis, level: int, index: int, name: str = "region") -> 
 
 def _region_boundary(an: Analysis, n: Any) -> Any:
     v = an.values.get(n.name)
-    if isinstance(v, Sym):
+    if isinstance(v, (Sym, Boundary)):
         m = node_meta(n)
         return Boundary(n.name, v.shape, m.dtype, False)
     if isinstance(v, tuple):  # read through its getitem nodes, never whole
@@ -230,7 +234,75 @@ def _fold_head_layouts(roots: list[Tensor], inputs: dict[str, Source], names: Un
     """Weight layouts: first column slices of products with static weights (a fused QKV
     projection split in three), then attention's head split and merge (see
     :func:`_fold_weights`)."""
-    return _fold_weights(_fold_weights(roots, inputs, names, "slices"), inputs, names, "heads")
+    roots = _sink_transposes(_fold_weights(roots, inputs, names, "slices"))
+    return _fold_weights(roots, inputs, names, "heads")
+
+
+def _sink_transposes(roots: list[Tensor]) -> list[Tensor]:
+    """``transpose(f(v))`` as ``f(transpose(v))`` where ``f`` works along the last axis, which the
+    transpose keeps: element-wise operators and keep-dims reductions over axes the transpose
+    fixes, whose other operands are ``v``, values of ``f`` read by nothing else, or tensors of
+    lower rank that broadcast the same way after the transpose (a norm's weight). A per-head
+    norm between attention's head split and its transpose (Qwen3's q / k RMSNorm) so leaves the
+    split next to the projection, where :func:`_fold_weights` moves it into the weight."""
+    order = topo_order(roots)
+    readers: dict[int, list[Tensor]] = {}
+    for t in order:
+        for i in t.inputs:
+            readers.setdefault(id(i), []).append(t)
+    for t in roots:
+        readers.setdefault(id(t), []).append(t)
+
+    def chain(t: Tensor) -> tuple[Tensor, list[Tensor]] | None:
+        """(v, the nodes of f in dependency order) for ``t = transpose(f(v))``, or None."""
+        perm = t.attr("perm")
+        n = len(perm)
+        fixed = {a for a in range(n) if perm[a] == a}
+        if n - 1 not in fixed:
+            return None
+        nodes: dict[int, Tensor] = {}
+        sources: dict[int, Tensor] = {}
+        stack = [t.inputs[0]]
+        while stack:
+            y = stack.pop()
+            if id(y) in nodes or id(y) in sources:
+                continue
+            spec = OPS[y.op]
+            if y.ndim == n and (spec.elementwise or (
+                    spec.category == "reduce" and y.attr("keepdims") and
+                    set(y.attr("axes")) <= fixed)) and y.op not in ("const", "mask"):
+                nodes[id(y)] = y
+                for i in y.inputs:
+                    if i.ndim == n:
+                        stack.append(i)
+                    elif any(perm[a] != a for a in range(n - i.ndim, n)):
+                        return None  # it would broadcast against other dims
+            else:
+                sources[id(y)] = y
+        if len(sources) != 1 or not nodes:
+            return None
+        inside = set(nodes) | {id(t)}
+        if any(id(r) not in inside for y in nodes.values() for r in readers.get(id(y), [])):
+            return None  # f's values are read elsewhere too: both layouts would be computed
+        (v,) = sources.values()
+        return v, [y for y in order if id(y) in nodes]
+
+    new: dict[int, Tensor] = {}
+    for t in order:
+        ins = [new[id(i)] for i in t.inputs]
+        if t.op == "transpose" and t.inputs[0].ndim == len(t.attr("perm")):
+            found = chain(t)
+            if found is not None:
+                v, f = found
+                sub = {id(v): _lt.transpose(new[id(v)], t.attr("perm"))}
+                for y in f:
+                    sub[id(y)] = _lt.apply(y.op, [sub.get(id(i), new[id(i)]) for i in y.inputs],
+                                           y.attr_dict)
+                new[id(t)] = sub[id(t.inputs[0])]
+                continue
+        new[id(t)] = t if all(a is b for a, b in zip(ins, t.inputs)) else \
+            _lt.apply(t.op, ins, t.attr_dict)
+    return [new[id(t)] for t in roots]
 
 
 def _fold_weights(roots: list[Tensor], inputs: dict[str, Source], names: UniqueNames, rules: str
@@ -260,12 +332,16 @@ def _fold_weights(roots: list[Tensor], inputs: dict[str, Source], names: UniqueN
     root_digests = {t.digest for t in roots}
 
     def product(y: Tensor) -> tuple[Tensor | None, Tensor | None]:
-        """``y`` as (``X @ Wt``, bias or None) with a static bias over the last axis."""
+        """``y`` as (``X @ Wt``, bias or None) with a static bias over the last axis (a vector,
+        or per head ``(H, 1, D)`` once the head split is in the weights)."""
         if y.op == "matmul":
             return y, None
-        if y.op == "add" and y.inputs[0].op == "matmul" and static(y.inputs[1]) and \
-                y.inputs[1].ndim == 1:
-            return y.inputs[0], y.inputs[1]
+        if y.op == "add" and y.inputs[0].op == "matmul" and static(y.inputs[1]):
+            b = y.inputs[1]
+            if b.ndim == 1 or (rules == "slices" and b.ndim <= y.ndim and
+                               b.shape[-1] == y.shape[-1] and
+                               all(d == 1 for d in b.shape[-2:-1])):
+                return y.inputs[0], b
         return None, None
 
     def static(t: Tensor) -> bool:
@@ -287,20 +363,32 @@ def _fold_weights(roots: list[Tensor], inputs: dict[str, Source], names: UniqueN
 
     def sliced_columns(t: Tensor) -> Tensor | None:
         y = t.inputs[0]
-        mm, bias = product(y)
         last = y.ndim - 1
-        if mm is None or t.attr("axis") != last or y.digest in root_digests or \
-                not all(u.op == "slice" and u.attr("axis") == last for u in readers[y.digest]) \
-                or (bias is not None and users[mm.digest] != 1):
+        if t.attr("axis") != last or y.digest in root_digests or \
+                not all(u.op == "slice" and u.attr("axis") == last for u in readers[y.digest]):
+            return None
+        # under reshapes that keep the columns (a 2-D addmm viewed as (B, S, N), as GPT-2's
+        # fused QKV projection is), each read once
+        base = y
+        while base.op == "reshape" and base.inputs[0].shape[-1:] == y.shape[-1:] and \
+                (base is y or users[base.digest] == 1):
+            base = base.inputs[0]
+        if base is not y and users[base.digest] != 1:
+            return None
+        mm, bias = product(base)
+        if mm is None or (bias is not None and users[mm.digest] != 1):
             return None
         x, wt = mm.inputs
-        if not static(wt) or wt.ndim != 2:
+        if not static(wt) or wt.ndim < 2:
             return None
         a, b = t.attr("start"), t.attr("stop")
-        out = _lt.matmul(new[x.digest], derived(wt, (("narrow", 1, a, b - a),), f"cols{a}",
-                                                (wt.shape[0], b - a)))
+        out = _lt.matmul(new[x.digest], derived(wt, (("narrow", wt.ndim - 1, a, b - a),),
+                                                f"cols{a}", wt.shape[:-1] + (b - a,)))
         if bias is not None:
-            out = out + derived(bias, (("narrow", 0, a, b - a),), f"cols{a}", (b - a,))
+            out = out + derived(bias, (("narrow", bias.ndim - 1, a, b - a),), f"cols{a}",
+                                bias.shape[:-1] + (b - a,))
+        if out.shape != t.shape and math.prod(out.shape) == math.prod(t.shape):
+            out = _lt.reshape(out, t.shape)
         return out if out.shape == t.shape else None
 
     def heads_in(t: Tensor) -> Tensor | None:
@@ -322,6 +410,8 @@ def _fold_weights(roots: list[Tensor], inputs: dict[str, Source], names: UniqueN
         k, _ = wt.shape
         h, d = r.shape[-2:]
         x = new[x.digest]
+        while x.op == "reshape":  # a reshape of a reshape is one reshape
+            x = x.inputs[0]
         xr = _lt.reshape(x, r.shape[:-3] + (1, r.shape[-3], k))
         out = _lt.matmul(xr, derived(wt, (("reshape", (k, h, d)), ("permute", (1, 0, 2))),
                                      "heads", (h, k, d)))

@@ -43,6 +43,9 @@ def whole_program(cap: Captured, name: str) -> tuple[Program, dict[str, str], di
     sources: dict[str, str] = {}
 
     def make_in(b: Boundary) -> Tensor:
+        if b.ops:  # a program's inputs are the module's arguments and state as they are
+            raise Unsupported(f"it reads a view {b.ops} of the index tensor {b.key} {b.shape}; "
+                              "a whole program takes its index inputs unviewed")
         if b.key not in by_key:
             role = an.roles.get(b.key)
             nm = names(role.name if role is not None else b.key)
@@ -52,17 +55,17 @@ def whole_program(cap: Captured, name: str) -> tuple[Program, dict[str, str], di
 
     constants: dict[str, Any] = {}
 
-    def const_in(v: Any, where: str) -> Tensor:
+    def const_in(v: Any, where: str, dtype: str | None = None) -> Tensor:
         # a constant that is no scalar or position mask (rotary positions from arange, say): an
         # input whose value the TorchProgram keeps (``constants``; ``bind`` supplies it)
+        dt = dtype or mirage_dtype(v.dtype) or "float32"
         for nm, c in constants.items():
-            if c is v:
+            if c is v and by_key[f"#{nm}"].dtype == dt:
                 return by_key[f"#{nm}"]
         nm = names(f"const_{where}")
         constants[nm] = v
         sources[nm] = "<constant>"
-        by_key[f"#{nm}"] = make_input(nm, tuple(int(d) for d in v.shape),
-                                      mirage_dtype(v.dtype) or "float32")
+        by_key[f"#{nm}"] = make_input(nm, tuple(int(d) for d in v.shape), dt)
         return by_key[f"#{nm}"]
 
     values: dict[str, Any] = {}

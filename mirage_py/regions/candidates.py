@@ -246,21 +246,47 @@ def _variants(dag: PartDag, ats: list[Atom], nbrs: dict, s: frozenset,
     if core is None:
         return []
     inside = {k for k, a in enumerate(ats) if a.ops <= core}
-    optional = sorted({j for k in inside for j in nbrs[k]
-                       if j not in inside and ats[j].anchor is None and not ats[j].barrier})
-    optional = [j for j in optional if close(inside | {j}) is not None]
-    if 2 ** len(optional) <= max_variants:
-        choices = [set(c) for r in range(len(optional) + 1)
-                   for c in itertools.combinations(optional, r)]
-    else:  # none, all, each one alone, all but each one
-        choices = [set(), set(optional)] + [{j} for j in optional] + \
-            [set(optional) - {j} for j in optional]
-    out = []
-    for c in choices:
-        ops = close(inside | c)
-        if ops is not None and ops not in out:
-            out.append(ops)
+    out: list[frozenset] = []
+    for base in (inside, _epilogues(dag, ats, nbrs, inside, close)):
+        if base is not inside and base == inside:
+            continue
+        optional = sorted({j for k in base for j in nbrs[k]
+                           if j not in base and ats[j].anchor is None and not ats[j].barrier})
+        optional = [j for j in optional if close(base | {j}) is not None]
+        if 2 ** len(optional) <= max_variants:
+            choices = [set(c) for r in range(len(optional) + 1)
+                       for c in itertools.combinations(optional, r)]
+        else:  # none, all, each one alone, all but each one
+            choices = [set(), set(optional)] + [{j} for j in optional] + \
+                [set(optional) - {j} for j in optional]
+        for c in choices:
+            ops = close(base | c)
+            if ops is not None and ops not in out:
+                out.append(ops)
     return out
+
+
+def _epilogues(dag: PartDag, ats: list[Atom], nbrs: dict, inside: set[int], close) -> set[int]:
+    """``inside`` with the glue that reads nothing computed outside it, taken in until none is
+    left: a bias added to a product, then the slices, negation and concatenation of a rotary
+    embedding's ``rotate_half`` of that sum. The variants around this larger core reach the
+    glue that is one step further (the multiplications by ``cos`` and ``sin``), which the
+    variants around the anchors alone cannot when a bias add sits in between."""
+    grown = set(inside)
+    changed = True
+    while changed:
+        changed = False
+        ops = set().union(*(ats[k].ops for k in grown))
+        for j in sorted({j for k in grown for j in nbrs[k]} - grown):
+            a = ats[j]
+            if a.anchor is not None or a.barrier:
+                continue
+            if all(p in ops or p in a.ops for d in a.ops for p in dag.operands(d)) and \
+                    close(grown | {j}) is not None:
+                grown.add(j)
+                ops |= a.ops
+                changed = True
+    return grown
 
 
 def floor_groups(dag: PartDag) -> list[frozenset]:
