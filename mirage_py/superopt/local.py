@@ -54,7 +54,12 @@ class LocalExecutor(Executor):
         return out
 
     def verify(self, jobs: list[VerifyJob], run: Any) -> dict:
-        return {job.key: verify_here(job, run) for job in jobs}
+        out = {}
+        for job in jobs:  # one after another, until the budget ends
+            if run.out_of_time():
+                break
+            out[job.key] = verify_here(job, run)
+        return out
 
     def measure(self, jobs: list[MeasureJob], run: Any) -> dict[str, Measured]:
         out = {}
@@ -120,7 +125,7 @@ def _run_jobs(jobs: list[ExploreJob], run: Any) -> dict[str, Explored]:
                 out[key] = Explored.from_json(json.loads(payload))
                 running.pop(key).join(timeout=1)
         except KeyboardInterrupt:
-            run.interrupted = True
+            run.interrupt()
             _drain(q, out)
         finally:
             for p in running.values():
