@@ -233,14 +233,14 @@ class PartCover:
             self._from_database(st)
             if st.status is Status.VERIFIED or st.floor is not None:
                 continue
-            if run.interrupted or (run.expired() and
-                                   time.perf_counter() - tf > FLOOR_SECONDS):
+            share = max(0.05, (FLOOR_SECONDS - (time.perf_counter() - tf)) /
+                        (len(self.floor_keys) - i))
+            if run.interrupted or (time.perf_counter() - tf > FLOOR_SECONDS and (
+                    run.expired() or not run.room_for_check(extra_s=share))):
                 # no time left (past the first FLOOR_SECONDS, which any budget gets): the
                 # naive operators cover the remaining groups
                 self.cut_short = True
                 break
-            share = max(0.05, (FLOOR_SECONDS - (time.perf_counter() - tf)) /
-                        (len(self.floor_keys) - i))
             ex = None if run.db is None else \
                 stored_exploration(run.db, st.program, run.target, run.key, FLOOR, floor=True)
             if ex is None:
@@ -285,6 +285,8 @@ class PartCover:
             if untuned:
                 self._tune(untuned)
                 continue
+            if not self.run.room_for_check():
+                return  # no check could end before the budget does (keep_verified answers)
             self._verify_all([st for st in todo if st.status is Status.EXPLORED])
 
     def keep_verified(self) -> None:
@@ -478,8 +480,8 @@ class PartCover:
             if not st.options or st.tried >= run.settings.max_verify:
                 st.fail()
                 continue
-            if st.key not in got and run.out_of_time():
-                continue  # not verified before the budget ended: it stays out of the answer
+            if st.key not in got and not run.room_for_check():
+                continue  # no time to verify it before the budget ends: it stays out
             res = self._first_verified(st, st.options, "search", st.explored, tries=1,
                                        known=got.get(st.key))
             if res is not None:
@@ -493,6 +495,8 @@ class PartCover:
         numerically safe; ``known``: the first one's verification, done already."""
         run = self.run
         while options and tries > 0:
+            if source == "search" and not run.room_for_check(known=known is not None):
+                return None  # no time left to check it: the structure stays unverified
             opt = options.pop(0)
             tries -= 1
             st.tried += source == "search"
@@ -753,8 +757,11 @@ def _finite(st: Structure, graph: KernelGraph, run: Run) -> bool:
     (``numerics_verdict``: attention without its max, say, whose exp overflows float16; a sum
     of squares stored in float16)."""
     from ..verifier import numerics_verdict
-    return numerics_verdict(st.program, graph, st.naive(run.model, run.target).graph,
-                            seed=run.settings.seed, target=run.target, sizes=run.sizes).ok
+    t0 = time.perf_counter()
+    ok = numerics_verdict(st.program, graph, st.naive(run.model, run.target).graph,
+                          seed=run.settings.seed, target=run.target, sizes=run.sizes).ok
+    run.numerics_s = max(run.numerics_s, time.perf_counter() - t0)
+    return ok
 
 
 def _max_shifted_part(part: Program, run: Run) -> tuple[Program, list[Checked]]:

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 from .store import AnswerKey, AnswerSettings
 
 # after Ctrl-C, candidates already found are still verified for this long (a small program's
-# take milliseconds); the answer then comes from what is verified, well within 2 s
-INTERRUPT_GRACE_S = 0.5
+# take milliseconds); the answer then comes from what is verified, within 2 s
+INTERRUPT_GRACE_S = 1.0
 
 if TYPE_CHECKING:
     from .jobs import Executor
@@ -34,6 +34,10 @@ class Run:
     structures: dict[str, "Structure"] = field(default_factory=dict)  # by region key
     verifiers: dict[str, Any] = field(default_factory=dict)  # this process's, by region key
     interrupted_at: float | None = None  # when Ctrl-C came (None: it did not)
+    # the longest verification and numerics check of one candidate so far in this call (at the
+    # 8B size 1-4 s each on a shared machine): one is started only where it can end in time
+    verify_s: float = 0.0
+    numerics_s: float = 0.0
     # the binding of the dims a padded program's masks name (lax/family.py): what its regions
     # are verified and checked for
     sizes: dict = field(default_factory=dict)
@@ -63,6 +67,16 @@ class Run:
         now = time.perf_counter()
         return (self.interrupted and now > self.interrupted_at + INTERRUPT_GRACE_S) or \
             (self.deadline is not None and now > self.deadline)
+
+    def room_for_check(self, known: bool = False, extra_s: float = 0.0) -> bool:
+        """Can a candidate's check (its verification -- unless ``known`` -- and numerics check,
+        after ``extra_s`` of other work) start and, as long as the longest so far, end before
+        the budget (or the grace after Ctrl-C) does?"""
+        if self.out_of_time():
+            return False
+        left = self.seconds_left()
+        return left is None or extra_s + self.numerics_s + \
+            (0.0 if known else self.verify_s) <= left
 
     def seconds_left(self, at_least: float = 0.0) -> float | None:
         """Seconds to the whole budget's end or the interrupt's grace (None: neither), at
