@@ -11,8 +11,11 @@ The demo's programs and the benchmark suite ship in the package (``mirage_py.exa
 every subcommand works from any directory after a plain ``pip install``.
 
 Exit codes: 0 success; 1 the work failed (a search or check went wrong); 2 bad input (missing
-file, no Program in it, unknown target, unwritable output directory, bad arguments). Errors are
-one line plus a hint; ``--debug`` shows the traceback.
+file, no Program in it, unknown target, unwritable output directory, bad arguments); 130
+interrupted (Ctrl-C): a superopt interrupted during its search still prints (and with ``--out``
+writes) the best verified answer found until then, marked as interrupted, and stops there; a
+second Ctrl-C, or one before any answer exists, prints "interrupted" alone. Errors are one line
+plus a hint; ``--debug`` shows the traceback.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import sys
 import traceback
 
 EXIT_OK, EXIT_FAIL, EXIT_INPUT = 0, 1, 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 
 
 class UsageProblem(Exception):
@@ -91,7 +95,9 @@ def _superopt_and_report(program, args):
     if args.out:
         _write_outputs(opt, args.out)
     ok = all(v is not None and v.equivalent for v in opt.verification)
-    return (EXIT_OK if ok else EXIT_FAIL), opt
+    if not ok:
+        return EXIT_FAIL, opt
+    return (EXIT_INTERRUPTED if opt.interrupted else EXIT_OK), opt
 
 
 def cmd_demo(args) -> int:
@@ -142,7 +148,10 @@ def cmd_superopt(args) -> int:
         if not p.outputs:
             raise UsageProblem(f"Program {p.name!r} in {path} has no outputs",
                                "declare them with p.output(tensor)")
-        code = max(code, _superopt_and_report(p, args)[0])
+        got, opt = _superopt_and_report(p, args)
+        if opt.interrupted:  # Ctrl-C: the programs after this one are not started
+            return got
+        code = max(code, got)
     return code
 
 
@@ -248,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INPUT
     except KeyboardInterrupt:
         print("mirage-py: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     except Exception as e:  # a MirageError from the user's program, or a bug
         from .errors import MirageError
         if debug:

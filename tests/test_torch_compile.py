@@ -422,10 +422,10 @@ def test_a_region_superopt_refuses_runs_eager(monkeypatch):
     import mirage_py.frontend_torch.runtime as runtime
     real = runtime.superopt_cached
 
-    def refuse_relu(program, options):
+    def refuse_relu(program, options, budget_s=None):
         if any(t.op == "relu" for t in program.nodes()):
             raise mp.ProgramError("refused for the test")
-        return real(program, options)
+        return real(program, options, budget_s)
     monkeypatch.setattr(runtime, "superopt_cached", refuse_relu)
     m = nn.Sequential(nn.Linear(8, 8), nn.ReLU()).eval()
     x = _rand(4, 8, dtype=torch.float32)

@@ -139,11 +139,12 @@ def samples_for(key: tuple, program: Any) -> list[Any]:
     return others
 
 
-def superopt_family_of(program: Any, samples: list[Any], key: tuple, options: dict[str, Any]
-                       ) -> Family | None:
+def superopt_family_of(program: Any, samples: list[Any], key: tuple, options: dict[str, Any],
+                       budget_s: float | None = None) -> Family | None:
     """The widest family of ``program`` and some of ``samples`` (captures of one region at other
     shapes, tried in order, each kept if the family still generalises), searched once at
-    ``program``'s sizes; ``None`` when no sample differs from it in sizes only."""
+    ``program``'s sizes (within ``budget_s`` when given); ``None`` when no sample differs from
+    it in sizes only. An answer cut short by Ctrl-C is not kept: KeyboardInterrupt."""
     from ..lax.generalize import generalize, instance_sizes
     from ..superopt import superopt
     chosen, sym = [program], None
@@ -155,7 +156,10 @@ def superopt_family_of(program: Any, samples: list[Any], key: tuple, options: di
     if sym is None:
         return None
     sym.name = program.name
-    answer = superopt(sym, representative=instance_sizes(sym, program), **options)
+    answer = superopt(sym, representative=instance_sizes(sym, program),
+                      **(options if budget_s is None else {**options, "time_budget_s": budget_s}))
+    if getattr(answer.answer, "interrupted", False):
+        raise KeyboardInterrupt
     fam = Family(sym, answer)
     _FAMILIES.setdefault(key, []).append(fam)
     return fam

@@ -39,6 +39,11 @@ def _torch() -> Any:
     return torch
 
 
+# the least a region's search is given when a capture's budget is spent (superopt lays its
+# floor within about a second whatever the budget)
+MIN_REGION_BUDGET_S = 0.05
+
+
 def _options_key(options: dict[str, Any]) -> tuple:
     return tuple(sorted((k, repr(v)) for k, v in options.items()))
 
@@ -49,14 +54,21 @@ def float32_matmul_of(options: dict[str, Any]) -> str:
     return str(options.get("float32_matmul") or _torch().get_float32_matmul_precision())
 
 
-def superopt_cached(program: Any, options: dict[str, Any]) -> tuple[Any, bool]:
-    """``mp.superopt(program, **options)``, memoised in this process; (result, was cached)."""
+def superopt_cached(program: Any, options: dict[str, Any],
+                    budget_s: float | None = None) -> tuple[Any, bool]:
+    """``mp.superopt(program, **options)``, memoised in this process; (result, was cached).
+    ``budget_s``: this call's share of the options' ``time_budget_s`` (the answer is memoised
+    under the options). An answer interrupted by Ctrl-C is not memoised: KeyboardInterrupt is
+    raised (what it verified is in the results database, so compiling again resumes)."""
     from ..superopt import superopt
     key = (program.structural_hash(), _options_key(options))
     hit = _SUPEROPT_CACHE.get(key)
     if hit is not None:
         return hit, True
-    opt = superopt(program, **options)
+    opt = superopt(program, **(options if budget_s is None else
+                               {**options, "time_budget_s": budget_s}))
+    if opt.interrupted:
+        raise KeyboardInterrupt
     _SUPEROPT_CACHE[key] = opt
     return opt, False
 
@@ -83,12 +95,15 @@ class CompiledCapture:
         self._companions = list(companions or [])
         self.capture_seconds = self.superopt_seconds = 0.0
         forced: dict[str, str] = {}
+        budget = options.get("time_budget_s")
+        # one budget for the whole capture: each region's search gets its share of what is left
+        end = None if budget is None else time.perf_counter() + budget
         for _ in range(len(list(cap.gm.graph.nodes)) + 1):
             t0 = time.perf_counter()
             self.analysis, self.regions = analyse(cap, forced)
             self.capture_seconds += time.perf_counter() - t0
             t0 = time.perf_counter()
-            failed = self._superopt(name, options)
+            failed = self._superopt(name, options, end)
             self.superopt_seconds += time.perf_counter() - t0
             if failed is None:
                 break
@@ -106,29 +121,32 @@ class CompiledCapture:
         self._static: dict[tuple, tuple[tuple, Any]] = {}
         self.out_node = next(n for n in self.analysis.nodes if n.op == "output")
 
-    def _superopt(self, name: str, options: dict[str, Any]) -> tuple[RegionSpec, str] | None:
+    def _superopt(self, name: str, options: dict[str, Any],
+                  end: float | None = None) -> tuple[RegionSpec, str] | None:
         self.opts: dict[int, Any] = {}
         self.origin: dict[int, AnswerOrigin] = {}
         samples = self._companion_programs()
-        for r in self.regions:
-            if r.program is None:
-                continue
+        todo = [r for r in self.regions if r.program is not None]
+        for i, r in enumerate(todo):
             r.program.name = f"{name}_{r.program.name}"
+            share = None if end is None else \
+                max(MIN_REGION_BUDGET_S, (end - time.perf_counter()) / (len(todo) - i))
             try:
                 self.opts[r.index], self.origin[r.index] = \
-                    self._answer(r.program, options, samples.get(r.index, []))
+                    self._answer(r.program, options, samples.get(r.index, []), share)
             except OptionError:
                 raise
             except MirageError as e:
                 return r, f"{type(e).__name__}: {e}"
         return None
 
-    def _answer(self, program: Any, options: dict[str, Any], samples: list
-                ) -> tuple[Any, AnswerOrigin]:
+    def _answer(self, program: Any, options: dict[str, Any], samples: list,
+                budget_s: float | None = None) -> tuple[Any, AnswerOrigin]:
         """A region program's answer: this shape's own answer from the memory cache, a known
         shape family it is an instance of, a family generalised from it and captures of it at
         other sizes (``samples`` of the companion captures, or the captures of the same
-        structure at other shapes met before), or the static search."""
+        structure at other shapes met before), or the static search; a search gets
+        ``budget_s``, this region's share of the capture's time budget."""
         exact = _SUPEROPT_CACHE.get((program.structural_hash(), _options_key(options)))
         if exact is not None:  # this very shape was searched: its own answer, not a bucket's
             return exact, AnswerOrigin.MEMORY
@@ -138,10 +156,11 @@ class CompiledCapture:
             hit = family_of(program, key)
             if hit is not None:
                 return FamilyRegion(hit[0].answer, program), AnswerOrigin.FAMILY
-            fam = superopt_family_of(program, samples + samples_for(key, program), key, options)
+            fam = superopt_family_of(program, samples + samples_for(key, program), key, options,
+                                     budget_s)
             if fam is not None:
                 return FamilyRegion(fam.answer, program), AnswerOrigin.FAMILY_SEARCH
-        opt, cached = superopt_cached(program, options)
+        opt, cached = superopt_cached(program, options, budget_s)
         return opt, AnswerOrigin.MEMORY if cached else AnswerOrigin.SEARCH
 
     def _companion_programs(self) -> dict[int, list]:

@@ -313,21 +313,16 @@ def max_shifted(program: Program) -> Program | None:
     if not chosen:
         return None
     memo: dict[str, Tensor] = {}
-
-    def new(t: Tensor) -> Tensor:
-        hit = memo.get(t.digest)
-        if hit is not None:
-            return hit
+    for t in program.nodes():  # dependency order: no recursion, however deep the program
         if t.op in ("input", "const", "mask"):
             out = t
         else:
-            args = [new(i) for i in t.inputs]
+            args = [memo[i.digest] for i in t.inputs]
             if t.digest in chosen:
                 x = args[0]
                 out = T.exp(T.sub(x, T.amax(x, chosen[t.digest], keepdims=True)))
             else:
                 out = T.apply(t.op, args, t.attr_dict)
         memo[t.digest] = out
-        return out
     return _with_outputs(program, program.name + ".safe",
-                         {n: new(t) for n, t in program.output_tensors.items()})
+                         {n: memo[t.digest] for n, t in program.output_tensors.items()})

@@ -148,7 +148,6 @@ def search_regions(dag: PartDag, max_anchors: int = MAX_ANCHORS,
             elif not ats[j].barrier:
                 stack.extend(nbrs[j])
         near[k] |= set().union(*(readers[v] for v in reads[k])) - {k}
-    anchor_atom = {ats[k].anchor: k for k in anchors}
     # a row max that only shifts exps (the max-shifted form of a softmax) does not count toward
     # the limits: a region is as large as its unshifted form, which is what the search sees
     counts = {k: 0 if _shifts_only(dag, ats[k].anchor) else 1 for k in anchors}
@@ -156,16 +155,39 @@ def search_regions(dag: PartDag, max_anchors: int = MAX_ANCHORS,
     def size(s: frozenset) -> int:
         return sum(counts[k] for k in s)
 
+    # each atom's positions, descendants and ancestors as bit sets: a set's hull is then a few
+    # ORs, and a hull past the anchor limit is known by counting its bits (32 stacked decoder
+    # layers: 12 s taken op by op, 0.65 s so; the same regions)
+    atom_bits = [dag.reach_bits(a.ops) for a in ats]
+    anchor_at = {dag.pos[ats[k].anchor]: k for k in anchors}
+    anchor_bit = {k: 1 << dag.pos[ats[k].anchor] for k in anchors}
+    anchor_mask = sum(anchor_bit.values())
+    counted_mask = sum(anchor_bit[k] for k in anchors if counts[k])
+
     def closed(s: frozenset) -> frozenset | None:
         """``s`` with every anchor its hull holds (any region with the anchors ``s`` holds
         those too); None past ``max_anchors``. Far-apart anchors -- joined by the residual
         stream's glue across layers -- stop here at once instead of being grown further."""
         while size(s) <= max_anchors:
-            hull = dag.hull(set().union(*(ats[k].ops for k in s)))
-            more = frozenset(anchor_atom[d] for d in hull if d in anchor_atom) | s
-            if more == s:
+            own = below = above = 0
+            for k in s:
+                o, b, a = atom_bits[k]
+                own, below, above = own | o, below | b, above | a
+            inside = dag.hull_of_bits(own, below, above) & anchor_mask
+            for k in s:
+                inside |= anchor_bit[k]
+            if inside.bit_count() == len(s):
                 return s
-            s = more
+            if (inside & counted_mask).bit_count() > max_anchors:
+                return None  # before spelling out the anchors of a hull across many layers
+            more = set(s)
+            while inside:
+                low = inside & -inside
+                more.add(anchor_at[low.bit_length() - 1])
+                inside ^= low
+            if len(more) == len(s):
+                return s
+            s = frozenset(more)
         return None
 
     found: dict[frozenset, None] = {}

@@ -154,12 +154,47 @@ def solve_cover(cands: list[CoverCandidate], outputs: frozenset, *,
             out = _cover(cands, order, writers, time.perf_counter() - t0, solver)
             out.proven = proven
             return out
-        blocked = {v for i in stuck for v in cands[i].reads
-                   if not any(w in order for w in writers.get(v, ()))}
-        others = {w for v in blocked for w in writers.get(v, ()) if w not in stuck}
-        rows.add(list(stuck) + sorted(others), [-1.0] * len(stuck) + [1.0] * len(others),
-                 1.0 - len(stuck))
+        for comp, others in _cycle_cuts(cands, order, stuck, writers):
+            rows.add(comp + others, [-1.0] * len(comp) + [1.0] * len(others), 1.0 - len(comp))
     raise CoverError(f"cover: no orderable cover after {max_cuts} cuts")
+
+
+def _cycle_cuts(cands, order: list[int], stuck: list[int], writers: dict
+                ) -> list[tuple[list[int], list[int]]]:
+    """The cuts that forbid the dependency cycles among the ``stuck`` candidates: one per
+    strongly connected component ``C`` of their reads-from graph (an edge ``w -> i`` where ``i``
+    reads a value ``w`` writes that no placed candidate writes): *if all of C are picked, so is
+    one of the other writers of those values*. Valid for every orderable cover: its first
+    member of ``C`` reads such a value, which something placed earlier -- outside ``C`` --
+    writes. A cut per cycle, not one for everything stuck, ends a quick cover's loop in a few
+    solves instead of one per cycle (a two-layer model's region: ~700 candidates, dozens of
+    cycles)."""
+    import networkx as nx
+    placed = set(order)
+    members = set(stuck)
+
+    def blocked(i: int) -> list:
+        return [v for v in cands[i].reads if not any(w in placed for w in writers.get(v, ()))]
+
+    g = nx.DiGraph()
+    g.add_nodes_from(stuck)
+    for i in stuck:
+        for v in blocked(i):
+            g.add_edges_from((w, i) for w in writers.get(v, ()) if w in members)
+    cuts = []
+    for comp in nx.strongly_connected_components(g):
+        c = next(iter(comp))
+        if len(comp) == 1 and not g.has_edge(c, c):
+            continue  # stuck only downstream of a cycle
+        inner = {v for i in comp for v in blocked(i)
+                 if any(w in comp for w in writers.get(v, ()))}
+        others = sorted({w for v in inner for w in writers.get(v, ()) if w not in comp})
+        cuts.append((sorted(comp), others))
+    if not cuts:  # no cycle among them (cannot happen for a stuck set): the whole-set cut
+        inner = {v for i in stuck for v in blocked(i)}
+        cuts.append((list(stuck), sorted({w for v in inner for w in writers.get(v, ())
+                                          if w not in members})))
+    return cuts
 
 
 class _Rows:

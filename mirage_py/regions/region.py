@@ -118,6 +118,25 @@ class PartDag:
                 up[i] |= up[j] | (1 << j)
         return down, up
 
+    def reach_bits(self, ops) -> tuple[int, int, int]:
+        """``ops`` as bit sets of positions: (the ops themselves, their descendants, their
+        ancestors). Bit sets of a union are the ORs of its members': a caller that forms many
+        unions of a few groups (region enumeration) computes each group's once and takes
+        :meth:`hull_of_bits` of the ORs."""
+        down, up = self._reach
+        own = below = above = 0
+        for d in ops:
+            i = self.pos[d]
+            own |= 1 << i
+            below |= down[i]
+            above |= up[i]
+        return own, below, above
+
+    @staticmethod
+    def hull_of_bits(own: int, below: int, above: int) -> int:
+        """The hull (:meth:`hull`) as a bit set of positions, from :meth:`reach_bits`."""
+        return own | (below & above)
+
     def hull(self, ops: set[str]) -> frozenset[str]:
         """The smallest convex superset: ``ops`` plus every node on a path between two of them
         (a region that leaves and re-enters could not run as one step): a descendant of one

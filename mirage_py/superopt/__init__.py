@@ -95,8 +95,13 @@ def superopt(program: Program, *, target: Any = "h100", time_budget_s: float | N
     runner when CuPy sees a device, else the cost model. ``cost_model``: an object with
     ``predict(graph, target)`` (and optionally ``lower_bound(program, target)``) or a name
     (``"analytic"``, default; ``"calibrated"``: its figures fitted to measured GPU times).
-    ``time_budget_s`` bounds the region searches (80 %) and tuning together; the floor and
-    the verification of the chosen candidates always complete.
+    ``time_budget_s`` bounds the whole call: region searches, tunings and the floor start only
+    in its first 80 %, verification and cover solves only before its end; then the answer is
+    the cheapest verified cover (the floor's, or the naive operators', at worst) and
+    ``timed_out`` says so. Ctrl-C returns the best verified answer found so far, marked
+    ``interrupted`` (a second Ctrl-C, or one before any candidate exists, raises
+    ``KeyboardInterrupt``); what was verified is in the results database either way, so a
+    second call resumes (docs/generator.md "Anytime, budgets and Ctrl-C").
     ``max_kernels`` bounds the kernels of one region's answer, ``workers`` the processes.
     ``executor``: where region searches, their verification and measurements run -- None or
     ``"local"``: processes on this machine (``workers`` default: the cores, at most 8);

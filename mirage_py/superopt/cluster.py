@@ -335,7 +335,7 @@ class RayExecutor(Executor):
                     if got is not None:
                         out[key] = Explored.from_json(got["explored"])
         except KeyboardInterrupt:
-            run.interrupted = True
+            run.interrupt()
             if running:
                 ready, _ = self._ray.wait(list(running), num_returns=len(running), timeout=0)
                 for ref in ready:
@@ -394,7 +394,7 @@ class RayExecutor(Executor):
                     if got is not None:
                         out[key] = Measured(got["naive"], tuple(got["measurements"]))
         except KeyboardInterrupt:
-            run.interrupted = True
+            run.interrupt()
         finally:
             self._cancel(refs)
         return out

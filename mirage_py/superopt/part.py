@@ -43,7 +43,7 @@ from ..generator.kernel_search import SearchStats
 from ..lax.program import Program
 from ..regions import PartDag, Region, extract, floor_groups, search_regions
 from ..regions.assemble import assemble, value_names
-from ..regions.cover import Cover, CoverCandidate, solve_cover
+from ..regions.cover import Cover, CoverCandidate, CoverError, solve_cover
 from ..tuning.annotations import AnnotatedGraph
 from ..ugraph.graph import KernelGraph
 from ..ugraph.lower import naive_lowering
@@ -80,18 +80,29 @@ SUB_REGION_KERNELS = 2
 # cost over this, never below their lower bound (``tuned_floor``); and a sub-region's search
 # keeps kernel sequences up to its break-even cost times this (``PartCover._break_even``)
 TUNE_SLACK = 2.0
+# a cover solve gets at least this long even when the budget is spent (the 0/1 programs of 32
+# stacked decoder layers take 0.05-1.5 s; a quick one over verified answers alone, the first)
+COVER_LEAST_SECONDS = 0.5
 
 
 def solve_part(part: Program, run: Run, recipe: list[Piece] | None = None) -> PartResult:
     """The answer for one verifiable part (see the module docstring); with ``recipe`` (the
     pieces of the same part of a shape family at another bucket, superopt/family.py) the cover
     is the recipe's, its regions' answers replayed at these sizes."""
-    cover = PartCover(part, run, enumerate_regions=recipe is None)
+    # after Ctrl-C (in an earlier part) the part is its naive operators: no regions to enumerate
+    cover = PartCover(part, run, enumerate_regions=recipe is None and not run.interrupted)
     if recipe is not None:
         cover.replay(recipe)
     else:
-        cover.lay_floor()
-        cover.settle()
+        try:
+            cover.lay_floor()
+            cover.settle()
+        except KeyboardInterrupt:  # the answer is what is verified so far
+            run.interrupt()
+        except CoverError:  # a cover solve cut short by the budget's end
+            if not run.out_of_time():
+                raise
+        cover.keep_verified()
     return cover.answer()
 
 
@@ -117,6 +128,8 @@ class PartCover:
         self.bar = _RegionBar(self.part.name, run.progress, len(self.search_keys))
         self.solves, self.solve_s, self.floor_seconds = 0, 0.0, 0.0
         self.floor_cover: Cover | None = None
+        self.floor_what: dict = {}
+        self.cut_short = False  # the budget (or Ctrl-C) ended the floor or the cover early
         self.cover: Cover | None = None
         self.what: dict = {}
 
@@ -202,7 +215,9 @@ class PartCover:
         return frozenset(v for v in r.inputs if v in self.inner)
 
     def _solve(self, cands: list, exact: bool = True) -> Cover:
-        cover = solve_cover(cands, self.outputs, needed=self.inner, exact=exact)
+        limit = self.run.seconds_left(at_least=COVER_LEAST_SECONDS)
+        cover = solve_cover(cands, self.outputs, needed=self.inner, exact=exact,
+                            **({} if limit is None else {"time_limit_s": min(60.0, limit)}))
         self.solves += 1
         self.solve_s += cover.seconds
         return cover
@@ -213,30 +228,47 @@ class PartCover:
         the cheapest cover by them and the naive operators."""
         run = self.run
         tf = time.perf_counter()
-        for i, key in enumerate(self.floor_keys):
+        for i, key in enumerate(self._floor_order()):
             st = run.structures[key]
             self._from_database(st)
             if st.status is Status.VERIFIED or st.floor is not None:
                 continue
             share = max(0.05, (FLOOR_SECONDS - (time.perf_counter() - tf)) /
                         (len(self.floor_keys) - i))
+            if run.interrupted or (time.perf_counter() - tf > FLOOR_SECONDS and (
+                    run.expired() or not run.room_for_check(extra_s=share))):
+                # no time left (past the first FLOOR_SECONDS, which any budget gets): the
+                # naive operators cover the remaining groups
+                self.cut_short = True
+                break
             ex = None if run.db is None else \
                 stored_exploration(run.db, st.program, run.target, run.key, FLOOR, floor=True)
             if ex is None:
-                ex = explore(st.program, run.target, run.model, FLOOR,
-                             time.perf_counter() + share)
+                end = time.perf_counter() + share
+                if run.search_deadline is not None:
+                    end = min(end, max(run.search_deadline, tf + FLOOR_SECONDS))
+                ex = explore(st.program, run.target, run.model, FLOOR, end)
                 if run.db is not None:
                     keep_exploration(run.db, st.program, run.target, run.key, FLOOR, ex,
                                      floor=True)
             st.floor = self._first_verified(st, ex.options, "floor", ex, tries=2)
         self.floor_seconds = time.perf_counter() - tf
-        self.floor_cover = self._solve(self.candidates(floor_only=True)[0])
+        cands, self.floor_what = self.candidates(floor_only=True)
+        self.floor_cover = self._solve(cands)
+
+    def _floor_order(self) -> list[str]:
+        """The floor's structures, the most time they can save first (their naive lowering's
+        cost at every place they occur): when the budget ends in the floor, what it has laid
+        is the best it could have."""
+        run = self.run
+        return sorted(self.floor_keys, key=lambda k: -self.uses.get(k, 1) *
+                      run.structures[k].naive(run.model, run.target).us)
 
     # -- 2. the lazy cover ------------------------------------------------------------------
     def settle(self) -> None:
         """Search what the cover wants, tune and verify what it picks, until every piece of
         the cover is a verified answer (see the module docstring)."""
-        while True:
+        while not self.run.out_of_time():
             todo = self._wanted_now()
             if not todo:
                 return
@@ -253,7 +285,39 @@ class PartCover:
             if untuned:
                 self._tune(untuned)
                 continue
+            if not self.run.room_for_check():
+                return  # no check could end before the budget does (keep_verified answers)
             self._verify_all([st for st in todo if st.status is Status.EXPLORED])
+
+    def keep_verified(self) -> None:
+        """When the budget ended or Ctrl-C came with the cover still wanting unverified
+        regions: the cheapest cover by the verified answers alone (a quick solve), or the
+        floor's, or the naive operators' -- whichever costs least; every one of them is a
+        verified answer."""
+        run = self.run
+        if self.cover is not None and not _wanted(self.cover, self.what, run):
+            return
+        self.cut_short = True
+        options: list[tuple[Cover, dict]] = [(self._naive_cover(), {})]
+        if self.floor_cover is not None:
+            options.append((self.floor_cover, self.floor_what))
+        left_out = frozenset(k for k in self.search_keys
+                             if run.structures[k].status is not Status.VERIFIED)
+        if len(left_out) < len(self.search_keys):
+            cands, what = self.candidates(left_out=left_out)
+            try:
+                options.append((solve_cover(cands, self.outputs, needed=self.inner, exact=False,
+                                            time_limit_s=COVER_LEAST_SECONDS), what))
+            except (MirageError, KeyboardInterrupt):
+                pass  # a cover above stands
+        self.cover, self.what = min(options, key=lambda o: o[0].cost)
+        self.bar.update(sum(run.structures[k].status is not Status.OPEN
+                            for k in self.search_keys), self.cover.cost)
+
+    def _naive_cover(self) -> Cover:
+        """Every operator its own pre-defined kernel, in the part's order."""
+        keys = list(self.op_of)
+        return Cover(keys, sum(self.op_cost[self.op_of[k]] for k in keys))
 
     def _wanted_now(self) -> list[Structure]:
         """The structures the cheapest cover wants that are not verified answers yet: a quick
@@ -381,7 +445,7 @@ class PartCover:
         for st in sts:
             ex = got.get(st.key)
             if ex is not None and ex.stats.interrupted:
-                run.interrupted = True
+                run.interrupt()
             if ex is not None and run.db is not None and st.key not in kept:
                 keep_exploration(run.db, st.program, run.target, run.key, settings[st.key], ex)
             floor = tuned_floor(ex.options, st.program, run.model, run.target) \
@@ -416,6 +480,8 @@ class PartCover:
             if not st.options or st.tried >= run.settings.max_verify:
                 st.fail()
                 continue
+            if st.key not in got and not run.room_for_check():
+                continue  # no time to verify it before the budget ends: it stays out
             res = self._first_verified(st, st.options, "search", st.explored, tries=1,
                                        known=got.get(st.key))
             if res is not None:
@@ -429,6 +495,8 @@ class PartCover:
         numerically safe; ``known``: the first one's verification, done already."""
         run = self.run
         while options and tries > 0:
+            if source == "search" and not run.room_for_check(known=known is not None):
+                return None  # no time left to check it: the structure stays unverified
             opt = options.pop(0)
             tries -= 1
             st.tried += source == "search"
@@ -509,8 +577,8 @@ class PartCover:
         stats = SearchStats()
         for st in explored:
             stats += st.explored.stats
-        stats.timed_out |= not run.interrupted and \
-            any(run.structures[k].status is Status.SKIPPED for k in self.search_keys)
+        stats.timed_out |= not run.interrupted and (self.cut_short or any(
+            run.structures[k].status is Status.SKIPPED for k in self.search_keys))
         stats.interrupted |= run.interrupted
         verification = self._verification(graph, chosen)  # before recording: maybe stronger
         self._record_all([run.structures[k] for k in self.search_keys])
@@ -525,7 +593,8 @@ class PartCover:
             tune_evaluations=sum(st.explored.tune_evaluations for st in explored),
             naive=naive, pieces=pieces, regions=len(self.regions),
             searched=sum(run.structures[k].searched for k in self.search_keys),
-            floor_us=self.floor_cover.cost, floor_seconds=self.floor_seconds,
+            floor_us=None if self.floor_cover is None else self.floor_cover.cost,
+            floor_seconds=self.floor_seconds,
             cover_seconds=self.solve_s, cover_solves=self.solves)
         if len(chosen) == 1 and len(pieces) == 1:
             r = chosen[0]
@@ -688,8 +757,11 @@ def _finite(st: Structure, graph: KernelGraph, run: Run) -> bool:
     (``numerics_verdict``: attention without its max, say, whose exp overflows float16; a sum
     of squares stored in float16)."""
     from ..verifier import numerics_verdict
-    return numerics_verdict(st.program, graph, st.naive(run.model, run.target).graph,
-                            seed=run.settings.seed, target=run.target, sizes=run.sizes).ok
+    t0 = time.perf_counter()
+    ok = numerics_verdict(st.program, graph, st.naive(run.model, run.target).graph,
+                          seed=run.settings.seed, target=run.target, sizes=run.sizes).ok
+    run.numerics_s = max(run.numerics_s, time.perf_counter() - t0)
+    return ok
 
 
 def _max_shifted_part(part: Program, run: Run) -> tuple[Program, list[Checked]]:

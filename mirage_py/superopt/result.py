@@ -195,6 +195,17 @@ class OptimizedProgram:
                    and not p.stats.timed_out and not p.stats.interrupted for p in self.parts)
 
     @property
+    def interrupted(self) -> bool:
+        """Ctrl-C came during the call: the answer is the best verified one found until then."""
+        return any(p.stats.interrupted for p in self.parts)
+
+    @property
+    def timed_out(self) -> bool:
+        """The time budget ended before every region worth searching was searched: the answer
+        is the best verified one found within it."""
+        return any(p.stats.timed_out for p in self.parts)
+
+    @property
     def naive_num_kernels(self) -> int:
         return self.naive_graph.num_kernels
 
@@ -254,6 +265,11 @@ class OptimizedProgram:
                  f"  search: {self.search_seconds:.2f} s"
                  + (" (the whole answer from the results database)"
                     if self.origin == "database" else "")]
+        if self.interrupted:
+            lines.append("  interrupted (Ctrl-C): the best verified answer found until then; "
+                         "what was verified is in the results database")
+        elif self.timed_out:
+            lines.append("  time budget hit: the best verified answer found within it")
         for i, p in enumerate(self.parts):
             lines += _part_lines(i, p)
         return "\n".join(lines)

@@ -10,6 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 from .store import AnswerKey, AnswerSettings
 
+# after Ctrl-C, candidates already found are still verified for this long (a small program's
+# take milliseconds); the answer then comes from what is verified, within 2 s
+INTERRUPT_GRACE_S = 1.0
+
 if TYPE_CHECKING:
     from .jobs import Executor
     from .structure import Structure
@@ -24,12 +28,16 @@ class Run:
     settings: AnswerSettings
     workers: int
     search_deadline: float | None  # region searches and tunings start only before it
-    deadline: float | None
+    deadline: float | None  # nothing but the answer from what is verified after it
     progress: bool
     executor: "Executor"
     structures: dict[str, "Structure"] = field(default_factory=dict)  # by region key
     verifiers: dict[str, Any] = field(default_factory=dict)  # this process's, by region key
-    interrupted: bool = False
+    interrupted_at: float | None = None  # when Ctrl-C came (None: it did not)
+    # the longest verification and numerics check of one candidate so far in this call (at the
+    # 8B size 1-4 s each on a shared machine): one is started only where it can end in time
+    verify_s: float = 0.0
+    numerics_s: float = 0.0
     # the binding of the dims a padded program's masks name (lax/family.py): what its regions
     # are verified and checked for
     sizes: dict = field(default_factory=dict)
@@ -39,9 +47,45 @@ class Run:
         """The database key of this run's answers (code, model, runner, settings)."""
         return AnswerKey.of(self.model, self.runner, self.settings)
 
+    @property
+    def interrupted(self) -> bool:
+        return self.interrupted_at is not None
+
+    def interrupt(self) -> None:
+        """Ctrl-C came: no more searches or tunings; what was found is verified for
+        ``INTERRUPT_GRACE_S`` more, then the answer is assembled from what is verified."""
+        if self.interrupted_at is None:
+            self.interrupted_at = time.perf_counter()
+
     def expired(self) -> bool:
         return self.interrupted or (self.search_deadline is not None and
                                     time.perf_counter() > self.search_deadline)
+
+    def out_of_time(self) -> bool:
+        """Past the whole budget (or Ctrl-C came): no more verification or cover solves, the
+        answer is assembled from what is verified."""
+        now = time.perf_counter()
+        return (self.interrupted and now > self.interrupted_at + INTERRUPT_GRACE_S) or \
+            (self.deadline is not None and now > self.deadline)
+
+    def room_for_check(self, known: bool = False, extra_s: float = 0.0) -> bool:
+        """Can a candidate's check (its verification -- unless ``known`` -- and numerics check,
+        after ``extra_s`` of other work) start and, as long as the longest so far, end before
+        the budget (or the grace after Ctrl-C) does?"""
+        if self.out_of_time():
+            return False
+        left = self.seconds_left()
+        return left is None or extra_s + self.numerics_s + \
+            (0.0 if known else self.verify_s) <= left
+
+    def seconds_left(self, at_least: float = 0.0) -> float | None:
+        """Seconds to the whole budget's end or the interrupt's grace (None: neither), at
+        least ``at_least``."""
+        ends = [t for t in (self.deadline, None if self.interrupted_at is None else
+                            self.interrupted_at + INTERRUPT_GRACE_S) if t is not None]
+        if not ends:
+            return None
+        return max(at_least, min(ends) - time.perf_counter())
 
     def new_verifier(self, program: Any, **kw: Any):
         """A verifier of ``program`` with this run's seed, target and sizes."""
