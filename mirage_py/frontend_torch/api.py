@@ -13,6 +13,7 @@ from ..lax.ops import INDEX_DTYPES
 from ..lax.program import Program
 from .capture import capture
 from .whole_program import whole_program
+from .autograd import EagerGradFallback, needs_autograd
 from .runtime import CompiledCapture, describe_signature, float32_matmul_of, signature_of
 
 
@@ -129,10 +130,15 @@ class CompiledModule(torch.nn.Module):
         self._options = dict(options)
         self._name = name
         self.graphs: dict[tuple, CompiledCapture] = {}
+        self._grad_fallback = EagerGradFallback(name)  # autograd hook (#33)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         from torch.utils._pytree import tree_flatten, tree_unflatten
         leaves, spec = tree_flatten((tuple(args), dict(kwargs)))
+        # autograd hook (#33): outputs autograd needs are never detached: run eagerly
+        if needs_autograd(list(leaves) + list(self.module.parameters())):
+            self._grad_fallback.note_call()
+            return self.module(*args, **kwargs)
         sig = signature_of(leaves, spec) + (self._state_signature(),)
         g = self.graphs.get(sig)
         if g is None:
@@ -183,6 +189,8 @@ class CompiledModule(torch.nn.Module):
         lines = [f"mirage_py compile: {self._name}, {len(self.graphs)} signature(s)"]
         for g in self.graphs.values():
             lines.append(g.report())
+        if self._grad_fallback.report_line():  # autograd hook (#33)
+            lines.append(self._grad_fallback.report_line())
         return "\n".join(lines)
 
     def regions(self) -> list[dict[str, Any]]:
