@@ -15,6 +15,7 @@ from ..lax.program import Program
 from .capture import capture
 from .dynamic import DimRange, Dynamic, dim_ranges, grown_examples, out_of_range
 from .whole_program import whole_program
+from .autograd import EagerGradFallback, needs_autograd
 from .runtime import CompiledCapture, describe_signature, float32_matmul_of, signature_of
 
 
@@ -148,10 +149,16 @@ class CompiledModule(torch.nn.Module):
         self._ranges: list[DimRange] | None = None  # the user's dynamic dims, from the 1st call
         self.graphs: dict[tuple, CompiledCapture] = {}
         self.why: dict[tuple, str] = {}  # per signature: why it was captured
+        self._grad_fallback = EagerGradFallback(name)  # autograd hook (#33)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         from torch.utils._pytree import tree_flatten, tree_unflatten
         leaves, spec = tree_flatten((tuple(args), dict(kwargs)))
+        # autograd hook (#33): outputs autograd needs are never detached: run eagerly
+        if needs_autograd(list(leaves) + list(self.module.parameters())):
+            self._grad_fallback.note_call()
+            with _own_forward(self.module):  # generate() may route forward here
+                return self.module(*args, **kwargs)
         sig = signature_of(leaves, spec) + (self._state_signature(),)
         g = self.graphs.get(sig)
         if g is None:
@@ -256,6 +263,8 @@ class CompiledModule(torch.nn.Module):
                  f"{self.searches()} region search(es), dynamic={self.dynamic.value}"]
         for sig, g in self.graphs.items():
             lines.append(f"[{self.why.get(sig, '')}] " + g.report())
+        if self._grad_fallback.report_line():  # autograd hook (#33)
+            lines.append(self._grad_fallback.report_line())
         return "\n".join(lines)
 
     def regions(self) -> list[dict[str, Any]]:

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch  # noqa: F401 -- this module is torch's backend: torch must be there
 
+from .autograd import EagerGradFallback, needs_autograd
 from .capture import capture_graph_module
 from .classify import identifier
 from .dynamic import Dynamic
@@ -69,9 +70,13 @@ class DynamoCompiled:
         self.dynamic = Dynamic.parse(dynamic)
         self.names, self.kinds = _placeholders(gm)
         self.graphs: dict[tuple, CompiledCapture] = {}
+        self._grad_fallback = EagerGradFallback("dynamo")  # autograd hook (#33)
 
     def __call__(self, *args: Any) -> Any:
         from torch.utils._pytree import tree_unflatten
+        if needs_autograd(args):  # autograd hook (#33): never return detached outputs
+            self._grad_fallback.note_call()
+            return self.gm(*args)
         sig = signature_of(list(args), "dynamo") + (float32_matmul_of(self.options),)
         g = self.graphs.get(sig)
         if g is None:
@@ -91,7 +96,10 @@ class DynamoCompiled:
         return tree_unflatten([outs[i] for i in g.cap.outputs], g.cap.out_spec)
 
     def report(self) -> str:
-        return "\n".join(g.report() for g in self.graphs.values())
+        lines = [g.report() for g in self.graphs.values()]
+        if self._grad_fallback.report_line():  # autograd hook (#33)
+            lines.append(self._grad_fallback.report_line())
+        return "\n".join(lines)
 
 
 def _sig_text(sig: tuple, names: list[str]) -> str:

@@ -1,0 +1,54 @@
+"""Gradients through compiled modules (issue #33, item 1).
+
+The superoptimised path runs its regions under ``torch.no_grad()``: its outputs carry no
+autograd history. A call that autograd needs (grad mode on and any tensor input or parameter
+requiring grad) therefore never takes that path: it runs the whole module eagerly, so the
+caller gets differentiable outputs. :class:`EagerGradFallback` records that choice, warns once
+per compiled object and gives the line that ``report()`` shows."""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import torch
+
+
+def needs_autograd(tensors: Iterable[Any]) -> bool:
+    """True when grad mode is on and any of ``tensors`` (other values are skipped) requires
+    grad: the outputs must then carry autograd history."""
+    if not torch.is_grad_enabled():
+        return False
+    return any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+
+
+@dataclass
+class EagerGradFallback:
+    """The calls run eagerly because autograd needed their outputs (one per compiled object)."""
+    name: str
+    calls: int = 0
+    warned: bool = field(default=False)
+
+    def note_call(self) -> None:
+        """Count one eager call; the first one warns (:class:`GradFallbackWarning`)."""
+        self.calls += 1
+        if not self.warned:
+            self.warned = True
+            warnings.warn(f"mirage_py {self.name}: autograd needs this call's outputs (grad "
+                          "mode on, an input or parameter requires grad); the superoptimised "
+                          "path is inference-only, so the whole module runs eagerly",
+                          GradFallbackWarning, stacklevel=3)
+
+    def report_line(self) -> str:
+        """The ``report()`` line, empty when no call fell back."""
+        if not self.calls:
+            return ""
+        return (f"autograd: {self.calls} call(s) ran eagerly (whole module) because gradients "
+                "were needed; the superoptimised path is inference-only")
+
+
+class GradFallbackWarning(UserWarning):
+    """A compiled module ran eagerly because autograd needed its outputs."""
+
+
+__all__ = ["needs_autograd", "EagerGradFallback", "GradFallbackWarning"]
