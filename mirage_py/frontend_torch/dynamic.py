@@ -142,8 +142,8 @@ def samples_for(key: tuple, program: Any) -> list[Any]:
 def superopt_family_of(program: Any, samples: list[Any], key: tuple, options: dict[str, Any],
                        budget_s: float | None = None) -> Family | None:
     """The widest family of ``program`` and some of ``samples`` (captures of one region at other
-    shapes, tried in order, each kept if the family still generalises), searched once at
-    ``program``'s sizes (within ``budget_s`` when given); ``None`` when no sample differs from
+    shapes, tried in order, each kept if the family still generalises), searched once at the
+    sizes of the first of them met (the shape compiled for; within ``budget_s`` when given); ``None`` when no sample differs from
     it in sizes only. An answer cut short by Ctrl-C is not kept: KeyboardInterrupt."""
     from ..lax.generalize import generalize, instance_sizes
     from ..superopt import superopt
@@ -156,7 +156,9 @@ def superopt_family_of(program: Any, samples: list[Any], key: tuple, options: di
     if sym is None:
         return None
     sym.name = program.name
-    answer = superopt(sym, representative=instance_sizes(sym, program),
+    # searched at the first shape met (the one compiled for), else at this call's
+    first = next((s for s in _SAMPLES.get(key, ()) if any(s is c for c in chosen)), program)
+    answer = superopt(sym, representative=instance_sizes(sym, first),
                       **(options if budget_s is None else {**options, "time_budget_s": budget_s}))
     if getattr(answer.answer, "interrupted", False):
         raise KeyboardInterrupt

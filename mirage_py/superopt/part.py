@@ -33,10 +33,13 @@ what is known about each region structure lives in a :class:`~.structure.Structu
 
 from __future__ import annotations
 
+import contextlib
 import math
+import signal
+import threading
 import time
 from dataclasses import replace
-from typing import Any
+from typing import Any, Iterator
 
 from ..errors import MirageError
 from ..generator.kernel_search import SearchStats
@@ -102,8 +105,28 @@ def solve_part(part: Program, run: Run, recipe: list[Piece] | None = None) -> Pa
         except CoverError:  # a cover solve cut short by the budget's end
             if not run.out_of_time():
                 raise
+    with _sigint_deferred(run):  # the answer is made of what is verified: finish making it
         cover.keep_verified()
-    return cover.answer()
+        out = cover.answer()
+    out.stats.interrupted |= run.interrupted  # a Ctrl-C while it was made, too
+    return out
+
+
+@contextlib.contextmanager
+def _sigint_deferred(run: Run) -> Iterator[None]:
+    """Ctrl-C while a part's answer is assembled and recorded marks the run interrupted (the
+    parts after this one answer at once) instead of raising in the middle of it: the answer
+    is what is verified, and its records reach the results database whole. Only in the main
+    thread, where Python's SIGINT handler runs."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is None:
+        yield
+        return
+    old = signal.signal(signal.SIGINT, lambda signum, frame: run.interrupt())
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
 
 
 class PartCover:
@@ -579,9 +602,9 @@ class PartCover:
             stats += st.explored.stats
         stats.timed_out |= not run.interrupted and (self.cut_short or any(
             run.structures[k].status is Status.SKIPPED for k in self.search_keys))
-        stats.interrupted |= run.interrupted
         verification = self._verification(graph, chosen)  # before recording: maybe stronger
         self._record_all([run.structures[k] for k in self.search_keys])
+        stats.interrupted |= run.interrupted
         naive = self.naive if part is self.original else naive_lowering(self.original)
         out = PartResult(
             self.original, graph, _source(pieces),
