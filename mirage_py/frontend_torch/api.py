@@ -9,7 +9,7 @@ import numpy as np
 
 import torch
 
-from ..errors import MirageError, OptionError, TorchCaptureError
+from ..errors import OptionError, TorchCaptureError
 from ..lax.ops import INDEX_DTYPES
 from ..lax.program import Program
 from .capture import capture
@@ -218,10 +218,8 @@ class CompiledModule(torch.nn.Module):
                 try:
                     with _own_forward(self.module):
                         companions.append(capture(self.module, a, k))
-                except MirageError:  # this growth breaks the graph: try fewer dims
-                    continue
-                except Exception:  # noqa: BLE001 -- the module itself refused these sizes
-                    continue
+                except Exception:  # noqa: BLE001 -- the module or its capture refused these
+                    continue  # sizes: the next candidate grows fewer dims
         g = CompiledCapture(cap, self._name, self._options, describe_signature(sig, names),
                             dynamic=dynamic, companions=companions)
         self.graphs[sig] = g

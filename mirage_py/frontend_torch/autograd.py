@@ -8,7 +8,7 @@ per compiled object and gives the line that ``report()`` shows."""
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterable
 
 import torch
@@ -27,13 +27,11 @@ class EagerGradFallback:
     """The calls run eagerly because autograd needed their outputs (one per compiled object)."""
     name: str
     calls: int = 0
-    warned: bool = field(default=False)
 
     def note_call(self) -> None:
         """Count one eager call; the first one warns (:class:`GradFallbackWarning`)."""
         self.calls += 1
-        if not self.warned:
-            self.warned = True
+        if self.calls == 1:
             warnings.warn(f"mirage_py {self.name}: autograd needs this call's outputs (grad "
                           "mode on, an input or parameter requires grad); the superoptimised "
                           "path is inference-only, so the whole module runs eagerly",

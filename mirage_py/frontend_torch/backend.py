@@ -78,22 +78,21 @@ class DynamoCompiled:
             self._grad_fallback.note_call()
             return self.gm(*args)
         sig = signature_of(list(args), "dynamo") + (float32_matmul_of(self.options),)
-        g = self.graphs.get(sig)
-        if g is None:
-            cap = capture_graph_module(self.gm, list(args), [identifier(n) for n in self.names],
-                                       self.kinds)
-            g = CompiledCapture(cap, "dynamo", self.options, _sig_text(sig, self.names),
-                                dynamic=self.dynamic)
-            self.graphs[sig] = g
+        g = self.graphs.get(sig) or self._compile(args, sig)
         state = {r.node: args[r.index] for r in g.cap.roles}
         if not g.masks_hold(state):  # a mask buffer changed since the capture: capture again
-            cap = capture_graph_module(self.gm, list(args), [identifier(n) for n in self.names],
-                                       self.kinds)
-            g = self.graphs[sig] = CompiledCapture(cap, "dynamo", self.options,
-                                                 _sig_text(sig, self.names), dynamic=self.dynamic)
+            g = self._compile(args, sig)
             state = {r.node: args[r.index] for r in g.cap.roles}
         outs = g.run(state)
         return tree_unflatten([outs[i] for i in g.cap.outputs], g.cap.out_spec)
+
+    def _compile(self, args: tuple, sig: tuple) -> CompiledCapture:
+        """Capture the graph at these arguments' shapes and superoptimise it (kept for ``sig``)."""
+        cap = capture_graph_module(self.gm, list(args), [identifier(n) for n in self.names],
+                                   self.kinds)
+        g = self.graphs[sig] = CompiledCapture(cap, "dynamo", self.options,
+                                               _sig_text(sig, self.names), dynamic=self.dynamic)
+        return g
 
     def report(self) -> str:
         lines = [g.report() for g in self.graphs.values()]

@@ -63,6 +63,11 @@ class AnswerOrigin(Enum):
     FAMILY_SEARCH = "shape-family search"
     FAMILY = "shape family, no search"
 
+    @property
+    def searched(self) -> bool:
+        """Did this answer cost a search (a static one or a family's)?"""
+        return self in (AnswerOrigin.SEARCH, AnswerOrigin.FAMILY_SEARCH)
+
 
 @dataclass
 class Family:

@@ -34,6 +34,7 @@ from .region_programs import RegionSpec, Source, analyse
 #: superopt answers by (program structural hash, options): a recompile of a seen region is free
 _SUPEROPT_CACHE: dict[tuple, Any] = {}
 
+
 def _torch() -> Any:
     import torch
     return torch
@@ -61,16 +62,24 @@ def superopt_cached(program: Any, options: dict[str, Any],
     under the options). An answer interrupted by Ctrl-C is not memoised: KeyboardInterrupt is
     raised (what it verified is in the results database, so compiling again resumes)."""
     from ..superopt import superopt
-    key = (program.structural_hash(), _options_key(options))
-    hit = _SUPEROPT_CACHE.get(key)
+    hit = memoised(program, options)
     if hit is not None:
         return hit, True
     opt = superopt(program, **(options if budget_s is None else
                                {**options, "time_budget_s": budget_s}))
     if opt.interrupted:
         raise KeyboardInterrupt
-    _SUPEROPT_CACHE[key] = opt
+    _SUPEROPT_CACHE[_memo_key(program, options)] = opt
     return opt, False
+
+
+def _memo_key(program: Any, options: dict[str, Any]) -> tuple:
+    return program.structural_hash(), _options_key(options)
+
+
+def memoised(program: Any, options: dict[str, Any]) -> Any:
+    """The answer :func:`superopt_cached` keeps for exactly this program and options, or None."""
+    return _SUPEROPT_CACHE.get(_memo_key(program, options))
 
 
 def clear_cache() -> None:
@@ -147,7 +156,7 @@ class CompiledCapture:
         other sizes (``samples`` of the companion captures, or the captures of the same
         structure at other shapes met before), or the static search; a search gets
         ``budget_s``, this region's share of the capture's time budget."""
-        exact = _SUPEROPT_CACHE.get((program.structural_hash(), _options_key(options)))
+        exact = memoised(program, options)
         if exact is not None:  # this very shape was searched: its own answer, not a bucket's
             return exact, AnswerOrigin.MEMORY
         if self.dynamic is not Dynamic.NEVER:
@@ -182,13 +191,12 @@ class CompiledCapture:
     @property
     def cached(self) -> dict[int, bool]:
         """Regions answered without a search, by index."""
-        return {i: o in (AnswerOrigin.MEMORY, AnswerOrigin.FAMILY) for i, o in self.origin.items()}
+        return {i: not o.searched for i, o in self.origin.items()}
 
     def searches(self) -> int:
-        """Region searches this capture ran (a family search counts once, as do the buckets its
-        first calls built by searching: sizes of 1)."""
-        return sum(1 for o in self.origin.values()
-                   if o in (AnswerOrigin.SEARCH, AnswerOrigin.FAMILY_SEARCH))
+        """Region searches this capture ran (a family's search counts once, for the capture
+        that made the family)."""
+        return sum(o.searched for o in self.origin.values())
 
     # -- running --------------------------------------------------------------------------------
     def masks_hold(self, placeholders: dict[str, Any]) -> bool:
@@ -325,8 +333,8 @@ class CompiledCapture:
                  f"{nk} naive -> {fk} found, predicted "
                  f"{sum(r['naive_us'] for r in rows):.1f} -> {sum(r['us'] for r in rows):.1f} us"]
         for r in rows:
-            src = r["origin"] + (f" {r['search_seconds']:.1f} s" if r["origin"] in (
-                AnswerOrigin.SEARCH.value, AnswerOrigin.FAMILY_SEARCH.value) else "")
+            src = r["origin"] + (f" {r['search_seconds']:.1f} s"
+                                 if r["origin"] and AnswerOrigin(r["origin"]).searched else "")
             if r["dims"]:
                 src += f" (symbolic in {', '.join(r['dims'])})"
             lines.append(f"  region {r['region']}: {r['nodes']} aten node(s); kernels "

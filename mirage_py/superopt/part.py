@@ -108,7 +108,7 @@ def solve_part(part: Program, run: Run, recipe: list[Piece] | None = None) -> Pa
     with _sigint_deferred(run):  # the answer is made of what is verified: finish making it
         cover.keep_verified()
         out = cover.answer()
-    out.stats.interrupted |= run.interrupted  # a Ctrl-C while it was made, too
+    out.stats.interrupted |= run.interrupted  # Ctrl-C before or while it was made
     return out
 
 
@@ -604,7 +604,6 @@ class PartCover:
             run.structures[k].status is Status.SKIPPED for k in self.search_keys))
         verification = self._verification(graph, chosen)  # before recording: maybe stronger
         self._record_all([run.structures[k] for k in self.search_keys])
-        stats.interrupted |= run.interrupted
         naive = self.naive if part is self.original else naive_lowering(self.original)
         out = PartResult(
             self.original, graph, _source(pieces),
