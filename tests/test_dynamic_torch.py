@@ -229,9 +229,74 @@ def test_generate_greedy_equals_eager_with_a_fixed_number_of_searches():
     cm = mp.compile(model, (ids,), {"use_cache": False}, dynamic=True, **OPTS)
     searched = cm.searches()
     with torch.no_grad():
-        got = cm.generate(ids, max_new_tokens=12, do_sample=False)
+        got = cm.generate(ids, max_new_tokens=12, do_sample=False, use_cache=False)
     assert torch.equal(got, want)
     assert cm.searches() == searched  # twelve new lengths, no search
     assert len(cm.graphs) >= 12
-    with pytest.raises(OptionError, match="KV"):
-        cm.generate(ids, max_new_tokens=2, use_cache=True)
+
+
+def _tiny_llama(layers=1):
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_attention_heads=2,
+                                   num_key_value_heads=1, head_dim=16, num_hidden_layers=layers,
+                                   vocab_size=64, max_position_embeddings=64)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
+def test_generate_with_the_default_kv_cache_searches_two_families_not_one_per_token():
+    model = _tiny_llama()
+    ids = torch.randint(0, 64, (1, 6))
+    cm = mp.compile(model, (ids,), {"use_cache": False}, dynamic=True, **OPTS)
+    searched = cm.searches()
+    with torch.no_grad():
+        want = model.generate(ids, max_new_tokens=10, do_sample=False)  # its DynamicCache
+        got = cm.generate(ids, max_new_tokens=10, do_sample=False)
+    assert torch.equal(got, want)
+    # one prefill family and one decode family (the cache length), searched once each
+    assert cm.searches() == searched + 2
+    assert "decode step" in cm.report() and "shape family, no search" in cm.report()
+    # another prompt length and more tokens: instances of the same two families
+    ids = torch.randint(0, 64, (1, 9))
+    with torch.no_grad():
+        want = model.generate(ids, max_new_tokens=14, do_sample=False)
+        got = cm.generate(ids, max_new_tokens=14, do_sample=False)
+    assert torch.equal(got, want)
+    assert cm.searches() == searched + 2
+
+
+def test_cached_step_equals_the_model_over_its_own_cache():
+    """One step of kv_cache.CachedStep (past laid in a buffer, placed by a 0/1 matrix, an
+    additive mask with left padding) against the model over transformers' DynamicCache."""
+    from transformers import DynamicCache
+    from mirage_py.frontend_torch.kv_cache import CachedStep, step_inputs
+    model = _tiny_llama(layers=2)
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, 64, (2, 7), generator=g)
+    shown = torch.ones(2, 7, dtype=torch.long)
+    shown[1, :3] = 0  # the second row is left-padded
+    nxt = torch.randint(0, 64, (2, 1), generator=g)
+    with torch.no_grad():
+        pos = (shown.cumsum(-1) - 1).clamp(min=0)
+        ref = model(prompt, attention_mask=shown, position_ids=pos, use_cache=True)
+        cache = ref.cache if hasattr(ref, "cache") else ref.past_key_values
+        mask2 = torch.cat([shown, torch.ones(2, 1, dtype=torch.long)], 1)
+        x = step_inputs(cache, nxt, mask2, 2, (1, 16), torch.float32)
+        got, *new = CachedStep(model)(*x)
+        want = model(nxt, attention_mask=mask2, position_ids=x[1], use_cache=True,
+                     **{"cache" if hasattr(ref, "cache") else "past_key_values": cache})
+    torch.testing.assert_close(got[:, -1], want.logits[:, -1], rtol=1e-5, atol=1e-5)
+    layer = (want.cache if hasattr(want, "cache") else want.past_key_values).layers[1]
+    torch.testing.assert_close(new[3], layer.values[:, :, -1:], rtol=0, atol=0)
+
+
+def test_generate_refuses_a_cache_it_cannot_serve():
+    from transformers import DynamicCache
+    from mirage_py.frontend_torch.kv_cache import step_inputs
+
+    class Odd(DynamicCache):
+        pass
+    with pytest.raises(OptionError, match="DynamicCache of full layers"):
+        step_inputs(Odd(), torch.zeros(1, 1, dtype=torch.long), None, 1, (1, 16), torch.float32)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 import numpy as np
@@ -12,10 +11,11 @@ import torch
 from ..errors import OptionError, TorchCaptureError
 from ..lax.ops import INDEX_DTYPES
 from ..lax.program import Program
-from .capture import capture
+from .capture import capture, own_forward
 from .dynamic import DimRange, Dynamic, dim_ranges, grown_examples, out_of_range
 from .whole_program import whole_program
 from .autograd import EagerGradFallback, needs_autograd
+from .kv_cache import CachedGeneration
 from .runtime import CompiledCapture, describe_signature, float32_matmul_of, signature_of
 
 
@@ -119,18 +119,6 @@ def from_torch(fn_or_module: Any, example_inputs: Any, example_kwargs: dict | No
     return tp
 
 
-@contextlib.contextmanager
-def _own_forward(module: Any) -> Any:
-    """``module`` with its class's forward while capturing (``generate`` routes the instance's
-    forward to the compiled module)."""
-    patched = module.__dict__.pop("forward", None)
-    try:
-        yield
-    finally:
-        if patched is not None:
-            module.forward = patched
-
-
 class CompiledModule(torch.nn.Module):
     """``module`` with its supported regions superoptimised (see :func:`compile`).
 
@@ -150,6 +138,7 @@ class CompiledModule(torch.nn.Module):
         self.graphs: dict[tuple, CompiledCapture] = {}
         self.why: dict[tuple, str] = {}  # per signature: why it was captured
         self._grad_fallback = EagerGradFallback(name)  # autograd hook (#33)
+        self._cached: CachedGeneration | None = None  # generate() with a KV cache
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         from torch.utils._pytree import tree_flatten, tree_unflatten
@@ -157,7 +146,7 @@ class CompiledModule(torch.nn.Module):
         # autograd hook (#33): outputs autograd needs are never detached: run eagerly
         if needs_autograd(list(leaves) + list(self.module.parameters())):
             self._grad_fallback.note_call()
-            with _own_forward(self.module):  # generate() may route forward here
+            with own_forward(self.module):  # generate() may route forward here
                 return self.module(*args, **kwargs)
         sig = signature_of(leaves, spec) + (self._state_signature(),)
         g = self.graphs.get(sig)
@@ -196,14 +185,14 @@ class CompiledModule(torch.nn.Module):
 
     def _compile(self, args: tuple, kwargs: dict, sig: tuple) -> CompiledCapture:
         from torch.utils._pytree import tree_flatten, tree_unflatten
-        with _own_forward(self.module):
+        with own_forward(self.module):
             cap = capture(self.module, args, kwargs)
         names = [r.name for r in sorted((r for r in cap.roles if r.kind == "user"),
                                         key=lambda r: r.index)]
         leaves, spec = tree_flatten((tuple(args), dict(kwargs)))
         if self._ranges is None:
             from .capture import user_input_names
-            with _own_forward(self.module):
+            with own_forward(self.module):
                 fn = getattr(self.module, "_mirage_function", None) or self.module.forward
                 self._ranges = dim_ranges(user_input_names(fn, args, kwargs), leaves,
                                           self._dynamic_shapes)
@@ -216,7 +205,7 @@ class CompiledModule(torch.nn.Module):
             for grown in grown_examples(leaves, self._ranges):
                 a, k = tree_unflatten(grown, spec)
                 try:
-                    with _own_forward(self.module):
+                    with own_forward(self.module):
                         companions.append(capture(self.module, a, k))
                 except Exception:  # noqa: BLE001 -- the module or its capture refused these
                     continue  # sizes: the next candidate grows fewer dims
@@ -227,31 +216,39 @@ class CompiledModule(torch.nn.Module):
         return g
 
     def generate(self, *args: Any, **kwargs: Any) -> Any:
-        """transformers' ``generate`` of the wrapped model, every forward step running the
-        compiled graph. The KV cache object (``DynamicCache``) is not something a capture can take
-        as an input yet, so generation runs with ``use_cache=False``: each step recomputes the
-        whole prefix, a new sequence length each time -- with ``dynamic`` other than False, an
-        instance of the shape family found at the first change (no search per token). A
-        ``use_cache=True`` or a ``past_key_values`` passed in raises an OptionError."""
+        """transformers' ``generate`` of the wrapped model, every forward step running compiled
+        code. With its default cache (``use_cache`` not False) each step is a compiled
+        :class:`~.kv_cache.CachedStep` over transformers' own ``DynamicCache`` (prefill and decode
+        apart; shape families over the cache length, so no search per token unless
+        ``dynamic=False``); with ``use_cache=False`` each step runs this compiled module over the
+        whole prefix, a new sequence length each time."""
         gen = getattr(self.module, "generate", None)
         if gen is None:
             raise OptionError(f"compile: {self._name} has no generate() (not a transformers "
                               "generation model)")
-        if kwargs.get("use_cache") or kwargs.get("past_key_values") is not None:
-            raise OptionError("compile: generate() through a compiled model runs without a KV "
-                              "cache (use_cache=False); a cache cannot be captured yet")
-        kwargs["use_cache"] = False
         module = self.module
-        module.forward = self.__call__  # generate calls self(...): route it here
+        if kwargs.get("use_cache", True) is False:
+            module.forward = self.__call__  # generate calls self(...): route it here
+        else:
+            if self._cached is None:
+                self._cached = CachedGeneration(module, self._compiled_step)
+            module.forward = self._cached
         try:
             return gen(*args, **kwargs)
         finally:
             del module.forward
 
+    def _compiled_step(self, step: Any, dynamic_shapes: dict, kind: str) -> "CompiledModule":
+        """A compiled :class:`~.kv_cache.CachedStep` with this module's options and dynamic."""
+        return CompiledModule(step, self._options, f"{self._name}_{kind}",
+                              dynamic=self.dynamic.value, dynamic_shapes=dynamic_shapes)
+
     def searches(self) -> int:
         """Region searches run over every signature compiled so far (a shape family counts
         once; regions answered by a family, the memory cache or the database count 0)."""
-        return sum(g.searches() for g in self.graphs.values())
+        steps = self._cached.steps.values() if self._cached is not None else ()
+        return sum(g.searches() for g in self.graphs.values()) + \
+            sum(s.searches() for s in steps)
 
     def report(self) -> str:
         """Per compiled signature: the regions (aten nodes, inputs, outputs), kernels naive ->
@@ -263,6 +260,9 @@ class CompiledModule(torch.nn.Module):
             lines.append(f"[{self.why.get(sig, '')}] " + g.report())
         if self._grad_fallback.report_line():  # autograd hook (#33)
             lines.append(self._grad_fallback.report_line())
+        for kind, step in (self._cached.steps.items() if self._cached is not None else ()):
+            lines.append(f"generate() with a KV cache, {kind} step:")
+            lines.append(step.report())
         return "\n".join(lines)
 
     def regions(self) -> list[dict[str, Any]]:

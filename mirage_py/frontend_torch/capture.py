@@ -17,6 +17,7 @@ name; nested inputs as ``name_0``, ``name_key``).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import warnings
 from dataclasses import dataclass, field
@@ -102,6 +103,19 @@ def decomposition_table() -> dict:
         if hasattr(torch.export, "default_decompositions") else \
         dict(torch._decomp.core_aten_decompositions())
     return {op: fn for op, fn in table.items() if packet_name(op) not in TABLE}
+
+
+@contextlib.contextmanager
+def own_forward(module: Any) -> Any:
+    """``module`` with its class's forward for the duration (``CompiledModule.generate`` routes
+    the instance's ``forward`` to compiled code; capturing or running the module itself must not
+    go there)."""
+    patched = module.__dict__.pop("forward", None)
+    try:
+        yield
+    finally:
+        if patched is not None:
+            module.forward = patched
 
 
 def user_input_names(fn: Any, args: tuple, kwargs: dict) -> list[str]:
