@@ -131,6 +131,19 @@ def _check(cm, m, x):
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
+def test_an_answer_from_the_results_database_is_no_search(tmp_path):
+    """A second compile (another process: the memory cache cleared) answers from the database:
+    the report says so and searches() counts nothing."""
+    m, x = _model(), _x(2, 8)
+    opts = {**OPTS, "database": str(tmp_path / "r.sqlite")}
+    first = mp.compile(m, (x,), **opts)
+    assert first.searches() == 1
+    clear_cache()
+    again = mp.compile(m, (x,), **opts)
+    assert again.searches() == 0 and "results database" in again.report()
+    _check(again, m, x)
+
+
 def test_dynamic_none_searches_once_more_at_the_first_change_then_never():
     m = _model()
     cm = mp.compile(m, (_x(1, 16),), **OPTS)  # dynamic=None: static at first

@@ -60,6 +60,7 @@ class AnswerOrigin(Enum):
 
     SEARCH = "search"
     MEMORY = "memory cache"
+    DATABASE = "results database"  # a whole answer another process kept
     FAMILY_SEARCH = "shape-family search"
     FAMILY = "shape family, no search"
 

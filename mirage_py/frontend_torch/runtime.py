@@ -168,9 +168,13 @@ class CompiledCapture:
             fam = superopt_family_of(program, samples + samples_for(key, program), key, options,
                                      budget_s)
             if fam is not None:
-                return FamilyRegion(fam.answer, program), AnswerOrigin.FAMILY_SEARCH
+                kept = getattr(fam.answer.answer, "origin", "search") == "database"
+                return FamilyRegion(fam.answer, program), \
+                    AnswerOrigin.DATABASE if kept else AnswerOrigin.FAMILY_SEARCH
         opt, cached = superopt_cached(program, options, budget_s)
-        return opt, AnswerOrigin.MEMORY if cached else AnswerOrigin.SEARCH
+        if cached:
+            return opt, AnswerOrigin.MEMORY
+        return opt, AnswerOrigin.DATABASE if opt.origin == "database" else AnswerOrigin.SEARCH
 
     def _companion_programs(self) -> dict[int, list]:
         """The companion captures' region programs by region index (dynamic=True), from those
