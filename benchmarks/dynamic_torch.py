@@ -10,8 +10,9 @@ seconds, the searches so far and the error against eager (norm-wise relative). R
 * ``dynamic=True`` and ``dynamic=None`` over the held-out shapes (1, 17), (1, 23), (1, 40),
   (2, 16), (3, 29), (1, 1);
 * on the ``dynamic=True`` module, after those: a sweep over lengths 2-64 at batch 1 and
-  batches 1-4 at length 24, then ``generate(max_new_tokens=32)`` (greedy) against eager
-  ``generate`` with its default cache.
+  batches 1-4 at length 24, then ``generate(max_new_tokens=32)`` (greedy) with transformers'
+  KV cache and without it, at two prompt lengths, against eager ``generate`` with its default
+  cache.
 
 ``python -m benchmarks.dynamic_torch [--quick]``; ``database=False`` throughout (no answers
 from earlier runs). Writes ``benchmarks/results/dynamic_torch.{json,md}``.
@@ -82,21 +83,28 @@ def _config(model, dynamic, shapes) -> tuple[dict, object]:
     return row, cm
 
 
-def _generate(cm, model, new_tokens: int) -> dict:
+def _generate(cm, model, new_tokens: int, use_cache: bool) -> dict:
+    """``generate`` greedy through ``cm`` (with transformers' own KV cache or recomputing the
+    prefix) against eager ``generate`` with its default cache; then a second prompt length."""
     import torch
-    with torch.no_grad():
-        t0 = time.perf_counter()
-        want = model.generate(_ids(1, 16, 0), max_new_tokens=new_tokens, do_sample=False)
-        eager_s = time.perf_counter() - t0
-    searched = cm.searches()
-    with torch.no_grad():
-        t0 = time.perf_counter()
-        got = cm.generate(_ids(1, 16, 0), max_new_tokens=new_tokens, do_sample=False)
-        gen_s = time.perf_counter() - t0
-    return {"new_tokens": new_tokens, "generate_s": round(gen_s, 2),
-            "searches_before": searched, "searches_during_generate": cm.searches() - searched,
-            "tokens_equal_eager": bool(torch.equal(got, want)),
-            "eager_generate_s": round(eager_s, 3)}
+    out = {"new_tokens": new_tokens, "use_cache": use_cache, "runs": []}
+    for length, seed in ((16, 0), (11, 1)):
+        ids = _ids(1, length, seed)
+        with torch.no_grad():
+            t0 = time.perf_counter()
+            want = model.generate(ids, max_new_tokens=new_tokens, do_sample=False)
+            eager_s = time.perf_counter() - t0
+        searched = cm.searches()
+        with torch.no_grad():
+            t0 = time.perf_counter()
+            got = cm.generate(ids, max_new_tokens=new_tokens, do_sample=False,
+                              use_cache=use_cache)
+            gen_s = time.perf_counter() - t0
+        out["runs"].append({"prompt": length, "generate_s": round(gen_s, 2),
+                            "searches": cm.searches() - searched,
+                            "tokens_equal_eager": bool(torch.equal(got, want)),
+                            "eager_generate_s": round(eager_s, 3)})
+    return out
 
 
 def run(quick: bool) -> dict:
@@ -114,7 +122,8 @@ def run(quick: bool) -> dict:
                     "searches_before": cm.searches(),
                     "lengths": [_call(cm, model, 1, s) for s in lengths],
                     "batches": [_call(cm, model, b, 24) for b in (1, 2, 3, 4)]}
-    doc["generate"] = _generate(cm, model, 8 if quick else 32)
+    doc["generate"] = [_generate(cm, model, 8 if quick else 32, use_cache=True),
+                       _generate(cm, model, 8 if quick else 32, use_cache=False)]
     return doc
 
 
@@ -162,12 +171,19 @@ def markdown(doc: dict) -> str:
               f"{statistics.mean(k['seconds'] for k in bs):.2f} s, worst error "
               f"{max(k['error'] for k in bs):.1e}; searches after the sweep: "
               f"{bs[-1]['searches']}."]
-    g = doc["generate"]
-    lines += ["", f"**generate(max_new_tokens={g['new_tokens']})**, greedy, on the same module: "
-              f"{g['generate_s']} s with {g['searches_during_generate']} search(es); "
-              f"tokens equal to eager `generate()` with its default cache: "
-              f"{g['tokens_equal_eager']} (eager {g['eager_generate_s']} s). No KV cache through "
-              "the compiled model: every step recomputes the prefix (docs/torch.md).", ""]
+    lines += ["", "**generate()**, greedy, on the same module, then again with another prompt "
+              "length; tokens against eager `generate()` with its default cache. With the KV "
+              "cache: transformers' own `DynamicCache` through compiled prefill and decode steps "
+              "(their first use searches their two families); without: every step recomputes the "
+              "prefix through the compiled module (docs/torch.md).", "",
+              "| KV cache | new tokens | prompt | s | searches | tokens equal eager | eager s |",
+              "|---|---|---|---|---|---|---|"]
+    for g in doc["generate"]:
+        for r in g["runs"]:
+            lines.append(f"| {'yes' if g['use_cache'] else 'no'} | {g['new_tokens']} | "
+                         f"{r['prompt']} | {r['generate_s']} | {r['searches']} | "
+                         f"{r['tokens_equal_eager']} | {r['eager_generate_s']} |")
+    lines.append("")
     return "\n".join(lines)
 
 
