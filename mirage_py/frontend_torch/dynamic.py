@@ -115,9 +115,9 @@ class FamilyRegion:
 #: shape families by (the structure with sizes erased, options)
 _FAMILIES: dict[tuple, list[Family]] = {}
 
-#: the static region programs met per (erased structure, options), one per distinct structure:
-#: the samples a program at another shape is generalised with
-_SAMPLES: dict[tuple, list[Any]] = {}
+#: the static region programs met per (erased structure, options), by structural hash, in the
+#: order met: the samples a program at another shape is generalised with
+_SAMPLES: dict[tuple, dict[str, Any]] = {}
 
 
 def forget_families() -> None:
@@ -137,11 +137,10 @@ def family_of(program: Any, key: tuple) -> tuple[Family, dict[str, int]] | None:
 
 def samples_for(key: tuple, program: Any) -> list[Any]:
     """The static programs met before with ``key``, newest first (remembering ``program``)."""
-    seen = _SAMPLES.setdefault(key, [])
+    seen = _SAMPLES.setdefault(key, {})
     h = program.structural_hash()
-    others = [s for s in reversed(seen) if s.structural_hash() != h]
-    if len(others) == len(seen):
-        seen.append(program)
+    others = [s for k, s in reversed(seen.items()) if k != h]
+    seen.setdefault(h, program)
     return others
 
 
@@ -163,7 +162,8 @@ def superopt_family_of(program: Any, samples: list[Any], key: tuple, options: di
         return None
     sym.name = program.name
     # searched at the first shape met (the one compiled for), else at this call's
-    first = next((s for s in _SAMPLES.get(key, ()) if any(s is c for c in chosen)), program)
+    first = next((s for s in _SAMPLES.get(key, {}).values() if any(s is c for c in chosen)),
+                 program)
     answer = superopt(sym, representative=instance_sizes(sym, first),
                       **(options if budget_s is None else {**options, "time_budget_s": budget_s}))
     if getattr(answer.answer, "interrupted", False):

@@ -112,7 +112,7 @@ class CompiledCapture:
             self.analysis, self.regions = analyse(cap, forced)
             self.capture_seconds += time.perf_counter() - t0
             t0 = time.perf_counter()
-            failed = self._superopt(name, options, end)
+            failed = self._superopt(name, options, forced, end)
             self.superopt_seconds += time.perf_counter() - t0
             if failed is None:
                 break
@@ -130,11 +130,11 @@ class CompiledCapture:
         self._static: dict[tuple, tuple[tuple, Any]] = {}
         self.out_node = next(n for n in self.analysis.nodes if n.op == "output")
 
-    def _superopt(self, name: str, options: dict[str, Any],
+    def _superopt(self, name: str, options: dict[str, Any], forced: dict[str, str],
                   end: float | None = None) -> tuple[RegionSpec, str] | None:
         self.opts: dict[int, Any] = {}
         self.origin: dict[int, AnswerOrigin] = {}
-        samples = self._companion_programs()
+        samples = self._companion_programs(forced)
         todo = [r for r in self.regions if r.program is not None]
         for i, r in enumerate(todo):
             r.program.name = f"{name}_{r.program.name}"
@@ -176,13 +176,14 @@ class CompiledCapture:
             return opt, AnswerOrigin.MEMORY
         return opt, AnswerOrigin.DATABASE if opt.origin == "database" else AnswerOrigin.SEARCH
 
-    def _companion_programs(self) -> dict[int, list]:
-        """The companion captures' region programs by region index (dynamic=True), from those
-        cut into the same regions."""
+    def _companion_programs(self, forced: dict[str, str]) -> dict[int, list]:
+        """The companion captures' region programs by region index (dynamic=True), cut as this
+        capture is (the same operators ``forced`` to run eagerly: a retry after a refused
+        region cuts the companions the same way)."""
         out: dict[int, list] = {}
         for cap in self._companions:
             try:
-                _, regions = analyse(cap, {})
+                _, regions = analyse(cap, forced)
             except MirageError:
                 continue
             if len(regions) != len(self.regions):
