@@ -284,3 +284,18 @@ def test_concat_validates():
 def test_unknown_target_is_a_typed_error():
     with pytest.raises(MirageError, match="unknown target"):
         validate(MM, "v100")
+
+
+def test_a_where_mask_mixes_no_half_types():
+    """A bfloat16 program's causal mask (0 and 1, held as float16) is no float16 operand mixed
+    into bfloat16 arithmetic: the program lowers, validates and equals its float64 evaluation."""
+    import numpy as np
+    import mirage_py as mp
+    p = mp.Program("masked_bf16")
+    s = p.input("s", (2, 8, 8), "bfloat16")
+    p.output(mp.softmax(mp.where(mp.causal_mask(8, 8), s, -1e4), axis=-1), name="y")
+    opt = mp.superopt(p, workers=1, progress=False, database=False, time_budget_s=10)
+    x = p.random_inputs(0)
+    want = p.evaluate(x)["y"]
+    got = opt.run_numpy(x)["y"]
+    assert np.abs(np.asarray(got, np.float64) - want).max() < 2e-2

@@ -540,7 +540,9 @@ def validate(graph: KernelGraph, target: Any = "h100") -> dict[int, BlockInfo]:
                                "operator", who)
             shape = kernel_op_shape(op, args)
             _check_dtensor(op.output, who)
-            dts = {a.dtype for a in args if isinstance(a, DTensor)}
+            # a where's mask holds 0 and 1, exact in either half type: it mixes nothing
+            dts = {a.dtype for i, a in enumerate(args) if isinstance(a, DTensor)
+                   and not (op.op == "where" and i == 0)}
             if {"float16", "bfloat16"} <= dts:
                 raise _err("mixes float16 and bfloat16 operands", "dtype", who)
             if tuple(shape) != op.output.shape:
