@@ -66,6 +66,21 @@ def test_generalize_writes_a_mask_offset_as_an_expression_of_dims():
     assert instance_sizes(fam, _attention(33, 5)) is None  # another query count: not this family
 
 
+def test_a_size_that_makes_the_mask_all_true_may_leave_it_out():
+    """PyTorch drops the causal mask at one token: the capture there is still an instance (the
+    mask keeps every position, so leaving it out changes no value); at two tokens it is not."""
+    def unmasked(s, heads=2, d=8):
+        p = mp.Program("att")
+        q = p.input("q", (heads, s, d))
+        k = p.input("k", (heads, d, s))
+        v = p.input("v", (heads, s, d))
+        p.output(mp.matmul(mp.softmax(mp.matmul(q, k) * d ** -0.5, axis=-1), v), name="o")
+        return p
+    fam = generalize(_attention(16), _attention(17))
+    assert instance_sizes(fam, unmasked(1)) == {"q_1": 1}
+    assert instance_sizes(fam, unmasked(2)) is None  # a 2 x 2 causal mask hides a score
+
+
 def test_generalize_three_samples_two_dims():
     def mlp(b, s):
         p = mp.Program("mlp")
@@ -246,6 +261,13 @@ def test_generate_greedy_equals_eager_with_a_fixed_number_of_searches():
     assert torch.equal(got, want)
     assert cm.searches() == searched  # twelve new lengths, no search
     assert len(cm.graphs) >= 12
+    # one token: PyTorch leaves the causal mask out and our capture keeps the one position as
+    # an input; still an instance of the family, run padded in its bucket of 2, no search
+    one = torch.randint(0, 64, (1, 1))
+    with torch.no_grad():
+        torch.testing.assert_close(cm(one, use_cache=False).logits,
+                                   model(one, use_cache=False).logits, rtol=1e-4, atol=1e-5)
+    assert cm.searches() == searched
 
 
 def _tiny_llama(layers=1):

@@ -180,7 +180,9 @@ class NodeContext:
         if _is_torch_tensor(v):
             shape = tuple(int(d) for d in v.shape)
             c = uniform_value(v)
-            if c is not None:
+            # one element is uniform by its size alone (positions at a length of 1): a number
+            # there would make the capture at that size differ from the others (docs/torch.md)
+            if c is not None and (v.numel() > 1 or v.dim() == 0):
                 return Sym(lax.const(_finite(c), self._float_dtype(v)), shape)
             if v.is_complex():
                 raise Unsupported(f"its {what} is a constant of dtype {v.dtype}")

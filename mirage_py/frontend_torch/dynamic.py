@@ -126,9 +126,13 @@ def forget_families() -> None:
 
 
 def family_of(program: Any, key: tuple) -> tuple[Family, dict[str, int]] | None:
-    """A known family ``program`` is an instance of, with the sizes of its dims there."""
+    """A known family ``program`` is an instance of, with the sizes of its dims there: those of
+    its erased structure first, then the others under the same options (a capture at a size
+    of 1 has a structure of its own -- an all-true mask left out, a max over one element
+    dropped -- and may still be an instance, :func:`~mirage_py.lax.generalize.instance_sizes`)."""
     from ..lax.generalize import instance_sizes
-    for fam in _FAMILIES.get(key, ()):
+    rest = [f for k, fams in _FAMILIES.items() if k != key and k[1:] == key[1:] for f in fams]
+    for fam in list(_FAMILIES.get(key, ())) + rest:
         sizes = instance_sizes(fam.program, program)
         if sizes is not None:
             return fam, sizes

@@ -176,10 +176,46 @@ def instance_sizes(family: Program, program: Program) -> dict[str, int] | None:
             elif d != n:
                 return None
     try:
-        same = _positional_json(family.at(sizes)) == _positional_json(program)
+        inst = family.at(sizes)
+        same = _positional_json(inst) == _positional_json(program) or \
+            _positional_json(_without_masks(inst)) == _positional_json(_without_masks(program))
     except MirageError:
         return None
     return sizes if same else None
+
+
+def _keeps_all(mask: Any) -> bool:
+    """Does this static position mask keep every position (a causal mask of one query row at
+    the last key: what a length of 1 gives)?"""
+    from .ops import mask_values
+    rows, cols = mask.shape[-2:]
+    if not all(_is_int(d) for d in mask.shape) or rows * cols > 1 << 20:
+        return False
+    attrs = mask.attr_dict
+    return bool(mask_values(tuple(mask.shape), offset=attrs.get("offset", 0),
+                            window=attrs.get("window", 0), valid=attrs.get("valid")).all())
+
+
+def _without_masks(program: Program) -> Program:
+    """``program`` with ``where(mask, a, b)`` read as ``a`` where the mask keeps every position
+    and ``a`` has the result's shape: the same values (PyTorch leaves out a mask that a size
+    makes all-true: no causal mask at a length of 1)."""
+    from .tensor import Tensor, apply
+    new: dict[str, Tensor] = {}
+    out = Program(program.name)
+    for t in program.nodes():
+        if t.op == "input":
+            new[t.digest] = out.input(t.name, t.shape, t.dtype)
+        elif t.op in ("const", "mask"):
+            new[t.digest] = t
+        elif t.op == "where" and t.inputs[1].shape == t.shape and _keeps_all(t.inputs[0]):
+            new[t.digest] = new[t.inputs[1].digest]
+        else:
+            new[t.digest] = apply(t.op, [new[i.digest] for i in t.inputs], dict(t.attrs),
+                                  exact=False)
+    for n, t in program.output_tensors.items():
+        out.output(new[t.digest], n)
+    return out
 
 
 def _positional_json(program: Program) -> dict[str, Any]:

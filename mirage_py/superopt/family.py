@@ -20,7 +20,9 @@ A symbolic program (``mp.dim``, lax/shapes.py) is a family of programs. Its answ
    region's schedule replayed keeping its tiles and loop chunks or its part counts, the cheaper
    under the cost model (``generator.kernel_search.rescale_trace``), verified for that bucket;
    the cheapest replay is kept. A region whose replay does not apply -- a bucket of size 1,
-   where a dim has no label -- is searched there alone. Buckets are kept, so a sequence of
+   where a dim has no label -- is searched there alone; so a dim whose representatives are all
+   longer than 1 has no bucket of size 1 (unless the caller gives the buckets): size 1 runs
+   padded in the next bucket. Buckets are kept, so a sequence of
    calls searches once per structure.
 5. **Every size that runs is verified.** The first call at a binding of the valid sizes runs
    the finite-field check of its bucket's graph there (``check_sizes``, kept): the stated bound
@@ -312,9 +314,17 @@ def superopt_family(program: Program, options: dict[str, Any],
         raise OptionError(f"superopt: buckets for dims {sorted(unknown)} that program "
                           f"{program.name!r} does not have (its dims: {sorted(dims)})")
     by_dim = {n: buckets(d, (bucket_sizes or {}).get(n)) for n, d in dims.items()}
+    reps = _representatives(program, representative, by_dim)
+    for n, sizes in by_dim.items():
+        # a bucket of size 1 is another structure (its no-ops dropped: a max over one element),
+        # which only a search answers; unless a representative is there or the caller chose
+        # the buckets, size 1 runs padded in the next bucket, replayed like the others
+        if (bucket_sizes or {}).get(n) is None and len(sizes) > 1 and sizes[0] == 1 and \
+                all(r[n] > 1 for r in reps):
+            by_dim[n] = sizes[1:]
     t0 = time.perf_counter()
     answers, checks = {}, []
-    for rep in _representatives(program, representative, by_dim):
+    for rep in reps:
         answer = answers[tuple(sorted(rep.items()))] = superopt(padded(program, rep),
                                                                 sizes=dict(rep), **options)
         checks += _family_check(answer, dims, rep, options.get("seed", 0),
