@@ -171,6 +171,15 @@ def _partition() -> dict[str, Any]:
                 decompositions=decomposition_table())
 
 
+def _attention_as_math() -> Any:
+    """While tracing for training: ``scaled_dot_product_attention`` as its math form (matmuls,
+    softmax), whose derivatives are matmuls and a softmax backward that regions express; the
+    fused CPU / CUDA attention kernels have backward operators of their own that would run
+    eagerly. The forward then saves the attention probabilities (as the math form does)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    return sdpa_kernel(SDPBackend.MATH)
+
+
 def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
 
@@ -187,7 +196,7 @@ class TrainingPath:
     dynamic: Dynamic
     training: Training = Training.SUPEROPT
     compiled: dict[tuple, AotCompiled] = field(default_factory=dict)
-    out_specs: dict[tuple, Any] = field(default_factory=dict)
+    outputs: "dict[tuple, _OutputLayout]" = field(default_factory=dict)
     refused: dict[tuple, str] = field(default_factory=dict)  # signature -> why it runs eagerly
     fallback: EagerGradFallback = None  # type: ignore[assignment]
 
@@ -211,7 +220,7 @@ class TrainingPath:
         out = self._run(aot, sig, list(state.values()) + [leaves[i] for i in tensor_at])
         if out is None:
             return module(*args, **kwargs)
-        return tree_unflatten(list(out), self.out_specs[sig])
+        return self.outputs[sig].rebuild(list(out))
 
     def call_graph(self, gm: Any, args: tuple, names: list[str], kinds: list[str]) -> Any:
         """Dynamo's graph ``gm`` on ``args`` with autograd history (the ``torch.compile``
@@ -230,8 +239,9 @@ class TrainingPath:
             outs = next(n for n in gm.graph.nodes if n.op == "output").args[0]
             aot.user_outputs = len(outs) if isinstance(outs, (list, tuple)) else 1
             try:
-                aot.fn = aot_module_simplified(gm, list(args), fw_compiler=aot.fw_compiler,
-                                               bw_compiler=aot.bw_compiler, **_partition())
+                with _attention_as_math():
+                    aot.fn = aot_module_simplified(gm, list(args), fw_compiler=aot.fw_compiler,
+                                                   bw_compiler=aot.bw_compiler, **_partition())
             except Exception as e:  # noqa: BLE001 -- AOTAutograd refused the graph
                 self.refused[sig] = _first_line(e)
                 self._eager(sig)
@@ -285,10 +295,14 @@ class TrainingPath:
             for i, v in zip(tensor_at, values[n:]):
                 now[i] = v
             a, k = tree_unflatten(now, in_spec)
-            out = torch.func.functional_call(module, dict(zip(state_names, values[:n])), a, k)
-            flat, self.out_specs[sig] = tree_flatten(out)
-            aot.user_outputs = len(flat)
-            return flat
+            with _attention_as_math():
+                out = torch.func.functional_call(module, dict(zip(state_names, values[:n])), a,
+                                                 k)
+            flat, spec = tree_flatten(out)
+            self.outputs[sig] = _OutputLayout.of(flat, spec)
+            tensors = [v for v in flat if isinstance(v, torch.Tensor)]
+            aot.user_outputs = len(tensors)
+            return tensors
 
         from torch._functorch.aot_autograd import aot_function
         aot.fn = aot_function(f, fw_compiler=aot.fw_compiler, bw_compiler=aot.bw_compiler,
@@ -317,12 +331,49 @@ class TrainingPath:
         for i, a in enumerate(self.compiled.values()):
             lines.append(f"training signature {i + 1} (forward + backward through AOTAutograd):")
             lines.extend("  " + ln for ln in a.report().splitlines())
+        dropped = sorted({d for o in self.outputs.values() for d in o.dropped})
+        if dropped:
+            lines.append(f"training: output(s) of type {', '.join(dropped)} come back as None "
+                         "(objects built while tracing cannot be returned; a KV cache is not "
+                         "needed to train)")
         for why in self.refused.values():
             lines.append(f"training: AOTAutograd could not trace {self.name} ({why}); it runs "
                          "eagerly")
         if self.fallback.report_line():
             lines.append(self.fallback.report_line())
         return "\n".join(lines)
+
+
+@dataclass
+class _OutputLayout:
+    """Where a traced function's tensor outputs go in its output structure; its other leaves
+    are Python constants kept from the trace, or objects (a transformers ``DynamicCache``)
+    that come back as None."""
+
+    spec: Any
+    leaves: list[Any]  # the non-tensor leaves (None where dropped), _TENSOR where a tensor goes
+    dropped: list[str]  # type names of the objects returned as None
+
+    @classmethod
+    def of(cls, flat: list, spec: Any) -> "_OutputLayout":
+        leaves, dropped = [], []
+        for v in flat:
+            if isinstance(v, torch.Tensor):
+                leaves.append(_TENSOR)
+            elif v is None or isinstance(v, (bool, int, float, str)):
+                leaves.append(v)
+            else:
+                leaves.append(None)
+                dropped.append(type(v).__name__)
+        return cls(spec, leaves, dropped)
+
+    def rebuild(self, tensors: list) -> Any:
+        from torch.utils._pytree import tree_unflatten
+        it = iter(tensors)
+        return tree_unflatten([next(it) if v is _TENSOR else v for v in self.leaves], self.spec)
+
+
+_TENSOR = object()  # marks a tensor leaf in an _OutputLayout
 
 
 def _grad_signature(leaves: list, spec: Any, state: list) -> tuple:
