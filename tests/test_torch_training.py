@@ -18,7 +18,7 @@ import mirage_py as mp  # noqa: E402
 from mirage_py.errors import OptionError  # noqa: E402
 from mirage_py.frontend_torch.autograd import GradFallbackWarning  # noqa: E402
 
-OPTS = dict(workers=1, time_budget_s=6, progress=False, database=False)
+OPTS = dict(workers=1, time_budget_s=2, progress=False, database=False)
 
 
 def _tol(dtype, kind="other"):
