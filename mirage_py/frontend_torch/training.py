@@ -73,8 +73,14 @@ class PassGraph(DynamoCompiled):
         self.names, self.kinds = names, kinds
         self.saved = 0  # forward: the activations it saves for the backward
         self.failed = ""  # why the capture of this graph failed (it then runs as traced)
+        self.record = False  # run as traced and keep the first call's arguments (``recorded``)
+        self.recorded: tuple | None = None
 
     def __call__(self, *args: Any) -> Any:
+        if self.record:
+            if self.recorded is None:
+                self.recorded = tuple(args)
+            return self.gm(*args)
         if self.failed:
             return self.gm(*args)
         try:
@@ -86,6 +92,16 @@ class PassGraph(DynamoCompiled):
                 raise
             self.failed = _first_line(e)
             return self.gm(*args)
+
+    def compile_recorded(self) -> CompiledCapture:
+        """Capture and superoptimise the graph at the recorded call's arguments, without running
+        its regions (see :func:`trace_training`)."""
+        from .runtime import float32_matmul_of, signature_of
+        args = self.recorded
+        if args is None:
+            raise OptionError(f"{self.which.value} graph: no call was recorded")
+        return self._compile(args, signature_of(list(args), "dynamo") +
+                             (float32_matmul_of(self.options),))
 
     def _compile(self, args: tuple, sig: tuple) -> CompiledCapture:
         g = super()._compile(args, sig)
@@ -141,18 +157,21 @@ class AotCompiled:
     backward: PassGraph | None = None
     user_outputs: int = 0  # the traced function's outputs (the forward graph's first ones)
     fn: Any = None
+    record: bool = False  # the graphs run as traced, recording their inputs (trace_training)
 
     def fw_compiler(self, gm: Any, example_inputs: list) -> Any:
         self.forward = PassGraph(gm, self.options, self.dynamic, Pass.FORWARD,
                                  [identifier(n) for n in self.names], self.kinds)
         out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
         self.forward.saved = max(0, len(out) - self.user_outputs)
+        self.forward.record = self.record
         return _boxed(self.forward)
 
     def bw_compiler(self, gm: Any, example_inputs: list) -> Any:
         names, kinds = _backward_names(gm, self.names, self.kinds)
         self.backward = PassGraph(gm, self.options, self.dynamic, Pass.BACKWARD,
                                   [identifier(n) for n in names], kinds)
+        self.backward.record = self.record
         return _boxed(self.backward)
 
     def passes(self) -> list[PassGraph]:
@@ -376,6 +395,37 @@ class _OutputLayout:
 _TENSOR = object()  # marks a tensor leaf in an _OutputLayout
 
 
+def trace_training(module: Any, args: tuple, options: dict[str, Any],
+                   cotangent_seed: int = 0) -> AotCompiled:
+    """The forward and backward graphs of ``module(*args)`` (AOTAutograd, as a training call
+    makes them), captured and superoptimised without running their regions on the CPU
+    interpreter: one eager run of the two aten graphs -- the outputs' gradients random, from
+    ``cotangent_seed`` -- records each graph's real inputs, then each is compiled at them.
+    For benchmarks at sizes the interpreter is too slow for (a Llama layer at 8B size)."""
+    path = TrainingPath(type(module).__name__, dict(options), Dynamic.NEVER)
+    leaves, in_spec = _flat(args)
+    state = dict(module.named_parameters())
+    state.update(dict(module.named_buffers()))
+    tensor_at = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
+    sig = _grad_signature(leaves, in_spec, list(state.values()))
+    aot = path._trace_module(module, leaves, in_spec, tensor_at, list(state), sig)
+    aot.record = True
+    with _attention_as_math():
+        out = aot.fn(*(list(state.values()) + [leaves[i] for i in tensor_at]))
+    g = torch.Generator().manual_seed(cotangent_seed)
+    outs = [o for o in out if o.requires_grad]
+    torch.autograd.backward(outs, [torch.randn(o.shape, generator=g).to(o.dtype) for o in outs])
+    for p in aot.passes():
+        p.record = False
+        p.compile_recorded()
+    return aot
+
+
+def _flat(args: tuple) -> tuple[list, Any]:
+    from torch.utils._pytree import tree_flatten
+    return tree_flatten((tuple(args), {}))
+
+
 def _grad_signature(leaves: list, spec: Any, state: list) -> tuple:
     """A training call's key: the inputs' signature and which tensors (inputs, then state)
     require grad -- AOTAutograd's graphs differ by both."""
@@ -384,4 +434,4 @@ def _grad_signature(leaves: list, spec: Any, state: list) -> tuple:
         bool(getattr(v, "requires_grad", False)) for v in list(leaves) + list(state)),)
 
 
-__all__ = ["Training", "Pass", "PassGraph", "AotCompiled", "TrainingPath"]
+__all__ = ["Training", "Pass", "PassGraph", "AotCompiled", "TrainingPath", "trace_training"]
