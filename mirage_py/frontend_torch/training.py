@@ -121,13 +121,6 @@ def _boxed(fn: Any) -> Any:
     return make_boxed_func(fn)
 
 
-def _state_kinds(module: Any) -> tuple[list[str], list[str]]:
-    names = [n for n, _ in module.named_parameters()]
-    kinds = ["parameter"] * len(names)
-    bufs = [n for n, _ in module.named_buffers()]
-    return names + bufs, kinds + ["buffer"] * len(bufs)
-
-
 def _backward_names(gm: Any, primal_names: list[str], primal_kinds: list[str]
                     ) -> tuple[list[str], list[str]]:
     """The backward graph's placeholders: ``primals_i`` saved as they are get the forward's
@@ -226,7 +219,7 @@ class TrainingPath:
     def call_module(self, module: Any, args: tuple, kwargs: dict, state_sig: tuple) -> Any:
         """``module(*args, **kwargs)`` with autograd history (``mp.compile``); ``state_sig``: what
         else the module's capture specialises on (its train mode, parameter shapes, ...)."""
-        from torch.utils._pytree import tree_flatten, tree_unflatten
+        from torch.utils._pytree import tree_flatten
         leaves, in_spec = tree_flatten((tuple(args), dict(kwargs)))
         state = dict(module.named_parameters())
         state.update(dict(module.named_buffers()))
