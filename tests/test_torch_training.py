@@ -310,3 +310,21 @@ def test_dynamo_backend_trains_through_aotautograd():
     assert "forward graph" in report and "backward graph" in report, report
     assert "verified" in report
     torch._dynamo.reset()
+
+
+def test_batchnorm_in_training_mode_updates_its_running_statistics():
+    """A buffer the forward mutates (BatchNorm's running statistics): AOTAutograd's graph returns
+    the new values and copies them into the module's buffers, as eager does."""
+    def make():
+        return nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2))
+    torch.manual_seed(0)
+    ref = make()
+    torch.manual_seed(0)
+    m = make()
+    cm = mp.compile(m, **{**OPTS, "time_budget_s": 1})
+    x = _rnd(5, 6)
+    _assert_grads_match(_grads(cm, [x]), _grads(ref, [x]), _tol(torch.float32))
+    for name in ("running_mean", "running_var", "num_batches_tracked"):
+        torch.testing.assert_close(getattr(m[1], name), getattr(ref[1], name), atol=1e-6,
+                                   rtol=1e-5)
+    assert m[1].num_batches_tracked.item() == 1
