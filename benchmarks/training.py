@@ -96,6 +96,26 @@ def ours(layer, args, budget_s: float, workers: int) -> dict:
             "workers": workers}
 
 
+def inference(layer, args, budget_s: float, workers: int) -> dict:
+    """The same layer's forward as an inference capture (``mp.compile`` with the examples, no
+    gradients): what the forward costs without saving activations, with fused attention."""
+    import mirage_py as mp
+    t0 = time.perf_counter()
+    cm = mp.compile(layer, tuple(a.detach() for a in args), workers=workers,
+                    time_budget_s=budget_s, progress=False, database=False)
+    rows = cm.regions()
+    return {"regions": sum(1 for r in rows if r["kernels"]),
+            "kernels_naive": sum(r["kernels_naive"] for r in rows),
+            "kernels": sum(r["kernels"] for r in rows),
+            "predicted_naive_us": round(sum(r["naive_us"] for r in rows), 1),
+            "predicted_us": round(sum(r["us"] for r in rows), 1),
+            "verified": all(r["verified"] for r in rows),
+            "eager_ops": sorted({e["op"] for e in cm.eager_ops()}),
+            "eager_count": len(cm.eager_ops()),
+            "search_s": round(sum(r["search_seconds"] for r in rows), 1),
+            "seconds": round(time.perf_counter() - t0, 1)}
+
+
 def inductor(layer, args) -> dict:
     """torch.compile (Inductor, CPU) on the layer's forward + backward: generated kernels and
     external kernel calls in the generated code."""
@@ -127,6 +147,7 @@ def run(size: str, seq: int, budget_s: float, workers: int, with_inductor: bool)
            "config": SIZES[size], "dtype": "bfloat16", "target": "h100",
            "params_m": round(sum(p.numel() for p in layer.parameters()) / 1e6, 1),
            "cpus": os.cpu_count(), "mirage": ours(layer, args, budget_s, workers)}
+    res["inference"] = inference(layer, args, budget_s, workers)
     if with_inductor:
         res["inductor"] = inductor(layer, args)
     return res
@@ -163,6 +184,14 @@ def markdown(res: dict) -> str:
     us = sum(p["predicted_us"] for p in m["passes"].values())
     lines.append(f"| **forward + backward** | | **{tot_n} -> {tot}** | **{us_n:.1f} -> "
                  f"{us:.1f}** | | | | |")
+    inf = res.get("inference")
+    if inf:
+        eager = (f"{inf['eager_count']}: " + ", ".join(inf["eager_ops"])) if \
+            inf["eager_count"] else "0"
+        lines.append(f"| inference forward (same layer, no gradients; for comparison) | "
+                     f"{inf['regions']} | {inf['kernels_naive']} -> {inf['kernels']} | "
+                     f"{inf['predicted_naive_us']} -> {inf['predicted_us']} | "
+                     f"{inf['verified']} | - | {eager} | {inf['search_s']} |")
     ind = res.get("inductor")
     if ind:
         lines += ["", "torch.compile (Inductor, on this machine's CPU) on the same layer, "
