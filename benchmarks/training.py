@@ -112,6 +112,7 @@ def inference(layer, args, budget_s: float, workers: int) -> dict:
             "verified": all(r["verified"] for r in rows),
             "eager_ops": sorted({e["op"] for e in cm.eager_ops()}),
             "eager_count": len(cm.eager_ops()),
+            "eager_reasons": sorted({e["reason"] for e in cm.eager_ops()}),
             "search_s": round(sum(r["search_seconds"] for r in rows), 1),
             "seconds": round(time.perf_counter() - t0, 1)}
 
@@ -192,6 +193,9 @@ def markdown(res: dict) -> str:
                      f"{inf['regions']} | {inf['kernels_naive']} -> {inf['kernels']} | "
                      f"{inf['predicted_naive_us']} -> {inf['predicted_us']} | "
                      f"{inf['verified']} | - | {eager} | {inf['search_s']} |")
+        if inf["eager_count"]:
+            lines += ["", "Why the inference forward's operators were left to PyTorch: " +
+                      "; ".join(inf["eager_reasons"])]
     ind = res.get("inductor")
     if ind:
         lines += ["", "torch.compile (Inductor, on this machine's CPU) on the same layer, "
