@@ -1,9 +1,10 @@
 """Issue #33 item 1: a compiled module never returns detached outputs when autograd needs them.
 
 With grad mode on and an input or parameter requiring grad, ``mp.compile`` and the
-``torch.compile`` backend run the module eagerly (one warning, a line in ``report()``); the
-gradients then equal eager PyTorch's. Inference calls (``no_grad``, nothing requiring grad)
-keep the superoptimised path."""
+``torch.compile`` backend with ``training="eager"`` run the module eagerly (one warning, a line
+in ``report()``); the gradients then equal eager PyTorch's. Inference calls (``no_grad``,
+nothing requiring grad) keep the superoptimised path. The default, ``training="superopt"``, is
+tested in tests/test_torch_training.py."""
 import functools
 import warnings
 
@@ -42,7 +43,7 @@ def _grads(m, x):
 def test_compiled_module_gradients_equal_eager_with_one_warning():
     ref = _MLP()
     m = _MLP()
-    cm = mp.compile(m, **OPTS)
+    cm = mp.compile(m, training="eager", **OPTS)
     x = torch.randn(3, 12, generator=torch.Generator().manual_seed(1))
     want_out, want_gx, want_gp = _grads(ref, x)
     with warnings.catch_warnings(record=True) as caught:
@@ -88,7 +89,8 @@ def test_dynamo_backend_is_differentiable():
     torch._dynamo.reset()
     ref = _MLP()
     m = _MLP()
-    compiled = torch.compile(m, backend=functools.partial(backend.mirage_backend, **OPTS),
+    compiled = torch.compile(m, backend=functools.partial(backend.mirage_backend,
+                                                          training="eager", **OPTS),
                              dynamic=False)
     x = torch.randn(3, 12, generator=torch.Generator().manual_seed(4))
     want_out, want_gx, want_gp = _grads(ref, x)

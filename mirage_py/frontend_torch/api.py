@@ -14,7 +14,7 @@ from ..lax.program import Program
 from .capture import capture, own_forward
 from .dynamic import DimRange, Dynamic, dim_ranges, grown_examples, out_of_range
 from .whole_program import whole_program
-from .autograd import EagerGradFallback, needs_autograd
+from .autograd import needs_autograd
 from .kv_cache import CachedGeneration
 from .runtime import CompiledCapture, describe_signature, float32_matmul_of, signature_of
 
@@ -127,7 +127,7 @@ class CompiledModule(torch.nn.Module):
     again (one :class:`~.runtime.CompiledCapture` per signature in ``graphs``)."""
 
     def __init__(self, module: Any, options: dict[str, Any], name: str,
-                 dynamic: Any = None, dynamic_shapes: Any = None):
+                 dynamic: Any = None, dynamic_shapes: Any = None, training: Any = "superopt"):
         super().__init__()
         self.module = module
         self._options = dict(options)
@@ -137,17 +137,20 @@ class CompiledModule(torch.nn.Module):
         self._ranges: list[DimRange] | None = None  # the user's dynamic dims, from the 1st call
         self.graphs: dict[tuple, CompiledCapture] = {}
         self.why: dict[tuple, str] = {}  # per signature: why it was captured
-        self._grad_fallback = EagerGradFallback(name)  # autograd hook (#33)
+        from .training import Training, TrainingPath  # autograd hook (#33)
+        self._training = TrainingPath(name, self._options, self.dynamic,
+                                      Training.parse(training))
         self._cached: CachedGeneration | None = None  # generate() with a KV cache
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         from torch.utils._pytree import tree_flatten, tree_unflatten
         leaves, spec = tree_flatten((tuple(args), dict(kwargs)))
-        # autograd hook (#33): outputs autograd needs are never detached: run eagerly
+        # autograd hook (#33): outputs autograd needs are never detached: forward and backward
+        # through AOTAutograd, superoptimised (or the module eagerly with training="eager")
         if needs_autograd(list(leaves) + list(self.module.parameters())):
-            self._grad_fallback.note_call()
             with own_forward(self.module):  # generate() may route forward here
-                return self.module(*args, **kwargs)
+                return self._training.call_module(self.module, args, kwargs,
+                                                  self._state_signature())
         sig = signature_of(leaves, spec) + (self._state_signature(),)
         g = self.graphs.get(sig)
         if g is None:
@@ -248,7 +251,8 @@ class CompiledModule(torch.nn.Module):
         once; regions answered by a family, the memory cache or the database count 0)."""
         steps = self._cached.steps.values() if self._cached is not None else ()
         return sum(g.searches() for g in self.graphs.values()) + \
-            sum(s.searches() for s in steps)
+            sum(s.searches() for s in steps) + \
+            self._training.searches()  # autograd hook (#33)
 
     def report(self) -> str:
         """Per compiled signature: the regions (aten nodes, inputs, outputs), kernels naive ->
@@ -258,8 +262,8 @@ class CompiledModule(torch.nn.Module):
                  f"{self.searches()} region search(es), dynamic={self.dynamic.value}"]
         for sig, g in self.graphs.items():
             lines.append(f"[{self.why.get(sig, '')}] " + g.report())
-        if self._grad_fallback.report_line():  # autograd hook (#33)
-            lines.append(self._grad_fallback.report_line())
+        if self._training.report():  # autograd hook (#33)
+            lines.append(self._training.report())
         for kind, step in (self._cached.steps.items() if self._cached is not None else ()):
             lines.append(f"generate() with a KV cache, {kind} step:")
             lines.append(step.report())
@@ -270,6 +274,11 @@ class CompiledModule(torch.nn.Module):
         ``naive_us``, ``us``, ``verified``, ``bound``, ``nodes``, ``inputs``, ``outputs``."""
         return [row for g in self.graphs.values() for row in g.region_rows()]
 
+    def training_regions(self) -> list[dict[str, Any]]:  # autograd hook (#33)
+        """:meth:`regions` of the training calls' forward and backward graphs, each row with
+        ``pass`` ("forward" or "backward")."""
+        return self._training.region_rows()
+
     def eager_ops(self) -> list[dict[str, str]]:
         """The operators run by PyTorch: ``op``, ``node``, ``module``, ``location``, ``reason``."""
         return [row for g in self.graphs.values() for row in g.eager_rows()]
@@ -277,7 +286,7 @@ class CompiledModule(torch.nn.Module):
 
 def compile(module: Any, example_inputs: Any = None, example_kwargs: dict | None = None,  # noqa: A001
             *, dynamic: bool | None = None, dynamic_shapes: Any = None,
-            **superopt_options: Any) -> Any:
+            training: str = "superopt", **superopt_options: Any) -> Any:
     """``module`` with its supported regions superoptimised, as a ``torch.nn.Module``.
 
     The captured graph (see :func:`from_torch`) is cut into maximal regions of supported
@@ -297,7 +306,12 @@ def compile(module: Any, example_inputs: Any = None, example_kwargs: dict | None
     and their ranges; a call outside a range compiles that shape statically (the report says
     why). A new dtype is a new structure: it searches. Every size a family serves is verified
     the first time it runs. ``.report()`` describes what was found and counts the searches. With
-    ``example_inputs=None`` compilation waits for the first call."""
+    ``example_inputs=None`` compilation waits for the first call.
+
+    Training (docs/torch.md "Training"): a call that autograd needs (grad mode on, an input or
+    parameter requiring grad) returns differentiable outputs. ``training="superopt"`` (default):
+    AOTAutograd's forward and backward graphs, each superoptimised like an inference capture;
+    ``training="eager"``: the whole module runs eagerly (one warning, a ``report()`` line)."""
     torch = _torch()
     if not isinstance(module, torch.nn.Module):
         from .capture import as_module
@@ -305,7 +319,7 @@ def compile(module: Any, example_inputs: Any = None, example_kwargs: dict | None
     name = getattr(getattr(module, "_mirage_function", None), "__name__", None) or \
         type(module).__name__
     _check_options(superopt_options)
-    cm = CompiledModule(module, superopt_options, name, dynamic, dynamic_shapes)
+    cm = CompiledModule(module, superopt_options, name, dynamic, dynamic_shapes, training)
     if example_inputs is not None or example_kwargs is not None:
         args, kwargs = _split_examples(example_inputs, example_kwargs)
         from torch.utils._pytree import tree_flatten

@@ -1,10 +1,11 @@
 """Gradients through compiled modules (issue #33, item 1).
 
-The superoptimised path runs its regions under ``torch.no_grad()``: its outputs carry no
-autograd history. A call that autograd needs (grad mode on and any tensor input or parameter
-requiring grad) therefore never takes that path: it runs the whole module eagerly, so the
-caller gets differentiable outputs. :class:`EagerGradFallback` records that choice, warns once
-per compiled object and gives the line that ``report()`` shows."""
+The inference path runs its regions under ``torch.no_grad()``: its outputs carry no autograd
+history. A call that autograd needs (grad mode on and any tensor input or parameter requiring
+grad) therefore never takes that path: it goes through AOTAutograd (:mod:`.training`), or, where
+that was refused (``training="eager"``, a module AOTAutograd cannot trace), runs the whole module
+eagerly, so the caller gets differentiable outputs. :class:`EagerGradFallback` records the eager
+calls, warns once per compiled object and gives the line that ``report()`` shows."""
 from __future__ import annotations
 
 import warnings
@@ -27,14 +28,15 @@ class EagerGradFallback:
     """The calls run eagerly because autograd needed their outputs (one per compiled object)."""
     name: str
     calls: int = 0
+    why: str = "the superoptimised path is inference-only"  # the latest eager call's reason
 
     def note_call(self) -> None:
         """Count one eager call; the first one warns (:class:`GradFallbackWarning`)."""
         self.calls += 1
         if self.calls == 1:
             warnings.warn(f"mirage_py {self.name}: autograd needs this call's outputs (grad "
-                          "mode on, an input or parameter requires grad); the superoptimised "
-                          "path is inference-only, so the whole module runs eagerly",
+                          f"mode on, an input or parameter requires grad); {self.why}, so the "
+                          "whole module runs eagerly",
                           GradFallbackWarning, stacklevel=3)
 
     def report_line(self) -> str:
@@ -42,7 +44,7 @@ class EagerGradFallback:
         if not self.calls:
             return ""
         return (f"autograd: {self.calls} call(s) ran eagerly (whole module) because gradients "
-                "were needed; the superoptimised path is inference-only")
+                f"were needed; {self.why}")
 
 
 class GradFallbackWarning(UserWarning):

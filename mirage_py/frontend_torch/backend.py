@@ -28,7 +28,7 @@ from typing import Any
 
 import torch  # noqa: F401 -- this module is torch's backend: torch must be there
 
-from .autograd import EagerGradFallback, needs_autograd
+from .autograd import needs_autograd
 from .capture import capture_graph_module
 from .classify import identifier
 from .dynamic import Dynamic
@@ -64,19 +64,22 @@ def _placeholders(gm: Any) -> tuple[list[str], list[str]]:
 class DynamoCompiled:
     """What the backend returns for one Dynamo graph: compiles per concrete signature on call."""
 
-    def __init__(self, gm: Any, options: dict[str, Any], dynamic: Any = None):
+    def __init__(self, gm: Any, options: dict[str, Any], dynamic: Any = None,
+                 training: Any = "superopt"):
         self.gm = gm
         self.options = dict(options)
         self.dynamic = Dynamic.parse(dynamic)
         self.names, self.kinds = _placeholders(gm)
         self.graphs: dict[tuple, CompiledCapture] = {}
-        self._grad_fallback = EagerGradFallback("dynamo")  # autograd hook (#33)
+        from .training import Training, TrainingPath  # autograd hook (#33)
+        self._training = TrainingPath("dynamo", self.options, self.dynamic,
+                                      Training.parse(training))
 
     def __call__(self, *args: Any) -> Any:
         from torch.utils._pytree import tree_unflatten
         if needs_autograd(args):  # autograd hook (#33): never return detached outputs
-            self._grad_fallback.note_call()
-            return self.gm(*args)
+            return self._training.call_graph(self.gm, args, [identifier(n) for n in self.names],
+                                             self.kinds)
         sig = signature_of(list(args), "dynamo") + (float32_matmul_of(self.options),)
         g = self.graphs.get(sig) or self._compile(args, sig)
         state = {r.node: args[r.index] for r in g.cap.roles}
@@ -96,8 +99,8 @@ class DynamoCompiled:
 
     def report(self) -> str:
         lines = [g.report() for g in self.graphs.values()]
-        if self._grad_fallback.report_line():  # autograd hook (#33)
-            lines.append(self._grad_fallback.report_line())
+        if self._training.report():  # autograd hook (#33)
+            lines.append(self._training.report())
         return "\n".join(lines)
 
 
@@ -113,14 +116,16 @@ COMPILED: list[DynamoCompiled] = []
 
 
 def mirage_backend(gm: Any, example_inputs: list[Any], *, dynamic: bool | None = None,
-                   **options: Any) -> DynamoCompiled:
+                   training: str = "superopt", **options: Any) -> DynamoCompiled:
     """The ``torch.compile`` backend. ``options`` (``torch.compile(..., options={...})`` does not
     reach custom backends; use ``functools.partial(mirage_backend, time_budget_s=...)`` as the
     backend to pass superopt options) go to ``mp.superopt``; ``dynamic`` is ``mp.compile``'s
-    (default None: a region met at a second shape gets a shape family, searched once)."""
+    (default None: a region met at a second shape gets a shape family, searched once);
+    ``training`` is ``mp.compile``'s (calls autograd needs: "superopt" through AOTAutograd, or
+    "eager")."""
     from .api import _check_options
     _check_options(options)
-    compiled = DynamoCompiled(gm, options, dynamic)
+    compiled = DynamoCompiled(gm, options, dynamic, training)
     COMPILED.append(compiled)
     return compiled
 
