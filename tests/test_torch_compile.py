@@ -257,6 +257,47 @@ def test_gpt_neox_fuses_within_a_hand_written_layers_kernels():
             "lm_gpt_neox_layers_0_attention_query_key_value_bias_heads"} <= inputs, inputs
 
 
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_llama_decode_step_over_a_cache_captured_whole():
+    """A causal LM's decode step (benchmarks/models.py ``--decode``): one token id over a cache
+    of earlier keys and values passed in as tensors and filled into a ``DynamicCache`` inside the
+    module. The cache's concatenation, the rotary angles at the token's position and attention
+    of one query over the cache are one region with nothing eager, fused, equal to eager."""
+    from transformers import DynamicCache, LlamaForCausalLM
+    cfg = _llama_config(heads=4, kv_heads=2)
+    cfg.vocab_size, cfg.num_hidden_layers = 64, 1
+    lm = _randomize(LlamaForCausalLM(cfg)).eval()
+
+    class Decode(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lm = lm
+
+        def forward(self, ids, past_k, past_v):
+            cache = DynamicCache(config=cfg)
+            cache.update(past_k, past_v, 0)
+            return self.lm(input_ids=ids, past_key_values=cache, use_cache=True).logits
+
+    m = Decode()
+    past = 6
+    ids = torch.randint(0, 64, (1, 1), generator=torch.Generator().manual_seed(0))
+    pk = _rand(1, 2, past, 16, dtype=torch.float32, seed=1)
+    pv = _rand(1, 2, past, 16, dtype=torch.float32, seed=2)
+    cm = mp.compile(m, (ids, pk, pv), **dict(OPTS, time_budget_s=30))
+    with torch.no_grad():
+        want = m(ids, pk, pv)
+        got = cm(ids, pk, pv)
+        _close(got, want)
+        assert ((got - want).norm() / want.norm()).item() <= 2e-2
+        # another cache: the same compiled graph, the values are inputs
+        pk2, pv2 = pk.flip(2), pv * 2
+        _close(cm(ids, pk2, pv2), m(ids, pk2, pv2))
+    assert cm.eager_ops() == []
+    assert len(cm.regions()) == 1
+    _fused(cm)
+
+
 class MinGPTAttention(nn.Module):
     """minGPT / nanoGPT causal self-attention: one fused QKV projection split in three, the
     causal mask a registered 0/1 buffer compared with 0 (written here after their pattern)."""
