@@ -402,6 +402,7 @@ def run_problem(path: str | Path, *, scale: str | int = "auto", max_elements: in
                              time_budget_s, workers, tolerance)
     row["seconds"] = round(time.perf_counter() - t_start, 1)
     row["why"] = why_not(row)
+    row["why_not_one_kernel"] = not_one_kernel(row)
     return row
 
 
@@ -444,6 +445,8 @@ def _capture_and_compile(row: dict, model, inputs: list, want, db: str, from_tor
             row["bound"] = max(bounds) if bounds else None
             row["predicted_us_naive"] = round(opt.naive_estimated_time_us, 2)
             row["predicted_us_found"] = round(opt.estimated_time_us, 2)
+            if opt.num_kernels > 1:
+                row.update(_one_kernel(program, target, time_budget_s))
             try:
                 x = program.bind(model, *inputs) if hasattr(program, "bind") else \
                     _program_inputs(model, inputs, program)
@@ -472,6 +475,55 @@ def _capture_and_compile(row: dict, model, inputs: list, want, db: str, from_tor
             _compile_details(compiled, row)
         except Exception as e:
             row["compile_error"] = _why(e)
+
+
+def _one_kernel(program, target: str, time_budget_s: float) -> dict[str, Any]:
+    """Why superopt's answer is more than one kernel, as the search sees it: the generator's
+    search of the whole program (each of its algebraic forms) limited to one kernel, the
+    structures found tuned and ranked by the same cost model as superopt's (``explore`` with
+    ``max_kernels=1``). Either a one-kernel graph exists and is predicted slower than the answer
+    (``one_kernel_us``), or there is none -- in the whole search space when the search ran to
+    its end (``one_kernel_complete``), or none found within the budget."""
+    from mirage_py.superopt.search import Settings, default_model, explore
+    t0 = time.perf_counter()
+    try:
+        ex = explore(program, target, default_model(), Settings(max_kernels=1),
+                     time.perf_counter() + time_budget_s)
+    except MirageError as e:
+        return {"one_kernel_error": _why(e)}
+    st = ex.stats
+    return {"one_kernel_us": round(ex.options[0].predicted_us, 2) if ex.options else None,
+            "one_kernel_candidates": ex.candidates, "one_kernel_plans": st.plans,
+            "one_kernel_states": st.states,
+            "one_kernel_complete": not (st.timed_out or st.interrupted or st.gave_up),
+            "one_kernel_seconds": round(time.perf_counter() - t0, 1)}
+
+
+def not_one_kernel(row: dict) -> str:
+    """The reason a captured program is superoptimised into more than one kernel ('' when it is
+    one, or when :func:`_one_kernel` did not run). Apart from :func:`why_not` (what keeps a row
+    from the goal's four columns); the table's *why not* column shows both."""
+    k = row.get("kernels_found")
+    if not row.get("captured") or not isinstance(k, int) or k <= 1:
+        return ""
+    if "one_kernel_error" in row:
+        return f"{k} kernels; the one-kernel search failed: {row['one_kernel_error']}"
+    if "one_kernel_candidates" not in row:
+        return ""
+    one, found = row.get("one_kernel_us"), row.get("predicted_us_found", math.nan)
+    if one is not None and one >= found:
+        return (f"{k} kernels: a one-kernel graph exists ({row['one_kernel_candidates']} "
+                f"found) but is predicted slower, {one:.1f} us against {found:.1f} us")
+    if one is not None:
+        return (f"{k} kernels: a one-kernel graph exists, predicted {one:.1f} us against "
+                f"{found:.1f} us, but superopt did not choose it (not verified, or not reached "
+                "within its budget)")
+    where = ("in the generator's search space (searched to the end" if
+             row.get("one_kernel_complete") else
+             f"found within {row.get('one_kernel_seconds')} s (the search did not finish")
+    return (f"{k} kernels: no one-kernel graph {where}: {row.get('one_kernel_plans')} "
+            f"grid/loop plans, {row.get('one_kernel_states')} block states, no kernel "
+            "computes every output)")
 
 
 def _level(path: Path) -> str:
@@ -712,7 +764,12 @@ def markdown(rows: list[dict], meta: dict) -> str:
               "program) into a single kernel. *One kernel (compile)*: `mp.compile` runs the "
               "whole model as a single kernel with nothing eager; it lays static weights out "
               "once per weight version (a linear layer's transposed weight), which the captured "
-              "program computes with a transpose kernel of its own."]
+              "program computes with a transpose kernel of its own. Where superopt's answer is "
+              "more than one kernel, *why not* says why, from the generator's search of the "
+              "whole program limited to one kernel (its algebraic forms, tuned and ranked by "
+              "the same cost model): a one-kernel graph predicted slower than the answer, or "
+              "none in the search space (the search ran to its end), or none found in the "
+              "budget."]
     ops = blockers(rows)
     if ops:
         lines += ["", "Operators that stop capture (`mp.compile` runs them in eager PyTorch "
@@ -722,7 +779,8 @@ def markdown(rows: list[dict], meta: dict) -> str:
               "verified | equal to eager | compile: regions, kernels naive -> found | why not |",
               "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
-        why = (r.get("why") or "").replace("|", "\\|")
+        why = "; ".join(x for x in (r.get("why"), r.get("why_not_one_kernel")) if x)
+        why = why.replace("|", "\\|")
         comp = (f"{r['compile_regions']}, {r.get('compile_kernels_naive')} -> "
                 f"{r.get('compile_kernels')}" if "compile_regions" in r else "")
         lines.append(f"| {r.get('level', '')} | {r.get('number', '')} | {r.get('name', '')} | "

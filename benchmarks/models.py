@@ -21,6 +21,8 @@ is compared with eager on the same inputs. ``--reuse`` keeps the rows (prefill a
 already in the results file for the architectures not named, so decode can be added later::
 
     python -m benchmarks.models --only --decode llama mistral --reuse   # decode rows only
+
+``--time-budget S`` gives the decode rows' ``mp.compile`` a time budget (the table says so).
 """
 
 from __future__ import annotations
@@ -147,7 +149,8 @@ def _main_output(out: Any) -> Any:
     return out[0]
 
 
-def run_one(name: str, build: Callable[[], tuple[Any, dict]]) -> dict[str, Any]:
+def run_one(name: str, build: Callable[[], tuple[Any, dict]],
+            time_budget_s: float | None = None) -> dict[str, Any]:
     import torch
     import mirage_py as mp
     torch.manual_seed(0)
@@ -161,13 +164,15 @@ def run_one(name: str, build: Callable[[], tuple[Any, dict]]) -> dict[str, Any]:
         past = inputs.pop("past", ())  # decode: the cache, positional after the token ids
         with torch.no_grad():
             ref = _main_output(model(*inputs.values(), *past) if past else model(**inputs))
-            cm = mp.compile(model, workers=1, database=False)
+            cm = mp.compile(model, workers=1, database=False, time_budget_s=time_budget_s)
             t0 = time.perf_counter()
             got = _main_output(cm(*inputs.values(), *past) if past else cm(**inputs))
             row["compile_s"] = round(time.perf_counter() - t0, 1)
         row["error"] = float((got - ref).norm() / ref.norm())
         regions = cm.regions()
         eager = cm.eager_ops()
+        if time_budget_s is not None:
+            row["time_budget_s"] = time_budget_s
         row.update(
             captured=next(iter(cm.graphs.values())).cap.method if cm.graphs else None,
             regions=len(regions),
@@ -206,6 +211,8 @@ def markdown(doc: dict) -> str:
         else:
             dec_cell = (f"{dec['error']:.1e}; {dec['kernels_naive']} -> {dec['kernels']}; "
                         f"{dec['kernels_per_layer']} a layer; {dec['search_s']} s"
+                        + (f" (budget {dec['time_budget_s']:g} s)"
+                           if dec.get("time_budget_s") is not None else "")
                         + (" (memory cache)" if dec.get("cached") else "") + "; eager: "
                         + ("; ".join(dec["eager"]) or "none"))
         if "failure" in r:
@@ -228,6 +235,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--reuse", action="store_true",
                     help="keep the results file's rows for the architectures not named")
     ap.add_argument("--out", default=str(RESULTS / "models"))
+    ap.add_argument("--time-budget", type=float, default=None,
+                    help="mp.compile's time_budget_s for the decode rows (default: none)")
     args = ap.parse_args(argv)
     names = list(ARCHITECTURES) if args.only is None else args.only  # `--only`: none
     decode = [] if args.decode is None else (args.decode or list(DECODERS))
@@ -243,7 +252,7 @@ def main(argv: list[str] | None = None) -> None:
         row = run_one(name, ARCHITECTURES[name]) if name in names or name not in old \
             else old[name]
         if name in decode:
-            dec = run_one(name, _decode(ARCHITECTURES[name]))
+            dec = run_one(name, _decode(ARCHITECTURES[name]), args.time_budget)
             dec.pop("architecture", None)
             row["decode"] = dec
         elif name in old and "decode" in old[name]:

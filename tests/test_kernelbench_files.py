@@ -142,3 +142,26 @@ def test_the_committed_table_covers_the_issue_set():
     assert "**Goal: every problem below captured, fused, verified and equal to eager.**" in text
     tot = {k: sum(s[k] for s in doc["summary"].values()) for k in ("problems", "captured")}
     assert f"| **all** | **{tot['problems']}** | **{tot['captured']}** |" in text
+
+
+def test_the_reason_for_more_than_one_kernel_comes_from_a_one_kernel_search():
+    """A row superoptimised into more than one kernel says why, from the generator's search of
+    the whole program limited to one kernel: a row softmax has a one-kernel graph (its predicted
+    time is kept), and the reason compares it with the answer's; without one it says whether
+    the search ran to its end."""
+    p = mp.Program("row_softmax")
+    x = p.input("x", (64, 256))
+    p.output(mp.softmax(x * 2.0, axis=-1), name="y")
+    found = kb._one_kernel(p, "h100", 60.0)
+    assert found["one_kernel_candidates"] >= 1 and found["one_kernel_complete"], found
+    assert found["one_kernel_us"] > 0
+    row = {"captured": True, "fused": True, "kernels_found": 2, **found}
+    row["predicted_us_found"] = found["one_kernel_us"] / 2
+    assert "exists" in kb.not_one_kernel(row) and "predicted slower" in kb.not_one_kernel(row)
+    row["predicted_us_found"] = found["one_kernel_us"] * 2
+    assert "did not choose it" in kb.not_one_kernel(row)
+    none = dict(row, one_kernel_us=None, one_kernel_candidates=0)
+    assert "no one-kernel graph in the generator's search space" in kb.not_one_kernel(none)
+    none["one_kernel_complete"] = False
+    assert "did not finish" in kb.not_one_kernel(none)
+    assert kb.not_one_kernel(dict(row, kernels_found=1)) == ""

@@ -215,6 +215,89 @@ def test_llama_for_causal_lm_captured_whole_embedding_included():
     assert found * 2 < naive
 
 
+class _Logits(nn.Module):
+    """A causal LM's logits for token ids, without a cache."""
+
+    def __init__(self, lm):
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, ids):
+        return self.lm(input_ids=ids, use_cache=False).logits
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_gpt_neox_fuses_within_a_hand_written_layers_kernels():
+    """GPT-NeoX (issue #28): one QKV projection with bias viewed as (B, S, heads, 3 * head_dim)
+    and transposed *before* q, k, v are cut from each head's columns, a partial rotary
+    (``rotary_pct`` 0.25: 4 of 16 features rotated, the rest concatenated back) and the
+    parallel residual (attention and MLP both read the layer's input). The head split moves
+    into the weight and bias; the layer fuses within the hand-written block's 8 kernels, plus
+    the embedding, final norm and head, and equals eager. No time budget: the answer does not
+    depend on the machine's load (about a minute)."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.GPTNeoXConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                     num_attention_heads=2, vocab_size=64,
+                                     max_position_embeddings=32, use_cache=False)
+    cfg._attn_implementation = "sdpa"
+    assert cfg.use_parallel_residual and cfg.rope_parameters["partial_rotary_factor"] == 0.25
+    m = _Logits(_randomize(transformers.GPTNeoXForCausalLM(cfg))).eval()
+    ids = torch.randint(0, 64, (1, 8), generator=torch.Generator().manual_seed(0))
+    cm = mp.compile(m, (ids,), workers=1, progress=False)
+    with torch.no_grad():
+        want = m(ids)
+        got = cm(ids)
+    _close(got, want)
+    assert ((got - want).norm() / want.norm()).item() <= 2e-2
+    assert cm.eager_ops() == []
+    _fused(cm, at_most=8 + 3)  # a layer's 8, plus the embedding, final norm and head
+    inputs = set(cm.regions()[0]["inputs"])
+    assert {"lm_gpt_neox_layers_0_attention_query_key_value_weight_t_heads",
+            "lm_gpt_neox_layers_0_attention_query_key_value_bias_heads"} <= inputs, inputs
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_llama_decode_step_over_a_cache_captured_whole():
+    """A causal LM's decode step (benchmarks/models.py ``--decode``): one token id over a cache
+    of earlier keys and values passed in as tensors and filled into a ``DynamicCache`` inside the
+    module. The cache's concatenation, the rotary angles at the token's position and attention
+    of one query over the cache are one region with nothing eager, fused, equal to eager."""
+    from transformers import DynamicCache, LlamaForCausalLM
+    cfg = _llama_config(heads=4, kv_heads=2)
+    cfg.vocab_size, cfg.num_hidden_layers = 64, 1
+    lm = _randomize(LlamaForCausalLM(cfg)).eval()
+
+    class Decode(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lm = lm
+
+        def forward(self, ids, past_k, past_v):
+            cache = DynamicCache(config=cfg)
+            cache.update(past_k, past_v, 0)
+            return self.lm(input_ids=ids, past_key_values=cache, use_cache=True).logits
+
+    m = Decode()
+    past = 6
+    ids = torch.randint(0, 64, (1, 1), generator=torch.Generator().manual_seed(0))
+    pk = _rand(1, 2, past, 16, dtype=torch.float32, seed=1)
+    pv = _rand(1, 2, past, 16, dtype=torch.float32, seed=2)
+    cm = mp.compile(m, (ids, pk, pv), **dict(OPTS, time_budget_s=30))
+    with torch.no_grad():
+        want = m(ids, pk, pv)
+        got = cm(ids, pk, pv)
+        _close(got, want)
+        assert ((got - want).norm() / want.norm()).item() <= 2e-2
+        # another cache: the same compiled graph, the values are inputs
+        pk2, pv2 = pk.flip(2), pv * 2
+        _close(cm(ids, pk2, pv2), m(ids, pk2, pv2))
+    assert cm.eager_ops() == []
+    assert len(cm.regions()) == 1
+    _fused(cm)
+
+
 class MinGPTAttention(nn.Module):
     """minGPT / nanoGPT causal self-attention: one fused QKV projection split in three, the
     causal mask a registered 0/1 buffer compared with 0 (written here after their pattern)."""
