@@ -154,47 +154,53 @@ def solve_cover(cands: list[CoverCandidate], outputs: frozenset, *,
             out = _cover(cands, order, writers, time.perf_counter() - t0, solver)
             out.proven = proven
             return out
-        for comp, others in _cycle_cuts(cands, order, stuck, writers):
-            rows.add(comp + others, [-1.0] * len(comp) + [1.0] * len(others), 1.0 - len(comp))
+        for firsts, a in _cycle_cuts(cands, order, stuck, writers):
+            rows.add(firsts + [a], [1.0] * len(firsts) + [-1.0], 0.0)
     raise CoverError(f"cover: no orderable cover after {max_cuts} cuts")
 
 
 def _cycle_cuts(cands, order: list[int], stuck: list[int], writers: dict
-                ) -> list[tuple[list[int], list[int]]]:
-    """The cuts that forbid the dependency cycles among the ``stuck`` candidates: one per
-    strongly connected component ``C`` of their reads-from graph (an edge ``w -> i`` where ``i``
-    reads a value ``w`` writes that no placed candidate writes): *if all of C are picked, so is
-    one of the other writers of those values*. Valid for every orderable cover: its first
-    member of ``C`` reads such a value, which something placed earlier -- outside ``C`` --
-    writes. A cut per cycle, not one for everything stuck, ends a quick cover's loop in a few
-    solves instead of one per cycle (a two-layer model's region: ~700 candidates, dozens of
-    cycles)."""
+                ) -> list[tuple[list[int], int]]:
+    """Cuts over values that forbid the dependency cycles among the ``stuck`` candidates and
+    every twin of them at once: for a set ``V`` of values, let ``A`` be the candidates that read
+    one of ``V`` and ``B`` those that write one of ``V`` and read none; then ``x_a <= sum_B x_b``
+    for every ``a`` in ``A``. Valid for every orderable cover: its first member of ``A`` to run
+    reads a value of ``V`` that a chosen candidate placed earlier writes, and that one, not in
+    ``A``, is in ``B``. The sets taken: every value a stuck candidate reads and no placed one
+    writes (this cut is violated now: a chosen writer of such a value is itself stuck, so it
+    reads one of them and is not in ``B``), and those of each cycle (strongly connected
+    component of the stuck candidates' reads-from graph). One cut over values covers every
+    candidate that reads and writes them the same way -- stacked layers' regions come with
+    many twins (same values read and written, other operators inside), and a cut over
+    candidates (``if all of S, then one of the others``) forbade one twin combination per
+    solve: hundreds of solves on a two-layer model, a handful with these. Returned as (the
+    ``B`` columns, ``a``) pairs."""
     import networkx as nx
     placed = set(order)
     members = set(stuck)
 
-    def blocked(i: int) -> list:
-        return [v for v in cands[i].reads if not any(w in placed for w in writers.get(v, ()))]
+    def blocked(i: int) -> set:
+        return {v for v in cands[i].reads if not any(w in placed for w in writers.get(v, ()))}
 
+    value_sets = [frozenset(v for i in stuck for v in blocked(i))]
     g = nx.DiGraph()
     g.add_nodes_from(stuck)
     for i in stuck:
         for v in blocked(i):
             g.add_edges_from((w, i) for w in writers.get(v, ()) if w in members)
-    cuts = []
     for comp in nx.strongly_connected_components(g):
         c = next(iter(comp))
-        if len(comp) == 1 and not g.has_edge(c, c):
-            continue  # stuck only downstream of a cycle
-        inner = {v for i in comp for v in blocked(i)
-                 if any(w in comp for w in writers.get(v, ()))}
-        others = sorted({w for v in inner for w in writers.get(v, ()) if w not in comp})
-        cuts.append((sorted(comp), others))
-    if not cuts:  # no cycle among them (cannot happen for a stuck set): the whole-set cut
-        inner = {v for i in stuck for v in blocked(i)}
-        cuts.append((list(stuck), sorted({w for v in inner for w in writers.get(v, ())
-                                          if w not in members})))
-    return cuts
+        if len(comp) > 1 or g.has_edge(c, c):
+            value_sets.append(frozenset(v for i in comp for v in blocked(i)
+                                        if any(w in comp for w in writers.get(v, ()))))
+    cuts: dict = {}
+    for vs in dict.fromkeys(value_sets):
+        readers = [i for i, c in enumerate(cands) if not c.reads.isdisjoint(vs)]
+        reading = set(readers)
+        firsts = tuple(sorted({w for v in vs for w in writers.get(v, ()) if w not in reading}))
+        for a in readers:
+            cuts[(firsts, a)] = None
+    return [(list(b), a) for b, a in cuts]
 
 
 class _Rows:
