@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 
+import numpy as np
 import pytest
 
 import mirage_py as mp
@@ -121,3 +122,30 @@ def test_a_budget_returns_on_time_with_a_verified_answer():
     assert "time budget hit" in opt.summary()
     assert opt.estimated_time_us <= opt.naive_estimated_time_us
     check_answer(opt, comp.reference, comp.inputs(5))
+
+
+def test_a_cut_short_part_keeps_the_cover_whose_assembled_graph_is_cheapest():
+    """``keep_verified`` (the budget or Ctrl-C ended the cover with unverified regions wanted)
+    picks among the naive operators, the floor and the verified answers by the prediction of
+    each assembled graph -- what the answer reports -- not by the cover's summed cost: the floor
+    cover's sum overstated above the naive one's, it is still kept, and the answer's predicted
+    time is its assembled graph's."""
+    from dataclasses import replace
+    from test_online_softmax import _run
+    from mirage_py.superopt.part import PartCover
+    comp = decoder_block(layers=2)
+    part = PartCover(comp.program, _run())
+    part.lay_floor()
+    naive = part._naive_cover()
+    floor_us = part._predicted(part.floor_cover, part.floor_what)
+    assert floor_us < part._predicted(naive, {})
+    part.floor_cover = replace(part.floor_cover, cost=naive.cost + 1.0)  # the sum lies
+    part.keep_verified()
+    assert part.cover is part.floor_cover
+    out = part.answer()
+    assert out.estimated_us == pytest.approx(floor_us)
+    inputs = comp.inputs(6)
+    ref = comp.reference(inputs)
+    got = out.graph.run(comp.program.check_inputs(inputs), precision="float64")
+    for k in ref:
+        np.testing.assert_allclose(got[k], ref[k], rtol=1e-9, atol=1e-9 * np.abs(ref[k]).max())
