@@ -698,9 +698,9 @@ class PartCover:
         kernels beside them compute their operators exactly) and of the max-shift check,
         within the stated bound (:func:`.bound.settled_verification`) -- for a cover of naive
         operators alone the max-shift check is the whole bound (they compute the shifted part
-        exactly; checking them whole took 15-20 s after an early Ctrl-C on 16 stacked
-        layers); a part with no shift and naive operators alone is checked whole, or is the
-        program's own operators."""
+        exactly; a whole-part check of one decoder layer took 0.9 s, and stacked layers, which
+        nest exps, could not be checked whole and stated a bound of 0); a part with no shift
+        and naive operators alone is checked whole, or is the program's own operators."""
         run = self.run
         if chosen or self.shift_check:
             return settled_verification(chosen, self.shift_check, run)
