@@ -308,7 +308,14 @@ def _highs(cands, rows, time_limit_s, exact: bool = True) -> tuple[list[int], bo
     reduced = np.maximum(cost - A.T @ (-lp.ineqlin.marginals), 0.0)
     support = lp.x > 1e-9
     chosen_mean = float(cost @ lp.x) / max(float(lp.x.sum()), 1e-9)
-    keep = support | (reduced < QUICK_REDUCED * chosen_mean)
+    # beside the support, at most as many again of the smallest reduced costs (32 stacked 8B
+    # layers, everything at its lower bound: all 4011 candidates were under the threshold, and
+    # the 0/1 program over them took HiGHS 8 s; over the 291 of the support 0.3 s, 0.008 %
+    # above the optimum)
+    near = np.flatnonzero(~support & (reduced < QUICK_REDUCED * chosen_mean))
+    near = near[np.argsort(reduced[near], kind="stable")[:int(support.sum())]]
+    keep = support.copy()
+    keep[near] = True
     if keep.all():
         return integral(np.arange(n))[0], True
     picked, value = integral(np.flatnonzero(keep))

@@ -41,7 +41,7 @@ import time
 from dataclasses import replace
 from typing import Any, Iterator
 
-from ..errors import MirageError
+from ..errors import MirageError, ShapeError
 from ..generator.kernel_search import SearchStats
 from ..lax.program import Program
 from ..regions import PartDag, Region, extract, floor_groups, search_regions
@@ -260,10 +260,16 @@ class PartCover:
                 continue
             share = max(0.05, (FLOOR_SECONDS - (time.perf_counter() - tf)) /
                         (len(self.floor_keys) - i))
-            if run.interrupted or (time.perf_counter() - tf > FLOOR_SECONDS and (
-                    run.expired() or not run.room_for_check(extra_s=share))):
-                # no time left (past the first FLOOR_SECONDS, which any budget gets): the
-                # naive operators cover the remaining groups
+            elements = _input_elements(st.program)
+            if time.perf_counter() - tf <= FLOOR_SECONDS:  # any budget gets this much floor,
+                # unless the check a search is guessed to need could not end in it or the budget
+                # (at the 8B size a floor group's verification and numerics check took 15 s)
+                left = run.seconds_left()
+                stop = run.interrupted or 2 * run.check_s_per_element * elements > max(
+                    FLOOR_SECONDS, math.inf if left is None else left)
+            else:
+                stop = run.expired() or not run.room_for_check(extra_s=share, elements=elements)
+            if stop:  # the naive operators cover the remaining groups
                 self.cut_short = True
                 break
             ex = None if run.db is None else \
@@ -296,6 +302,9 @@ class PartCover:
         """Search what the cover wants, tune and verify what it picks, until every piece of
         the cover is a verified answer (see the module docstring)."""
         while not self.run.out_of_time():
+            if self.run.expired() and not any(self.run.structures[k].status is Status.EXPLORED
+                                              for k in self.search_keys):
+                return  # no search may start and nothing found waits for its check
             todo = self._wanted_now()
             if not todo:
                 return
@@ -816,6 +825,14 @@ def _finite(st: Structure, graph: KernelGraph, run: Run) -> bool:
     return ok
 
 
+def _input_elements(program: Program) -> int:
+    """The elements of a program's inputs (0 for symbolic sizes: no guess from them)."""
+    try:
+        return sum(t.size for t in program.inputs)
+    except ShapeError:
+        return 0
+
+
 def _max_shifted_part(part: Program, run: Run) -> tuple[Program, list[Checked]]:
     """The part with the row max subtracted inside every exp normalised by a sum
     (``generator.rewrite.max_shifted``), so that its regions -- an exp and its normalisation
@@ -839,8 +856,11 @@ def _max_shifted_part(part: Program, run: Run) -> tuple[Program, list[Checked]]:
             if local is None or cluster.nested_exp():
                 return part, []
             g = naive_lowering(local)
+            t0 = time.perf_counter()
             done[region.key] = Checked(cluster, g, run.new_verifier(cluster).check(
                 g, tests=run.settings.verify_tests))
+            run.check_s_per_element = max(run.check_s_per_element, (
+                time.perf_counter() - t0) / max(1, _input_elements(cluster)))
         if not done[region.key].verification.equivalent:
             return part, []
         checks.append(done[region.key])

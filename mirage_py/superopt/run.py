@@ -38,6 +38,11 @@ class Run:
     # 8B size 1-4 s each on a shared machine): one is started only where it can end in time
     verify_s: float = 0.0
     numerics_s: float = 0.0
+    # before the first of them: seconds per input element of a check at these sizes, the
+    # largest of the max-shift checks (the first thing a part checks); a check of a structure
+    # is guessed to take this times its input elements (an 8B-size layer's MLP group: 4 s
+    # guessed from the attention cluster's 0.8 s, 8 s measured, and as long again for numerics)
+    check_s_per_element: float = 0.0
     # the binding of the dims a padded program's masks name (lax/family.py): what its regions
     # are verified and checked for
     sizes: dict = field(default_factory=dict)
@@ -68,15 +73,18 @@ class Run:
         return (self.interrupted and now > self.interrupted_at + INTERRUPT_GRACE_S) or \
             (self.deadline is not None and now > self.deadline)
 
-    def room_for_check(self, known: bool = False, extra_s: float = 0.0) -> bool:
+    def room_for_check(self, known: bool = False, extra_s: float = 0.0,
+                       elements: int = 0) -> bool:
         """Can a candidate's check (its verification -- unless ``known`` -- and numerics check,
         after ``extra_s`` of other work) start and, as long as the longest so far, end before
-        the budget (or the grace after Ctrl-C) does?"""
+        the budget (or the grace after Ctrl-C) does? Before any such check: as long as
+        ``check_s_per_element`` times ``elements`` (its structure's input elements) each."""
         if self.out_of_time():
             return False
         left = self.seconds_left()
-        return left is None or extra_s + self.numerics_s + \
-            (0.0 if known else self.verify_s) <= left
+        guess = self.check_s_per_element * elements
+        return left is None or extra_s + (self.numerics_s or guess) + \
+            (0.0 if known else self.verify_s or guess) <= left
 
     def seconds_left(self, at_least: float = 0.0) -> float | None:
         """Seconds to the whole budget's end or the interrupt's grace (None: neither), at
