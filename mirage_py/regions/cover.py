@@ -22,12 +22,14 @@ outputs depend on (an output's writer computes its operator, and everything that
 is computed by the writers of what it reads, and so on), so they change no answer; but without
 them the relaxation is weak -- on the decoder block's 121 candidates it bounded the cost by 6.1
 us against an optimum of 16.5 us, and HiGHS took 0.7 s per solve; with them the relaxation is
-exact there and a solve takes 7 ms. The order is checked afterwards: the chosen candidates are placed greedily, each
-once everything it reads has a placed writer. If some set ``S`` is stuck (each member reads a
-value only other members of ``S`` write), the cut ``sum_S x - sum_E x <= |S| - 1`` is added,
-where ``E`` are the other writers of those values -- any orderable cover containing all of ``S``
-must contain one of ``E``, since the first member of ``S`` to run needs a writer outside
-``S`` -- and the program is solved again. Covering programs like this have tight relaxations;
+exact there and a solve takes 7 ms. A candidate that another one dominates (no more cost and
+reads, at least the writes and operators) is left out first (``_undominated``). The order is
+checked afterwards: the chosen candidates are placed greedily, each once everything it reads
+has a placed writer. If some are stuck (they read values only stuck ones write), cuts over
+those values are added (``_cycle_cuts``: for a value set ``V``, every reader of ``V`` implies
+a chosen writer of ``V`` that reads none of it) and the program is solved again; one cut
+forbids a cycle with all the twins of its candidates. Covering programs like this have tight
+relaxations;
 an earlier form with an order variable per candidate and big-M precedence constraints took
 HiGHS 7 s per solve on the decoder block's 132 candidates, this one milliseconds
 (``benchmarks/cover_solvers.py`` measures both solvers, HiGHS through ``scipy.optimize.milp``
@@ -40,7 +42,8 @@ relaxation of stacked layers is fractional (overlapping regions at 1/2 each, fou
 against an optimum of 62.8) and HiGHS needs 0.25 s (four layers) to 0.6 s (eight) to close the
 gap. A caller that only needs a good cover -- the lazy loop deciding what to search next -- asks
 for a quick one: the 0/1 program restricted to the relaxation's support and the candidates whose
-reduced cost is under ``QUICK_REDUCED`` times the mean chosen cost. The relaxation's duals prove
+reduced cost is under ``QUICK_REDUCED`` times the mean chosen cost (at most as many as the
+support, the smallest first). The relaxation's duals prove
 that every cover using a left-out candidate ``j`` costs at least ``LP + r_j`` (``r_j`` its
 reduced cost); so when the restricted optimum is within ``LP + min r_j`` it is the optimum
 (``Cover.proven``), otherwise it is a good cover with no proof. On the decoder's four and eight
