@@ -41,7 +41,7 @@ import time
 from dataclasses import replace
 from typing import Any, Iterator
 
-from ..errors import MirageError, ShapeError
+from ..errors import MirageError
 from ..generator.kernel_search import SearchStats
 from ..lax.program import Program
 from ..regions import PartDag, Region, extract, floor_groups, search_regions
@@ -51,7 +51,7 @@ from ..tuning.annotations import AnnotatedGraph
 from ..ugraph.graph import KernelGraph
 from ..ugraph.lower import naive_lowering
 from .jobs import ExploreJob, MeasureJob, VerifyJob, region_label
-from .local import verify_here
+from .local import input_elements as _input_elements, verify_here
 from .option import Option
 from .result import PartResult, Piece, RegionResult, SavedVerification
 from .run import Run
@@ -522,7 +522,8 @@ class PartCover:
             if not st.options or st.tried >= run.settings.max_verify:
                 st.fail()
                 continue
-            if st.key not in got and not run.room_for_check():
+            if st.key not in got and not run.room_for_check(
+                    elements=_input_elements(st.program)):
                 continue  # no time to verify it before the budget ends: it stays out
             res = self._first_verified(st, st.options, "search", st.explored, tries=1,
                                        known=got.get(st.key))
@@ -537,7 +538,8 @@ class PartCover:
         numerically safe; ``known``: the first one's verification, done already."""
         run = self.run
         while options and tries > 0:
-            if source == "search" and not run.room_for_check(known=known is not None):
+            if source == "search" and not run.room_for_check(
+                    known=known is not None, elements=_input_elements(st.program)):
                 return None  # no time left to check it: the structure stays unverified
             opt = options.pop(0)
             tries -= 1
@@ -825,14 +827,6 @@ def _finite(st: Structure, graph: KernelGraph, run: Run) -> bool:
     return ok
 
 
-def _input_elements(program: Program) -> int:
-    """The elements of a program's inputs (0 for symbolic sizes: no guess from them)."""
-    try:
-        return sum(t.size for t in program.inputs)
-    except ShapeError:
-        return 0
-
-
 def _max_shifted_part(part: Program, run: Run) -> tuple[Program, list[Checked]]:
     """The part with the row max subtracted inside every exp normalised by a sum
     (``generator.rewrite.max_shifted``), so that its regions -- an exp and its normalisation
@@ -859,8 +853,7 @@ def _max_shifted_part(part: Program, run: Run) -> tuple[Program, list[Checked]]:
             t0 = time.perf_counter()
             done[region.key] = Checked(cluster, g, run.new_verifier(cluster).check(
                 g, tests=run.settings.verify_tests))
-            run.check_s_per_element = max(run.check_s_per_element, (
-                time.perf_counter() - t0) / max(1, _input_elements(cluster)))
+            run.note_check(time.perf_counter() - t0, _input_elements(cluster))
         if not done[region.key].verification.equivalent:
             return part, []
         checks.append(done[region.key])
