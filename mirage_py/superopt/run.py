@@ -13,6 +13,12 @@ from .store import AnswerKey, AnswerSettings
 # after Ctrl-C, candidates already found are still verified for this long (a small program's
 # take milliseconds); the answer then comes from what is verified, within 2 s
 INTERRUPT_GRACE_S = 1.0
+# seconds per input element a full-size check (verification, or numerics check) takes before
+# any has been timed: the 8B-size decoder's first floor group (down projection, 58.75 M input
+# elements) took 4.8-8 s to verify and 5.7-7 s for numerics on a shared 2-core machine (load
+# 5-6). (Timing the part's max-shift checks instead measured their fixed costs: 0.1 s for
+# 131 k elements, a 45 s guess for that group, which kept budgeted runs from laying the floor.)
+CHECK_S_PER_ELEMENT = 1.4e-7
 
 if TYPE_CHECKING:
     from .jobs import Executor
@@ -38,11 +44,9 @@ class Run:
     # 8B size 1-4 s each on a shared machine): one is started only where it can end in time
     verify_s: float = 0.0
     numerics_s: float = 0.0
-    # before the first of them: seconds per input element of a check at these sizes, the
-    # largest of the max-shift checks (the first thing a part checks); a check of a structure
-    # is guessed to take this times its input elements (an 8B-size layer's MLP group: 4 s
-    # guessed from the attention cluster's 0.8 s, 8 s measured, and as long again for numerics)
-    check_s_per_element: float = 0.0
+    # before the first of them, a check of a structure is guessed to take this many seconds
+    # per input element (CHECK_S_PER_ELEMENT)
+    check_s_per_element: float = CHECK_S_PER_ELEMENT
     # the binding of the dims a padded program's masks name (lax/family.py): what its regions
     # are verified and checked for
     sizes: dict = field(default_factory=dict)
@@ -85,14 +89,6 @@ class Run:
         guess = self.check_s_per_element * elements
         return left is None or extra_s + (self.numerics_s or guess) + \
             (0.0 if known else self.verify_s or guess) <= left
-
-    def note_check(self, seconds: float, elements: int) -> None:
-        """A max-shift check of a program with ``elements`` input elements took ``seconds``:
-        the per-element guess grows to cover it. (Only those: a guess from every check, as a
-        floor under the longest so far, scaled small checks' fixed costs up to large regions
-        and kept a 117 s budget on 32 8B layers from verifying anything.)"""
-        if elements > 0:
-            self.check_s_per_element = max(self.check_s_per_element, seconds / elements)
 
     def seconds_left(self, at_least: float = 0.0) -> float | None:
         """Seconds to the whole budget's end or the interrupt's grace (None: neither), at
