@@ -63,7 +63,7 @@ def test_sigint_answers_with_the_best_verified_so_far_and_the_rerun_resumes(tmp_
     mp.superopt(comp.program, database=False, workers=2, executor=fresh, progress=False)
 
     with monkeypatch.context() as m:
-        sent, done = _sigint_after_first_search_answer(m)
+        sent, done = _sigint_after_first_search_answer(m, delay_s=0.0)
         try:
             opt = mp.superopt(comp.program, database=db, workers=2, progress=False)
         except KeyboardInterrupt:  # documented too, but this run is past its first answer

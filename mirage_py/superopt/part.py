@@ -105,7 +105,7 @@ def solve_part(part: Program, run: Run, recipe: list[Piece] | None = None) -> Pa
         except CoverError:  # a cover solve cut short by the budget's end
             if not run.out_of_time():
                 raise
-    with _sigint_deferred(run):  # the answer is made of what is verified: finish making it
+    with sigint_deferred(run):  # the answer is made of what is verified: finish making it
         cover.keep_verified()
         out = cover.answer()
     out.stats.interrupted |= run.interrupted  # Ctrl-C before or while it was made
@@ -113,11 +113,12 @@ def solve_part(part: Program, run: Run, recipe: list[Piece] | None = None) -> Pa
 
 
 @contextlib.contextmanager
-def _sigint_deferred(run: Run) -> Iterator[None]:
+def sigint_deferred(run: Run) -> Iterator[None]:
     """Ctrl-C while a part's answer is assembled and recorded marks the run interrupted (the
     parts after this one answer at once) instead of raising in the middle of it: the answer
     is what is verified, and its records reach the results database whole. Only in the main
-    thread, where Python's SIGINT handler runs."""
+    thread, where Python's SIGINT handler runs. (``superopt`` writes the whole answer's record
+    under it too.)"""
     if threading.current_thread() is not threading.main_thread() or \
             signal.getsignal(signal.SIGINT) is None:
         yield
