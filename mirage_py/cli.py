@@ -228,6 +228,61 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line; its exit code. Ctrl-C at any moment gives 130 (``_Interrupts``).
+    Called as the program (``argv`` None) the handler that only notes a late Ctrl-C stays
+    until the process exits; called with ``argv`` (tests, notebooks), Python's comes back."""
+    ctrl_c = _Interrupts()
+    try:
+        with ctrl_c:
+            code = _main(argv)
+    finally:
+        if argv is not None:
+            ctrl_c.release()
+    return EXIT_INTERRUPTED if ctrl_c.seen else code
+
+
+class _Interrupts:
+    """Ctrl-C for the command line, the same whenever it comes: while the work runs it raises
+    ``KeyboardInterrupt`` there, as Python's handler does (superopt answers with what is
+    verified, or the command stops), and the exit code is 130; once the work is done it is
+    only noted, and the process exits with the command's code -- never by the signal itself. (With Python's own handler, a SIGINT landing after the
+    answer was printed, while the interpreter wound down, escaped the command and the process
+    died by the signal, -2.) Only in the main thread, where signal handlers run."""
+
+    def __init__(self) -> None:
+        self.seen = False
+        self.armed = True
+        self.old = None
+
+    def __enter__(self) -> "_Interrupts":
+        import signal
+        import threading
+        if threading.current_thread() is threading.main_thread():
+            self.old = signal.signal(signal.SIGINT, self._on_sigint)
+        return self
+
+    def _on_sigint(self, signum, frame) -> None:
+        self.seen = True
+        if self.armed:
+            raise KeyboardInterrupt
+
+    def __exit__(self, *exc) -> bool:
+        self.armed = False  # from here on a SIGINT is only noted
+        if isinstance(exc[1], KeyboardInterrupt):  # it escaped the command's own handling
+            self.seen = True
+            print("mirage-py: interrupted", file=sys.stderr)
+            return True
+        return False
+
+    def release(self) -> None:
+        """The handler there was before (in-process callers: tests, notebooks)."""
+        import signal
+        if self.old is not None:
+            signal.signal(signal.SIGINT, self.old)
+            self.old = None
+
+
+def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     ap = build_parser()
     debug = "--debug" in argv

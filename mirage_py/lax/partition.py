@@ -89,16 +89,44 @@ def partition(program: Program, *, uninterpreted: bool = False,
     ok = {t.digest: _compatible(t, uninterpreted) for t in nodes}
     edges = [(i.digest, t.digest) for t in nodes for i in t.inputs if i.digest in pos]
 
+    # the quotient graph (groups and the edges between them), kept as the groups merge: it is
+    # a DAG, and merging two groups keeps it one unless a path of two or more edges joins them
+    # (through a third group). Searching for such a path reaches only what lies between; the
+    # graph rebuilt and checked whole per merge tried took 5 s on 32 stacked decoder layers.
+    succ: dict[int, set[int]] = {i: set() for i in members}
+    pred: dict[int, set[int]] = {i: set() for i in members}
+    for u, v in edges:
+        succ[group[u]].add(group[v])
+        pred[group[v]].add(group[u])
+
+    def joined_around(a: int, b: int) -> bool:
+        """Whether a path from group ``a`` to group ``b`` passes through another group."""
+        seen, todo = set(), [s for s in succ[a] if s != b]
+        while todo:
+            x = todo.pop()
+            if x == b:
+                return True
+            if x not in seen:
+                seen.add(x)
+                todo.extend(succ[x])
+        return False
+
     def quotient_acyclic(a: int, b: int) -> bool:
-        g = nx.DiGraph()
-        g.add_nodes_from(members)
-        for u, v in edges:
-            gu, gv = group[u], group[v]
-            gu = a if gu == b else gu
-            gv = a if gv == b else gv
-            if gu != gv:
-                g.add_edge(gu, gv)
-        return nx.is_directed_acyclic_graph(g)
+        return not joined_around(a, b) and not joined_around(b, a)
+
+    def merge_into(a: int, b: int) -> None:
+        for s in succ.pop(b):
+            pred[s].discard(b)
+            if s != a:
+                pred[s].add(a)
+                succ[a].add(s)
+        for p in pred.pop(b):
+            succ[p].discard(b)
+            if p != a:
+                succ[p].add(a)
+                pred[a].add(p)
+        succ[a].discard(b)
+        pred[a].discard(b)
 
     def nested_exp(ts: list[Tensor]) -> bool:
         inside = {t.digest for t in ts}
@@ -133,6 +161,7 @@ def partition(program: Program, *, uninterpreted: bool = False,
                 group[t.digest] = a
             members[a] = sorted(merged, key=lambda t: pos[t.digest])
             del members[b]
+            merge_into(a, b)
             changed = True
 
     # order groups by dependencies, ties by first member position

@@ -42,7 +42,7 @@ from ..lax.program import Program
 from ..targets import get_target
 from ..tuning.database import open_database
 from .executors import ClusterError, Executor, LocalExecutor, RayExecutor, resolve
-from .part import solve_part
+from .part import sigint_deferred, solve_part
 from .result import (Answer, OptimizedProgram, PartResult, Piece, RegionResult,
                      SavedVerification, join_parts, load, parts_of)
 from .run import Run
@@ -193,7 +193,8 @@ def superopt(program: Program, *, target: Any = "h100", time_budget_s: float | N
                for i, part in enumerate(parts)]
     opt = OptimizedProgram(program, tgt.name, results, time.perf_counter() - t0, model, parts)
     if db is not None and opt.complete and not run.interrupted:
-        keep_program(db, program, tgt, run.key, kind, opt)
+        with sigint_deferred(run):  # a Ctrl-C now: the answer is whole, its record too
+            keep_program(db, program, tgt, run.key, kind, opt)
     return opt
 
 

@@ -30,6 +30,15 @@ def verify_here(job: VerifyJob, run: Any):
     return v
 
 
+def input_elements(program: Program) -> int:
+    """The elements of a program's inputs (0 for symbolic sizes: no guess from them)."""
+    from ..errors import ShapeError
+    try:
+        return sum(t.size for t in program.inputs)
+    except ShapeError:
+        return 0
+
+
 class LocalExecutor(Executor):
     """Processes on this machine (``workers`` at a time): the default."""
 
@@ -61,7 +70,7 @@ class LocalExecutor(Executor):
     def verify(self, jobs: list[VerifyJob], run: Any) -> dict:
         out = {}
         for job in jobs:  # one after another, while one can end before the budget does
-            if not run.room_for_check():
+            if not run.room_for_check(elements=input_elements(job.program)):
                 break
             out[job.key] = verify_here(job, run)
         return out

@@ -51,7 +51,7 @@ from ..tuning.annotations import AnnotatedGraph
 from ..ugraph.graph import KernelGraph
 from ..ugraph.lower import naive_lowering
 from .jobs import ExploreJob, MeasureJob, VerifyJob, region_label
-from .local import verify_here
+from .local import input_elements as _input_elements, verify_here
 from .option import Option
 from .result import PartResult, Piece, RegionResult, SavedVerification
 from .run import Run
@@ -105,7 +105,7 @@ def solve_part(part: Program, run: Run, recipe: list[Piece] | None = None) -> Pa
         except CoverError:  # a cover solve cut short by the budget's end
             if not run.out_of_time():
                 raise
-    with _sigint_deferred(run):  # the answer is made of what is verified: finish making it
+    with sigint_deferred(run):  # the answer is made of what is verified: finish making it
         cover.keep_verified()
         out = cover.answer()
     out.stats.interrupted |= run.interrupted  # Ctrl-C before or while it was made
@@ -113,11 +113,12 @@ def solve_part(part: Program, run: Run, recipe: list[Piece] | None = None) -> Pa
 
 
 @contextlib.contextmanager
-def _sigint_deferred(run: Run) -> Iterator[None]:
+def sigint_deferred(run: Run) -> Iterator[None]:
     """Ctrl-C while a part's answer is assembled and recorded marks the run interrupted (the
     parts after this one answer at once) instead of raising in the middle of it: the answer
     is what is verified, and its records reach the results database whole. Only in the main
-    thread, where Python's SIGINT handler runs."""
+    thread, where Python's SIGINT handler runs. (``superopt`` writes the whole answer's record
+    under it too.)"""
     if threading.current_thread() is not threading.main_thread() or \
             signal.getsignal(signal.SIGINT) is None:
         yield
@@ -155,6 +156,8 @@ class PartCover:
         self.cut_short = False  # the budget (or Ctrl-C) ended the floor or the cover early
         self.cover: Cover | None = None
         self.what: dict = {}
+        self._names: dict | None = None  # digest -> tensor name in the assembled graph
+        self._graphs: dict = {}  # id(cover) -> (cover, what _assembled made of it)
 
     # -- the candidates ---------------------------------------------------------------------
     def _naive_candidates(self) -> None:
@@ -258,10 +261,16 @@ class PartCover:
                 continue
             share = max(0.05, (FLOOR_SECONDS - (time.perf_counter() - tf)) /
                         (len(self.floor_keys) - i))
-            if run.interrupted or (time.perf_counter() - tf > FLOOR_SECONDS and (
-                    run.expired() or not run.room_for_check(extra_s=share))):
-                # no time left (past the first FLOOR_SECONDS, which any budget gets): the
-                # naive operators cover the remaining groups
+            elements = _input_elements(st.program)
+            if time.perf_counter() - tf <= FLOOR_SECONDS:  # any budget gets this much floor,
+                # unless the check a search is guessed to need could not end in it or the budget
+                # (at the 8B size a floor group's verification and numerics check took 15 s)
+                left = run.seconds_left()
+                stop = run.interrupted or 2 * run.check_s_per_element * elements > max(
+                    FLOOR_SECONDS, math.inf if left is None else left)
+            else:
+                stop = run.expired() or not run.room_for_check(extra_s=share, elements=elements)
+            if stop:  # the naive operators cover the remaining groups
                 self.cut_short = True
                 break
             ex = None if run.db is None else \
@@ -271,6 +280,8 @@ class PartCover:
                 if run.search_deadline is not None:
                     end = min(end, max(run.search_deadline, tf + FLOOR_SECONDS))
                 ex = explore(st.program, run.target, run.model, FLOOR, end)
+                if ex.stats.interrupted:  # Ctrl-C in the search, which kept what it had
+                    run.interrupt()
                 if run.db is not None:
                     keep_exploration(run.db, st.program, run.target, run.key, FLOOR, ex,
                                      floor=True)
@@ -292,6 +303,9 @@ class PartCover:
         """Search what the cover wants, tune and verify what it picks, until every piece of
         the cover is a verified answer (see the module docstring)."""
         while not self.run.out_of_time():
+            if self.run.expired() and not any(self.run.structures[k].status is Status.EXPLORED
+                                              for k in self.search_keys):
+                return  # no search may start and nothing found waits for its check
             todo = self._wanted_now()
             if not todo:
                 return
@@ -333,7 +347,13 @@ class PartCover:
                                             time_limit_s=COVER_LEAST_SECONDS), what))
             except (MirageError, KeyboardInterrupt):
                 pass  # a cover above stands
-        self.cover, self.what = min(options, key=lambda o: o[0].cost)
+        # by what the assembled graph is predicted to cost, which is what the answer reports
+        # (a cover's summed cost prices each piece alone; assembling can widen statistics to
+        # float32, drop a duplicate write, copy an output -- on the 16-layer decoder the two
+        # agreed to 0.01 us: its "512 kernels, 1321 us against 480 naive, 1241 us" after an
+        # early Ctrl-C was the naive cover of the max-shifted part against the naive lowering
+        # of the program as written, two operators fewer per attention and an unshifted exp)
+        self.cover, self.what = min(options, key=lambda o: self._predicted(*o))
         self.bar.update(sum(run.structures[k].status is not Status.OPEN
                             for k in self.search_keys), self.cover.cost)
 
@@ -503,7 +523,8 @@ class PartCover:
             if not st.options or st.tried >= run.settings.max_verify:
                 st.fail()
                 continue
-            if st.key not in got and not run.room_for_check():
+            if st.key not in got and not run.room_for_check(
+                    elements=_input_elements(st.program)):
                 continue  # no time to verify it before the budget ends: it stays out
             res = self._first_verified(st, st.options, "search", st.explored, tries=1,
                                        known=got.get(st.key))
@@ -518,7 +539,8 @@ class PartCover:
         numerically safe; ``known``: the first one's verification, done already."""
         run = self.run
         while options and tries > 0:
-            if source == "search" and not run.room_for_check(known=known is not None):
+            if source == "search" and not run.room_for_check(
+                    known=known is not None, elements=_input_elements(st.program)):
                 return None  # no time left to check it: the structure stays unverified
             opt = options.pop(0)
             tries -= 1
@@ -593,8 +615,7 @@ class PartCover:
         """The cover's pieces assembled into the part's graph, with what the searches did, the
         structures recorded in the database, and the chosen pieces' verification."""
         run, part = self.run, self.part
-        pieces, body, chosen = self._pieces()
-        graph, stages = assemble(part, body, value_names(part))
+        pieces, graph, stages, chosen = self._assembled(self.cover, self.what)
         explored = [run.structures[k] for k in self.search_keys
                     if run.structures[k].explored is not None]
         stats = SearchStats()
@@ -607,7 +628,7 @@ class PartCover:
         naive = self.naive if part is self.original else naive_lowering(self.original)
         out = PartResult(
             self.original, graph, _source(pieces),
-            run.model.predict(AnnotatedGraph(graph, stages), run.target),
+            self._predicted(self.cover, self.what),
             run.model.predict(naive, run.target), stats=stats,
             candidates=sum(st.explored.candidates for st in explored),
             verified=sum(st.tried for st in explored), stages=tuple(stages),
@@ -641,13 +662,31 @@ class PartCover:
             return self.dag.nodes[position].digest
         return list(self.dag.masks)[-1 - position]
 
-    def _pieces(self) -> tuple[list[Piece], list, list[RegionResult]]:
-        """The chosen cover in run order: its pieces, what ``assemble`` builds the graph from,
-        and the region answers among them."""
+    def _assembled(self, cover: Cover, what: dict
+                   ) -> tuple[list[Piece], KernelGraph, list, list[RegionResult]]:
+        """A cover assembled into the part's graph (memoised per cover): its pieces, the graph,
+        its graph kernels' pipeline stages, and the region answers among the pieces."""
+        key = id(cover)
+        if key not in self._graphs:
+            pieces, body, chosen = self._pieces(cover, what)
+            if self._names is None:
+                self._names = value_names(self.part)
+            graph, stages = assemble(self.part, body, self._names)
+            self._graphs[key] = (cover, (pieces, graph, stages, chosen))
+        return self._graphs[key][1]
+
+    def _predicted(self, cover: Cover, what: dict) -> float:
+        """What the cost model predicts for a cover's assembled graph."""
+        _, graph, stages, _ = self._assembled(cover, what)
+        return self.run.model.predict(AnnotatedGraph(graph, stages), self.run.target)
+
+    def _pieces(self, cover: Cover, what: dict) -> tuple[list[Piece], list, list[RegionResult]]:
+        """A cover in run order: its pieces, what ``assemble`` builds the graph from, and the
+        region answers among them."""
         pieces: list[Piece] = []
         body: list = []
         chosen: list[RegionResult] = []
-        for k in self.cover.chosen:
+        for k in cover.chosen:
             if k.startswith("op:"):
                 d = self.op_of[k]
                 op = self.op_kernels[d]
@@ -655,7 +694,7 @@ class PartCover:
                                     f"{op.op} -> {op.output.name}", (self._position(d),)))
                 body.append(("op", d, op))
                 continue
-            region, res = self.what[k]
+            region, res = what[k]
             if res is None:
                 res = self.run.structures[region.key].result
             res.uses = self.uses.get(region.key, 1)
@@ -669,10 +708,13 @@ class PartCover:
     def _verification(self, graph: KernelGraph, chosen: list[RegionResult]) -> Any:
         """The part's verification: the union bound of its verified pieces (the pre-defined
         kernels beside them compute their operators exactly) and of the max-shift check,
-        within the stated bound (:func:`.bound.settled_verification`); a cover of naive
-        operators alone is checked whole, or is the program's own operators."""
+        within the stated bound (:func:`.bound.settled_verification`) -- for a cover of naive
+        operators alone the max-shift check is the whole bound (they compute the shifted part
+        exactly; a whole-part check of one decoder layer took 0.9 s, and stacked layers, which
+        nest exps, could not be checked whole and stated a bound of 0); a part with no shift
+        and naive operators alone is checked whole, or is the program's own operators."""
         run = self.run
-        if chosen:
+        if chosen or self.shift_check:
             return settled_verification(chosen, self.shift_check, run)
         if self.original.verifiable:
             return run.new_verifier(self.original).check(graph, tests=run.settings.verify_tests)

@@ -13,6 +13,12 @@ from .store import AnswerKey, AnswerSettings
 # after Ctrl-C, candidates already found are still verified for this long (a small program's
 # take milliseconds); the answer then comes from what is verified, within 2 s
 INTERRUPT_GRACE_S = 1.0
+# seconds per input element a full-size check (verification, or numerics check) takes before
+# any has been timed: the 8B-size decoder's first floor group (down projection, 58.75 M input
+# elements) took 4.8-8 s to verify and 5.7-7 s for numerics on a shared 2-core machine (load
+# 5-6). (Timing the part's max-shift checks instead measured their fixed costs: 0.1 s for
+# 131 k elements, a 45 s guess for that group, which kept budgeted runs from laying the floor.)
+CHECK_S_PER_ELEMENT = 1.4e-7
 
 if TYPE_CHECKING:
     from .jobs import Executor
@@ -38,6 +44,9 @@ class Run:
     # 8B size 1-4 s each on a shared machine): one is started only where it can end in time
     verify_s: float = 0.0
     numerics_s: float = 0.0
+    # before the first of them, a check of a structure is guessed to take this many seconds
+    # per input element (CHECK_S_PER_ELEMENT)
+    check_s_per_element: float = CHECK_S_PER_ELEMENT
     # the binding of the dims a padded program's masks name (lax/family.py): what its regions
     # are verified and checked for
     sizes: dict = field(default_factory=dict)
@@ -68,15 +77,18 @@ class Run:
         return (self.interrupted and now > self.interrupted_at + INTERRUPT_GRACE_S) or \
             (self.deadline is not None and now > self.deadline)
 
-    def room_for_check(self, known: bool = False, extra_s: float = 0.0) -> bool:
+    def room_for_check(self, known: bool = False, extra_s: float = 0.0,
+                       elements: int = 0) -> bool:
         """Can a candidate's check (its verification -- unless ``known`` -- and numerics check,
         after ``extra_s`` of other work) start and, as long as the longest so far, end before
-        the budget (or the grace after Ctrl-C) does?"""
+        the budget (or the grace after Ctrl-C) does? Before any such check: as long as
+        ``check_s_per_element`` times ``elements`` (its structure's input elements) each."""
         if self.out_of_time():
             return False
         left = self.seconds_left()
-        return left is None or extra_s + self.numerics_s + \
-            (0.0 if known else self.verify_s) <= left
+        guess = self.check_s_per_element * elements
+        return left is None or extra_s + (self.numerics_s or guess) + \
+            (0.0 if known else self.verify_s or guess) <= left
 
     def seconds_left(self, at_least: float = 0.0) -> float | None:
         """Seconds to the whole budget's end or the interrupt's grace (None: neither), at
