@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import math
 import time
+import weakref
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -46,6 +48,54 @@ from .field import (SAFE_PRIMES, FieldBackend, FieldParams, FieldValue, random_i
 DEFAULT_BOUND = 1e-9
 _MODULI = tuple(SAFE_PRIMES) + tuple((p - 1) // 2 for p in SAFE_PRIMES)
 MAX_TESTS = 64
+#: the random inputs all verifiers of one process keep between candidates, together: a search
+#: keeps one verifier per structure (superopt's ``Run.verifier``), and a per-verifier budget
+#: let a layer's dozen structures hold a gigabyte each
+CACHE_BYTES = 1 << 30
+
+
+class _InputCache:
+    """The process-wide budget of kept test inputs (:data:`CACHE_BYTES`), least recently used
+    verifier evicted first: its tests' inputs are drawn again (the same seeds, the same
+    values) when it next needs them; the program's outputs stay cached."""
+
+    def __init__(self) -> None:
+        self.kept: OrderedDict[int, tuple[weakref.ref, int]] = OrderedDict()
+
+    def total(self) -> int:
+        return sum(n for ref, n in self.kept.values() if ref() is not None)
+
+    def touch(self, v: "Verifier") -> None:
+        if id(v) in self.kept:
+            self.kept.move_to_end(id(v))
+
+    def admit(self, v: "Verifier", size: int, budget: int) -> bool:
+        """Make room for ``size`` more bytes of ``v``'s (evicting other verifiers' inputs,
+        oldest first); False when it cannot fit in ``budget`` even so."""
+        if size > budget:
+            return False
+        for key in list(self.kept):
+            ref, n = self.kept[key]
+            other = ref()
+            if other is None:
+                del self.kept[key]
+                continue
+            if self.total() + size <= budget:
+                break
+            if other is not v:
+                other._drop_inputs()
+                del self.kept[key]
+        if self.total() + size > budget:
+            return False
+        ref, n = self.kept.pop(id(v), (weakref.ref(v), 0))
+        self.kept[id(v)] = (ref, n + size)
+        return True
+
+    def forget(self, v: "Verifier") -> None:
+        self.kept.pop(id(v), None)
+
+
+_INPUTS = _InputCache()
 
 
 @dataclass
@@ -169,12 +219,13 @@ def needed_tests(eps: float, target: float = DEFAULT_BOUND) -> int:
 
 class Verifier:
     """Verifies candidates against one program, caching what does not depend on the candidate
-    (the program's degrees, and per test the program's outputs and -- within ``cache_bytes`` in
-    all -- the random inputs, plus memoised kernels of earlier candidates). :func:`verify`
+    (the program's degrees, and per test the program's outputs and -- within ``cache_bytes``,
+    shared by every verifier of the process (:data:`CACHE_BYTES`), least recently used evicted
+    first -- the random inputs, plus memoised kernels of earlier candidates). :func:`verify`
     builds one per call; a search that checks many candidates of the same program keeps one."""
 
     def __init__(self, program: Program, *, seed: int = 0, target: Any = "h100",
-                 bound_target: float = DEFAULT_BOUND, cache_bytes: int = 1 << 30,
+                 bound_target: float = DEFAULT_BOUND, cache_bytes: int | None = None,
                  sizes: Mapping[str, int] | None = None):
         _check_program(program)
         # a padded program's masks name its valid sizes: verify it for the binding ``sizes``
@@ -190,7 +241,7 @@ class Verifier:
         self.seed = int(seed)
         self.target = target
         self.bound_target = bound_target
-        self.cache_bytes = cache_bytes
+        self.cache_bytes = CACHE_BYTES if cache_bytes is None else int(cache_bytes)
         deg = DegreeBackend(_MODULI)
         self.ref_degrees = program.evaluate({t.name: Shaped(t.shape) for t in program.inputs},
                                             backend=deg)
@@ -218,6 +269,7 @@ class Verifier:
         """Field, inputs, canonical program outputs, whether a zero divisor reached them, and
         the kernel memo of this test (None when the inputs are too big to keep)."""
         hit = self._tests.get(test)
+        _INPUTS.touch(self)
         if hit is not None:
             params, inputs, ref, zero, memo = hit
             if inputs is None:
@@ -232,11 +284,20 @@ class Verifier:
         size = sum(v.nbytes if isinstance(v, np.ndarray) else
                    v.p.nbytes + (v.q.get()[0].nbytes if v.q is not None and v.q.forced else 0)
                    for v in inputs.values())
-        keep = self._cached_bytes + size <= self.cache_bytes
+        keep = _INPUTS.admit(self, size, self.cache_bytes)
         if keep:
             self._cached_bytes += size
         self._tests[test] = (params, inputs if keep else None, ref, zero, {} if keep else None)
         return params, inputs, ref, zero, self._tests[test][4]
+
+    def _drop_inputs(self) -> None:
+        """Let the kept inputs and kernel memos go (the process budget needs the room)."""
+        for test, (params, inputs, ref, zero, memo) in list(self._tests.items()):
+            self._tests[test] = (params, None, ref, zero, None)
+        self._cached_bytes = 0
+
+    def __del__(self) -> None:
+        _INPUTS.forget(self)
 
     def forget_kernels(self) -> None:
         """Drop the memoised kernel results (the program side stays cached)."""
