@@ -141,6 +141,11 @@ class VerifyResult:
     zero_divisor_tests: int = 0
     mismatch: Mismatch | None = None
     reason: str = ""
+    # long extents -> the shrunk extents the tests ran at (verification at shrunk sizes,
+    # shrink.py); empty when the tests ran at full size
+    shrunk: dict[int, int] = field(default_factory=dict)
+    # why the shrunk check did not apply (full size was checked instead)
+    full_size_why: str = ""
 
     def __bool__(self) -> bool:
         return self.equivalent
@@ -152,6 +157,9 @@ class VerifyResult:
              f"{f', exp-argument degree {self.exp_degree}' if self.uses_exp else ''})")
         if self.inconclusive:
             s += f"; {self.inconclusive} inconclusive test(s) replaced"
+        if self.shrunk:
+            s += ("; at shrunk sizes " +
+                  ", ".join(f"{e}->{n}" for e, n in sorted(self.shrunk.items())))
         if self.mismatch is not None:
             s += f"\n  {self.mismatch}"
         elif self.reason:
@@ -226,7 +234,7 @@ class Verifier:
 
     def __init__(self, program: Program, *, seed: int = 0, target: Any = "h100",
                  bound_target: float = DEFAULT_BOUND, cache_bytes: int | None = None,
-                 sizes: Mapping[str, int] | None = None):
+                 sizes: Mapping[str, int] | None = None, shrink: bool = True):
         _check_program(program)
         # a padded program's masks name its valid sizes: verify it for the binding ``sizes``
         self.sizes = dict(sizes or {})
@@ -247,6 +255,10 @@ class Verifier:
                                             backend=deg)
         self.ref_exp_arg = deg.max_exp_arg
         self.ref_exp = deg.exp_count > 0
+        self.ref_uf_arg = deg.max_uf_arg
+        # verification at shrunk sizes (shrink.py): one verifier per size map
+        self.shrink = shrink
+        self._shrunk: dict[tuple, Verifier] = {}
         self._tests: dict[int, tuple[FieldParams, dict[str, FieldValue] | None,
                                      dict[str, np.ndarray], bool, dict]] = {}
         self._cached_bytes = 0
@@ -327,7 +339,15 @@ class Verifier:
         n_tests = needed if tests is None else int(tests)
         if n_tests < 1:
             raise VerifierArgumentError(f"verify: tests must be >= 1, got {tests!r}")
-        result = VerifyResult(False, 1.0, 0, 0.0, eps, needed, d, d_exp, uses_exp)
+        why = ""
+        if self.shrink:
+            small, why = self._check_shrunk(graph, n_tests, d, d_exp,
+                                            max(self.ref_uf_arg, deg.max_uf_arg))
+            if small is not None:
+                small.seconds = time.perf_counter() - start
+                return small
+        result = VerifyResult(False, 1.0, 0, 0.0, eps, needed, d, d_exp, uses_exp,
+                              full_size_why=why)
         passed = 0
         test = 0
         max_inconclusive = max(8, n_tests)
@@ -363,6 +383,28 @@ class Verifier:
             result.bound = min(1.0, eps ** passed) if eps > 0 else 0.0
         result.seconds = time.perf_counter() - start
         return result
+
+    def _check_shrunk(self, graph: KernelGraph, tests: int, d: int, d_exp: int,
+                      d_uf: int) -> tuple[VerifyResult | None, str]:
+        """The check at shrunk sizes (shrink.py; docs/verifier.md "Verification at shrunk
+        sizes") when the argument applies and its degree bound is the full size's; else None and
+        why not (then the full size is checked)."""
+        from .shrink import shrink
+        sh = shrink(self.program, graph, max(d, d_exp, d_uf), self.target)
+        if not sh:
+            return None, sh.why
+        key = tuple(sorted(sh.sizes.items()))
+        small = self._shrunk.get(key)
+        if small is None:
+            small = self._shrunk[key] = Verifier(
+                sh.program, seed=self.seed, target=self.target, bound_target=self.bound_target,
+                cache_bytes=self.cache_bytes, shrink=False)
+        r = small.check(sh.graph, tests)
+        if r.degree != d or r.exp_degree != d_exp or small.ref_uf_arg != self.ref_uf_arg:
+            return None, (f"the degree bound depends on the extents (full size {d}/{d_exp}, "
+                          f"shrunk {r.degree}/{r.exp_degree})")
+        r.shrunk = dict(sh.sizes)
+        return r, ""
 
     @staticmethod
     def _compare(ref: Mapping[str, np.ndarray], out: Mapping[str, FieldValue], be: FieldBackend,

@@ -1,0 +1,203 @@
+"""Verification at shrunk sizes: the same μGraph structure with smaller tiles (issue #29, item 4).
+
+A region of a model-size program (an 8B layer's MLP: three 4096 x 14336 weights) needs its
+inputs as field values at full size -- gigabytes -- although what decides equivalence is the
+structure, not the extents. :func:`shrink` builds, for a program ``P`` and a candidate ``G``, a
+smaller pair ``(P', G')`` whose equivalence implies ``G = P``, or says why it cannot
+(:class:`Shrink` with ``why``):
+
+* every long extent ``E`` (at least :data:`LONG` elements) of the program's inputs becomes
+  ``E / k_E``; ``P'`` is ``P`` with its inputs' dims of extent ``E`` made ``E / k_E``, every
+  other node re-inferred, every constant kept (a mean's ``1/4096`` stays ``1/4096``: a
+  coefficient, the same in ``P'`` and ``G'``);
+* ``G'`` is ``G`` with every tensor dim of extent ``E`` made ``E / k_E`` and **nothing else
+  changed**: the same kernels, grids, for-loop trip counts, iterators, block operators and
+  savers. Its tiles are ``G``'s tiles divided by ``k_E`` along those dims;
+* ``k_E`` is the largest power of two dividing every tile extent ``T`` that ``G`` cuts from a
+  dim of extent ``E`` with ``T / k_E >= m``, ``m = max(MIN_TILE, delta)``, where ``delta`` is
+  the verifier's degree bound of the check at full size (numerator and denominator degrees of
+  the difference, the largest exp argument and uninterpreted-function argument).
+
+Why ``G' = P'`` implies ``G = P`` (docs/verifier.md, "Verification at shrunk sizes"): with the
+grid and loop counts unchanged, an index ``i`` of a shrunk dim is ``(block, iteration, offset
+o)`` at both sizes with only the offset range changed (``T`` -> ``t``). The allowed operators
+never read an index value: every one acts position-wise along ``o`` or reduces the whole tile
+(sum, max, min, matmul contraction); masks, slices, concatenations, reshapes, gathers and
+pre-defined ``rms_norm`` (a ``1/extent`` of its own) are refused (``why``), and so the
+difference ``D_T = P - G`` is built the same way for every ``T``: a monomial of its expansion
+(exp values and function values as variables, their arguments by induction) names at most
+``delta`` distinct offsets, its coefficient depends on which of them coincide, never on ``T``;
+every such coincidence pattern occurs at ``t >= delta``. So ``D_t == 0`` forces every
+coefficient to vanish, and ``D_T == 0``. The degree bound is recomputed at the shrunk size and
+must be the same (a bound that grew with the extent -- distinct denominators summed -- refuses).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ..errors import MirageError
+from ..lax.ops import OPS
+from ..lax.program import Program
+from ..ugraph.graph import GraphKernel, InputIter, KernelGraph, KernelOp, MaskIter, \
+    OutputSaver, iter_source
+
+#: extents at least this long are shrunk
+LONG = 1024
+#: the smallest tile a shrunk dim is cut to (tensor-core fragments are 16 wide)
+MIN_TILE = 16
+
+# block and kernel operators that read positions or carry extents of their own
+_POSITIONAL = frozenset({"slice", "concat", "reshape", "mask", "take", "rms_norm"})
+
+
+@dataclass(frozen=True)
+class Shrink:
+    """What :func:`shrink` made: ``sizes`` (long extent -> shrunk extent), the shrunk program
+    and candidate; or ``why`` it does not apply (then ``program`` and ``graph`` are None)."""
+
+    sizes: dict[int, int] = field(default_factory=dict)
+    program: Program | None = None
+    graph: KernelGraph | None = None
+    why: str = ""
+
+    def __bool__(self) -> bool:
+        return self.program is not None
+
+
+def _positional_program(program: Program) -> list[str]:
+    return sorted({t.op for t in program.nodes()
+                   if t.op in _POSITIONAL or (t.op not in ("input", "const")
+                                              and t.op not in OPS)})
+
+
+def _positional_graph(graph: KernelGraph) -> list[str]:
+    bad = set()
+    for op in graph.ops:
+        if isinstance(op, KernelOp):
+            if op.op in _POSITIONAL:
+                bad.add(op.op)
+            continue
+        for n in op.block.ops:
+            if isinstance(n, MaskIter):
+                bad.add("mask")
+            elif isinstance(n, InputIter) and n.gather >= 0:
+                bad.add("take")
+            elif getattr(n, "op", None) in _POSITIONAL:
+                bad.add(n.op)
+    return sorted(bad)
+
+
+def _cuts(graph: KernelGraph) -> list[tuple[int, int]]:
+    """Every (extent, tile) the graph cuts, in graph order: a graph kernel's iterators and
+    savers (the extent over the grid axes and the loop that split the dim), a pre-defined
+    kernel's operands and output (whole)."""
+    tensors = graph.tensors()
+    out: list[tuple[int, int]] = []
+    for op in graph.ops:
+        if isinstance(op, KernelOp):
+            out += [(e, e) for name in op.inputs + (op.output.name,)
+                    for e in tensors[name].shape]
+            continue
+        ins = [tensors[n] for n in op.inputs]
+        b = op.block
+        for n in b.ops:
+            if isinstance(n, InputIter):
+                shape, imap, fmap = iter_source(n, ins).shape, n.imap, n.fmap
+            elif isinstance(n, OutputSaver):
+                shape, imap, fmap = op.outputs[n.output].shape, n.omap, -1
+            else:
+                continue
+            for d, e in enumerate(shape):
+                parts = 1
+                for a in range(3):
+                    if imap[a] == d:
+                        parts *= b.grid[a]
+                if fmap == d:
+                    parts *= b.forloop
+                out.append((e, e // max(parts, 1)))
+    return out
+
+
+def tiles(graph: KernelGraph) -> dict[int, set[int]]:
+    """Per long extent (at least :data:`LONG`), the tile extents the graph cuts from its dims."""
+    out: dict[int, set[int]] = {}
+    for e, t in _cuts(graph):
+        if e >= LONG:
+            out.setdefault(e, set()).add(t)
+    return out
+
+
+def shrink_factors(graph: KernelGraph, min_tile: int) -> dict[int, int]:
+    """Per long extent, the largest power of two ``k`` dividing every tile cut from it with
+    every tile / ``k`` at least ``min_tile`` (extents that cannot shrink are left out)."""
+    factors = {}
+    for extent, ts in tiles(graph).items():
+        k = 1
+        while all(t % (2 * k) == 0 and t // (2 * k) >= min_tile for t in ts) and \
+                extent % (2 * k) == 0:
+            k *= 2
+        if k > 1:
+            factors[extent] = k
+    return factors
+
+
+def _resized(shape: tuple, sizes: dict[int, int]) -> tuple:
+    return tuple(sizes.get(d, d) if isinstance(d, int) else d for d in shape)
+
+
+def small_program(program: Program, sizes: dict[int, int]) -> Program:
+    """``program`` with every dim of an extent in ``sizes`` shrunk, constants and attributes
+    kept; the format's own reader re-infers every node and refuses (``SerializationError``) a
+    node whose shape does not follow."""
+    doc = program.to_json()
+    for nd in doc["nodes"]:
+        nd["shape"] = [sizes.get(d, d) if isinstance(d, int) else d for d in nd["shape"]]
+    return Program.from_json(doc)
+
+
+def small_graph(graph: KernelGraph, sizes: dict[int, int]) -> KernelGraph:
+    """``graph`` with every tensor dim of an extent in ``sizes`` shrunk; nothing else changed."""
+    ops = []
+    for op in graph.ops:
+        if isinstance(op, KernelOp):
+            ops.append(replace(op, output=replace(op.output,
+                                                  shape=_resized(op.output.shape, sizes))))
+        else:
+            ops.append(replace(op, outputs=tuple(replace(t, shape=_resized(t.shape, sizes))
+                                                 for t in op.outputs)))
+    return KernelGraph(graph.name, tuple(replace(t, shape=_resized(t.shape, sizes))
+                                         for t in graph.inputs), tuple(ops), graph.outputs)
+
+
+def shrink(program: Program, graph: KernelGraph, delta: int, target: Any = "h100") -> Shrink:
+    """The shrunk pair for ``program`` and ``graph`` (module doc), ``delta`` the degree bound of
+    their check at full size; a :class:`Shrink` saying why not when the argument does not
+    apply or nothing is long enough to shrink."""
+    from ..ugraph.validate import validate
+    if program.params or program.symbolic:
+        return Shrink(why="a symbolic or padded program")
+    bad = _positional_program(program) + _positional_graph(graph)
+    if bad:
+        return Shrink(why=f"operators that read positions or extents: {sorted(set(bad))}")
+    factors = shrink_factors(graph, max(MIN_TILE, int(delta)))
+    if not factors:
+        return Shrink(why="no long extent has tiles to shrink")
+    sizes = {e: e // k for e, k in factors.items()}
+    try:
+        p = small_program(program, sizes)
+        g = small_graph(graph, sizes)
+        validate(g, target)
+    except MirageError as e:
+        return Shrink(why=f"the shrunk pair is not valid: {e}")
+    # the shrunk candidate cuts the same number of tiles from every dim, each k_E smaller
+    for (e, t), (e2, t2) in zip(_cuts(graph), _cuts(g)):
+        k = factors.get(e, 1)
+        if e2 * k != e or t2 * k != t:
+            return Shrink(why=f"extent {e}: a tile of {t} did not become {t // k}")
+    return Shrink(sizes, p, g)
+
+
+__all__ = ["shrink", "Shrink", "small_program", "small_graph", "shrink_factors", "tiles",
+           "LONG", "MIN_TILE"]
