@@ -157,10 +157,61 @@ def small_program(program: Program, sizes: dict[int, int]) -> Program:
     return Program.from_json(doc)
 
 
-def small_graph(graph: KernelGraph, sizes: dict[int, int]) -> KernelGraph:
-    """``graph`` with every tensor dim of an extent in ``sizes`` shrunk; nothing else changed."""
+def _split_extents(op: GraphKernel, tensors: dict) -> dict[Any, set[int]]:
+    """Per grid axis (0, 1, 2) and the loop ("loop"): the extents of the dims it cuts."""
+    ins = [tensors[n] for n in op.inputs]
+    out: dict[Any, set[int]] = {}
+    for n in op.block.ops:
+        if isinstance(n, InputIter):
+            shape, imap, fmap = iter_source(n, ins).shape, n.imap, n.fmap
+        elif isinstance(n, OutputSaver):
+            shape, imap, fmap = op.outputs[n.output].shape, n.omap, -1
+        else:
+            continue
+        for a in range(3):
+            if imap[a] >= 0:
+                out.setdefault(a, set()).add(shape[imap[a]])
+        if fmap >= 0:
+            out.setdefault("loop", set()).add(shape[fmap])
+    return out
+
+
+def _fewer_blocks(op: GraphKernel, tensors: dict, factors: dict[int, int],
+                  least: int) -> GraphKernel:
+    """``op`` with each grid axis and loop that cuts dims of one long extent ``E`` only, and has
+    at least ``least * k_E`` parts, cut into ``k_E`` times fewer (at most one per extent): its
+    tiles along that extent keep their length."""
+    grid, loop = list(op.block.grid), op.block.forloop
+    done = set()
+    for axis, extents in sorted(_split_extents(op, tensors).items(), key=lambda x: str(x[0])):
+        if len(extents) != 1:
+            continue
+        e = next(iter(extents))
+        k = factors.get(e, 1)
+        if k == 1 or e in done:
+            continue
+        count = loop if axis == "loop" else grid[axis]
+        if count % k or count // k < least:
+            continue
+        done.add(e)
+        if axis == "loop":
+            loop //= k
+        else:
+            grid[axis] //= k
+    return replace(op, block=replace(op.block, grid=tuple(grid), forloop=loop))
+
+
+def small_graph(graph: KernelGraph, sizes: dict[int, int], least: int | None = None
+                ) -> KernelGraph:
+    """``graph`` with every tensor dim of an extent in ``sizes`` shrunk; with ``least``, grid
+    axes and loops with at least ``least`` parts left cut into fewer (``_fewer_blocks``)
+    instead of their tiles shortened; nothing else changed."""
+    tensors = graph.tensors()
+    factors = {e: e // n for e, n in sizes.items()}
     ops = []
     for op in graph.ops:
+        if least is not None and isinstance(op, GraphKernel):
+            op = _fewer_blocks(op, tensors, factors, least)
         if isinstance(op, KernelOp):
             ops.append(replace(op, output=replace(op.output,
                                                   shape=_resized(op.output.shape, sizes))))
@@ -181,22 +232,51 @@ def shrink(program: Program, graph: KernelGraph, delta: int, target: Any = "h100
     bad = _positional_program(program) + _positional_graph(graph)
     if bad:
         return Shrink(why=f"operators that read positions or extents: {sorted(set(bad))}")
-    factors = shrink_factors(graph, max(MIN_TILE, int(delta)))
+    least = max(2, int(delta))
+    factors: dict[int, int] = {}
+    why = "no long extent can be shrunk"
+    for e in sorted(tiles(graph), reverse=True):
+        k = 2 ** max(0, (e // least).bit_length() - 1)
+        while k > 1:
+            trial = {**factors, e: k}
+            got, why_not = _shrunk_graph(graph, trial, least, target)
+            if got is not None:
+                factors = trial
+                break
+            why = why_not
+            k //= 2
     if not factors:
-        return Shrink(why="no long extent has tiles to shrink")
+        return Shrink(why=why)
     sizes = {e: e // k for e, k in factors.items()}
+    g, why = _shrunk_graph(graph, factors, least, target)
+    if g is None:
+        return Shrink(why=why)
     try:
         p = small_program(program, sizes)
-        g = small_graph(graph, sizes)
+    except MirageError as e:
+        return Shrink(why=f"the shrunk program is not valid: {e}")
+    return Shrink(sizes, p, g)
+
+
+def _shrunk_graph(graph: KernelGraph, factors: dict[int, int], least: int,
+                  target: Any) -> tuple[KernelGraph | None, str]:
+    """The shrunk candidate for ``factors`` (long extent -> k), or None and why: every cut of
+    an extent ``E`` either keeps its tile (fewer blocks or iterations, at least ``least``) or
+    gets a tile ``k_E`` times shorter, at least ``least`` long; valid on the target."""
+    from ..ugraph.validate import validate
+    if any(e % k for e, k in factors.items()):
+        return None, "an extent is not divisible"
+    sizes = {e: e // k for e, k in factors.items()}
+    g = small_graph(graph, sizes, least)
+    try:
         validate(g, target)
     except MirageError as e:
-        return Shrink(why=f"the shrunk pair is not valid: {e}")
-    # the shrunk candidate cuts the same number of tiles from every dim, each k_E smaller
+        return None, f"the shrunk graph is not valid: {e}"
     for (e, t), (e2, t2) in zip(_cuts(graph), _cuts(g)):
         k = factors.get(e, 1)
-        if e2 * k != e or t2 * k != t:
-            return Shrink(why=f"extent {e}: a tile of {t} did not become {t // k}")
-    return Shrink(sizes, p, g)
+        if e2 * k != e or not (t2 == t or (t2 * k == t and t2 >= least)):
+            return None, f"extent {e}: a tile of {t} became {t2}"
+    return g, ""
 
 
 __all__ = ["shrink", "Shrink", "small_program", "small_graph", "shrink_factors", "tiles",
