@@ -214,6 +214,42 @@ class Program:
         order = [t for t in topo_order(self._outputs.values()) if t.op != "input"]
         return list(self._inputs.values()) + order
 
+    def lean_order(self) -> list[tuple[Tensor, tuple[str, ...]]]:
+        """Every node in the order an evaluation meets them with least memory: each input just
+        before its first use (a float64 copy of a weight lives from its first use to its last,
+        not through the whole program), each node with the digests of the values no later node
+        reads and no output is (dropped after it)."""
+        order: list[Tensor] = []
+        placed: set[str] = set()
+        topo = topo_order(self._outputs.values())
+        used = {i.digest for n in topo for i in n.inputs}
+        for t in self._inputs.values():  # unused inputs are still checked, first
+            if t.digest not in used and t.digest not in placed:
+                placed.add(t.digest)
+                order.append(t)
+        for t in topo:
+            if t.op == "input":
+                continue
+            for i in t.inputs:
+                if i.op == "input" and i.digest not in placed:
+                    placed.add(i.digest)
+                    order.append(i)
+            order.append(t)
+        for t in self._inputs.values():  # an input that is only an output
+            if t.digest not in placed:
+                placed.add(t.digest)
+                order.append(t)
+        last: dict[str, int] = {}
+        for k, t in enumerate(order):
+            for i in t.inputs:
+                last[i.digest] = k
+        kept = {t.digest for t in self._outputs.values()}
+        drops: list[list[str]] = [[] for _ in order]
+        for d, k in last.items():
+            if d not in kept:
+                drops[k].append(d)
+        return [(t, tuple(dr)) for t, dr in zip(order, drops)]
+
     def node_ids(self) -> dict[str, int]:
         """Stable small integer per node digest (its position in :meth:`nodes`)."""
         return {t.digest: i for i, t in enumerate(self.nodes())}
@@ -314,7 +350,7 @@ class Program:
             return self._evaluate_on(backend, inputs, sizes)
         arrays = self.check_inputs(inputs)
         vals: dict[str, np.ndarray] = {}
-        for t in self.nodes():
+        for t, drop in self.lean_order():
             if t.op == "input":
                 vals[t.digest] = (arrays[t.name].astype(np.int64, copy=False)
                                   if _ops.is_index(t.dtype) else
@@ -328,6 +364,8 @@ class Program:
                 # np.asarray: a full reduction gives a NumPy scalar; keep every value an array
                 vals[t.digest] = np.asarray(_ops.compute(t.op, [vals[i.digest] for i in t.inputs],
                                                          t.attr_dict)).astype(dtype, copy=False)
+            for d in drop:
+                del vals[d]
         # an output that is an input would otherwise alias the caller's array
         return {n: vals[t.digest].copy() if t.op == "input" else vals[t.digest]
                 for n, t in self._outputs.items()}
@@ -342,7 +380,7 @@ class Program:
             raise ProgramError(f"Program {self.name!r}: inputs {sorted(map(str, inputs))} do not "
                                f"match the declared {list(self._inputs)}")
         vals: dict[str, Any] = {}
-        for t in self.nodes():
+        for t, drop in self.lean_order():
             backend.annotate(f"program {self.name!r}: {t.op} {_fmt(t.shape)}")
             if t.op == "input":
                 v = inputs[t.name]
@@ -358,6 +396,8 @@ class Program:
             else:
                 vals[t.digest] = backend.compute(t.op, [vals[i.digest] for i in t.inputs],
                                                  t.attr_dict)
+            for d in drop:
+                del vals[d]
         return {n: vals[t.digest] for n, t in self._outputs.items()}
 
     def random_inputs(self, seed: int = 0, scale: float = 1.0,

@@ -352,6 +352,7 @@ def run(graph: KernelGraph, inputs: Mapping[str, Any], precision: str = "float64
     else:
         be = backend
     env: dict[str, Any] = {}
+    raw: dict[str, tuple[Any, str]] = {}
     tensors = graph.tensors()
     if not isinstance(inputs, Mapping):
         raise ProgramError(f"μGraph {graph.name!r}: inputs must be a dict name -> array, got "
@@ -368,12 +369,31 @@ def run(graph: KernelGraph, inputs: Mapping[str, Any], precision: str = "float64
         if tuple(a.shape) != t.shape:
             raise ShapeError(f"μGraph {graph.name!r}: input {t.name!r} has shape "
                              f"{tuple(a.shape)}, declared {t.shape}")
-        be.annotate(f"input {t.name!r}")
-        env[t.name] = be.input(a, t.dtype)
+        raw[t.name] = (a, t.dtype)
     extra = set(inputs) - {t.name for t in graph.inputs}
     if extra:
         raise ProgramError(f"μGraph {graph.name!r}: unknown input(s) {sorted(extra)}")
+    # an input enters the backend at its first reader; a value no later kernel reads and no
+    # output is leaves after its last reader (memory follows the live values)
+    last: dict[str, int] = {}
     for k, op in enumerate(graph.ops):
+        for n in op.inputs:
+            last[n] = k
+    kept = set(graph.outputs)
+
+    def enter(names: Any) -> None:
+        for n in names:
+            if n in raw and n not in env:
+                be.annotate(f"input {n!r}")
+                env[n] = be.input(*raw[n])
+
+    def leave(k: int, op: Any) -> None:
+        for n in set(op.inputs):
+            if last[n] == k and n not in kept:
+                del env[n]
+
+    for k, op in enumerate(graph.ops):
+        enter(op.inputs)
         if memo is not None:
             args = tuple(env[n] if isinstance(n, str) else n
                          for n in (op.operands if isinstance(op, KernelOp) else op.inputs))
@@ -382,6 +402,7 @@ def run(graph: KernelGraph, inputs: Mapping[str, Any], precision: str = "float64
             if hit is not None:
                 for t, v in zip(op.outputs, hit[1]):
                     env[t.name] = v
+                leave(k, op)
                 continue
         if isinstance(op, KernelOp):
             outs = [run_kernel_op(op, env, backend=be,
@@ -398,6 +419,8 @@ def run(graph: KernelGraph, inputs: Mapping[str, Any], precision: str = "float64
             while len(memo) >= MEMO_ENTRIES:
                 memo.pop(next(iter(memo)))
             memo[key] = (args, tuple(outs))  # args kept alive: their ids stay theirs
+        leave(k, op)
+    enter(graph.outputs)
     # an output that is an input must not hand back the caller's own array
     inputs_set = {t.name for t in graph.inputs}
     return {n: (env[n].copy() if n in inputs_set and hasattr(env[n], "copy") else env[n])
