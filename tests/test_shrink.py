@@ -153,3 +153,61 @@ def test_inputs_budget_is_shared_by_every_verifier(monkeypatch):
     again = v1.check(g1, tests=1)
     assert first.equivalent and second.equivalent and again.equivalent
     assert first.primes == again.primes
+
+
+# ---- memory that follows the live values -------------------------------------------------------
+
+def test_lazy_numerics_still_rejects_an_outlier_sized_error(monkeypatch):
+    """Drawn input by input (a model-size program's inputs, forced here), the numerics check
+    still catches the sum of squares stored in float16 that only outlier features overflow,
+    and still accepts the program in its own dtype."""
+    from dataclasses import replace
+    from mirage_py.verifier import numerics
+    monkeypatch.setattr(numerics, "EAGER_BYTES", 0)
+    p = mp.Program("rms")
+    x = p.input("X", (8, 128), "float16")
+    p.output(mp.rms_norm(x), name="Y")
+    naive = naive_lowering(p)
+    narrowed = replace(naive, ops=tuple(
+        replace(op, output=replace(op.output, dtype="float16")) if op.op in ("square", "sum")
+        else op for op in naive.ops))
+    assert isinstance(numerics.stored_inputs(p, 0), numerics.LazyInputs)
+    assert numerics.numerics_verdict(p, naive, naive).ok
+    v = numerics.numerics_verdict(p, narrowed, naive)
+    assert not v.ok and "outlier" in v.probe, v
+    # the lazy inputs are the same every time they are read
+    s = numerics.stored_inputs(p, 3)
+    assert np.array_equal(s["X"], numerics.stored_inputs(p, 3)["X"])
+
+
+def test_weights_widened_a_slice_at_a_time_give_the_float64_reference(monkeypatch):
+    """A float16 weight read only by matmuls is widened in column (or row) slices; the result
+    is the float64 evaluation of the widened weight."""
+    from mirage_py.lax import program as program_mod
+    monkeypatch.setattr(program_mod, "WIDEN_CHUNK", 64)  # many slices
+    p = mp.Program("two_matmuls")
+    x = p.input("X", (3, 32), "float16")
+    w = p.input("W", (32, 48), "float16")
+    v = p.input("V", (5, 3), "float16")
+    p.output(v @ (x @ w), name="Y")
+    rng = np.random.default_rng(0)
+    xs = {n: rng.standard_normal(t.shape).astype(np.float16)
+          for n, t in (("X", x), ("W", w), ("V", v))}
+    want = xs["V"].astype(np.float64) @ (xs["X"].astype(np.float64) @ xs["W"].astype(np.float64))
+    got = p.evaluate(xs)["Y"]
+    assert got.dtype == np.float64
+    assert np.allclose(got, want, rtol=1e-13, atol=1e-13)
+
+
+def test_lean_order_drops_every_value_after_its_last_reader():
+    p = _mlp(64, 128)
+    order = p.lean_order()
+    alive = set()
+    for t, drop in order:
+        assert all(i.digest in alive for i in t.inputs)  # every operand is still there
+        alive.add(t.digest)
+        alive -= set(drop)
+    assert alive == {t.digest for t in p.output_tensors.values()}
+    x = p.random_inputs(0)
+    run_out = run(naive_lowering(p), x)["Y"]
+    assert np.allclose(p.evaluate(x)["Y"], run_out, rtol=1e-10, atol=1e-10)

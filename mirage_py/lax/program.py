@@ -298,8 +298,7 @@ class Program:
         return bad
 
     # -- evaluation -----------------------------------------------------------------------------
-    def check_inputs(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        """Inputs as arrays, checked against the declared names and shapes."""
+    def _check_names(self, inputs: Mapping[str, Any]) -> None:
         if not isinstance(inputs, Mapping):
             raise ProgramError(f"Program {self.name!r}: inputs must be a dict name -> array")
         missing = [n for n in self._inputs if n not in inputs]
@@ -309,19 +308,29 @@ class Program:
         if extra:
             raise ProgramError(f"Program {self.name!r}: unknown input(s) {', '.join(map(str, extra))}"
                                f"; inputs are {', '.join(self._inputs)}")
+
+    def _check_input(self, n: str, value: Any) -> np.ndarray:
+        """One input as an array, checked against its declared dtype kind and shape."""
+        t = self._inputs[n]
+        a = np.asarray(value)
+        if a.dtype.kind not in "biuf":
+            raise DTypeError(f"Program {self.name!r}: input {n!r} {_fmt(a.shape)} has dtype "
+                             f"{a.dtype}, not a real number type")
+        if _ops.is_index(t.dtype) and a.dtype.kind not in "iu":
+            raise DTypeError(f"Program {self.name!r}: input {n!r} {_fmt(a.shape)} is an "
+                             f"index tensor ({t.dtype}) but was given {a.dtype} values; "
+                             "pass integers")
+        if a.shape != t.shape and not t.symbolic:
+            raise ShapeError(f"Program {self.name!r}: input {n!r} has shape {_fmt(a.shape)}, "
+                             f"declared {_fmt(t.shape)}")
+        return a
+
+    def check_inputs(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """Inputs as arrays, checked against the declared names and shapes."""
+        self._check_names(inputs)
         out = {}
-        for n, t in self._inputs.items():
-            a = np.asarray(inputs[n])
-            if a.dtype.kind not in "biuf":
-                raise DTypeError(f"Program {self.name!r}: input {n!r} {_fmt(a.shape)} has dtype "
-                                 f"{a.dtype}, not a real number type")
-            if _ops.is_index(t.dtype) and a.dtype.kind not in "iu":
-                raise DTypeError(f"Program {self.name!r}: input {n!r} {_fmt(a.shape)} is an "
-                                 f"index tensor ({t.dtype}) but was given {a.dtype} values; "
-                                 "pass integers")
-            if a.shape != t.shape and not t.symbolic:
-                raise ShapeError(f"Program {self.name!r}: input {n!r} has shape {_fmt(a.shape)}, "
-                                 f"declared {_fmt(t.shape)}")
+        for n in self._inputs:
+            a = self._check_input(n, inputs[n])
             out[n] = a
         if self.symbolic:
             self.bind({n: a.shape for n, a in out.items()})
@@ -348,18 +357,33 @@ class Program:
                              f"{', '.join(missing)} (evaluate(..., sizes=...))")
         if backend is not None:
             return self._evaluate_on(backend, inputs, sizes)
-        arrays = self.check_inputs(inputs)
+        self._check_names(inputs)
+        order = self.lean_order()
+        readers: dict[str, set[str]] = {}
+        for t, _ in order:
+            for i in t.inputs:
+                readers.setdefault(i.digest, set()).add(t.op)
+        outs = {t.digest for t in self._outputs.values()}
         vals: dict[str, np.ndarray] = {}
-        for t, drop in self.lean_order():
-            if t.op == "input":
-                vals[t.digest] = (arrays[t.name].astype(np.int64, copy=False)
-                                  if _ops.is_index(t.dtype) else
-                                  arrays[t.name].astype(dtype, copy=False))
+        for t, drop in order:
+            if t.op == "input":  # fetched at its first reader (inputs may be drawn lazily)
+                a = self._check_input(t.name, inputs[t.name])
+                if _ops.is_index(t.dtype):
+                    vals[t.digest] = a.astype(np.int64, copy=False)
+                elif readers.get(t.digest) == {"matmul"} and t.digest not in outs and \
+                        a.ndim >= 2 and a.dtype.kind == "f" and \
+                        a.dtype.itemsize < np.dtype(dtype).itemsize:
+                    vals[t.digest] = a  # widened a slice at a time by its matmuls
+                else:
+                    vals[t.digest] = a.astype(dtype, copy=False)
             elif t.op == "const":
                 vals[t.digest] = np.asarray(t.attr("value"), dtype=dtype)
             elif t.op == "mask":
                 vals[t.digest] = _ops.mask_values(t.shape, **t.attr_dict,
                                                   sizes=sizes).astype(dtype)
+            elif t.op == "matmul":
+                vals[t.digest] = _wide_matmul(vals[t.inputs[0].digest], vals[t.inputs[1].digest],
+                                              np.dtype(dtype), t.attr_dict)
             else:
                 # np.asarray: a full reduction gives a NumPy scalar; keep every value an array
                 vals[t.digest] = np.asarray(_ops.compute(t.op, [vals[i.digest] for i in t.inputs],
@@ -557,6 +581,32 @@ class Output:
 
     def __repr__(self) -> str:
         return f"Output({self.name!r}, shape={_fmt(self.shape)}, dtype={self.dtype})"
+
+
+#: elements of a narrow (float16 / float32) matmul operand widened at once by ``_wide_matmul``
+WIDEN_CHUNK = 1 << 24
+
+
+def _wide_matmul(a: np.ndarray, b: np.ndarray, dtype: np.dtype, attrs: dict) -> np.ndarray:
+    """``a @ b`` in ``dtype`` where an operand is still in a narrower storage dtype (a weight
+    read by matmuls only, ``Program.evaluate``): the narrow operand widened a slice of columns
+    (of ``b``) or rows (of ``a``) at a time, so a float64 reference never holds a float64 copy
+    of a whole weight. The same products and sums as widening first."""
+    if (a.dtype == dtype and b.dtype == dtype) or a.ndim < 2 or b.ndim < 2:
+        a, b = a.astype(dtype, copy=False), b.astype(dtype, copy=False)
+        return np.asarray(_ops.compute("matmul", [a, b], attrs)).astype(dtype, copy=False)
+    if b.dtype != dtype:
+        a = a.astype(dtype, copy=False)
+        n = b.shape[-1]
+        step = max(1, WIDEN_CHUNK // max(1, b.size // max(n, 1)))
+        parts = [np.asarray(_ops.compute("matmul", [a, b[..., j:j + step].astype(dtype)], attrs))
+                 for j in range(0, n, step)]
+        return np.concatenate(parts, axis=-1).astype(dtype, copy=False)
+    m = a.shape[-2]
+    step = max(1, WIDEN_CHUNK // max(1, a.size // max(m, 1)))
+    parts = [np.asarray(_ops.compute("matmul", [a[..., i:i + step, :].astype(dtype), b], attrs))
+             for i in range(0, m, step)]
+    return np.concatenate(parts, axis=-2).astype(dtype, copy=False)
 
 
 def _from_json_attr(v: Any) -> Any:

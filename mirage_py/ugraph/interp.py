@@ -352,7 +352,7 @@ def run(graph: KernelGraph, inputs: Mapping[str, Any], precision: str = "float64
     else:
         be = backend
     env: dict[str, Any] = {}
-    raw: dict[str, tuple[Any, str]] = {}
+    raw: dict[str, DTensor] = {}
     tensors = graph.tensors()
     if not isinstance(inputs, Mapping):
         raise ProgramError(f"μGraph {graph.name!r}: inputs must be a dict name -> array, got "
@@ -360,6 +360,10 @@ def run(graph: KernelGraph, inputs: Mapping[str, Any], precision: str = "float64
     for t in graph.inputs:
         if t.name not in inputs:
             raise ProgramError(f"μGraph {graph.name!r}: missing input {t.name!r}")
+        raw[t.name] = t
+
+    def fetch(t: DTensor) -> Any:
+        """An input, checked, at its first reader (inputs may be drawn lazily)."""
         a = inputs[t.name]
         if backend is None:
             a = np.asarray(a)
@@ -369,7 +373,8 @@ def run(graph: KernelGraph, inputs: Mapping[str, Any], precision: str = "float64
         if tuple(a.shape) != t.shape:
             raise ShapeError(f"μGraph {graph.name!r}: input {t.name!r} has shape "
                              f"{tuple(a.shape)}, declared {t.shape}")
-        raw[t.name] = (a, t.dtype)
+        return a
+
     extra = set(inputs) - {t.name for t in graph.inputs}
     if extra:
         raise ProgramError(f"μGraph {graph.name!r}: unknown input(s) {sorted(extra)}")
@@ -384,8 +389,9 @@ def run(graph: KernelGraph, inputs: Mapping[str, Any], precision: str = "float64
     def enter(names: Any) -> None:
         for n in names:
             if n in raw and n not in env:
+                a = fetch(raw[n])
                 be.annotate(f"input {n!r}")
-                env[n] = be.input(*raw[n])
+                env[n] = be.input(a, raw[n].dtype)
 
     def leave(k: int, op: Any) -> None:
         for n in set(op.inputs):
@@ -421,6 +427,9 @@ def run(graph: KernelGraph, inputs: Mapping[str, Any], precision: str = "float64
             memo[key] = (args, tuple(outs))  # args kept alive: their ids stay theirs
         leave(k, op)
     enter(graph.outputs)
+    for n, t in raw.items():  # inputs no kernel reads are still checked
+        if n not in last and n not in env:
+            fetch(t)
     # an output that is an input must not hand back the caller's own array
     inputs_set = {t.name for t in graph.inputs}
     return {n: (env[n].copy() if n in inputs_set and hasattr(env[n], "copy") else env[n])
