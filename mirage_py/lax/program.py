@@ -591,7 +591,8 @@ def _wide_matmul(a: np.ndarray, b: np.ndarray, dtype: np.dtype, attrs: dict) -> 
     """``a @ b`` in ``dtype`` where an operand is still in a narrower storage dtype (a weight
     read by matmuls only, ``Program.evaluate``): the narrow operand widened a slice of columns
     (of ``b``) or rows (of ``a``) at a time, so a float64 reference never holds a float64 copy
-    of a whole weight. The same products and sums as widening first."""
+    of a whole weight. The same float64 products as widening first (sums may round in another
+    order)."""
     if (a.dtype == dtype and b.dtype == dtype) or a.ndim < 2 or b.ndim < 2:
         a, b = a.astype(dtype, copy=False), b.astype(dtype, copy=False)
         return np.asarray(_ops.compute("matmul", [a, b], attrs)).astype(dtype, copy=False)
