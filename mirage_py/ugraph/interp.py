@@ -101,6 +101,14 @@ def _is_tile(a: Any) -> bool:
     return getattr(a, "ndim", 0) >= 3
 
 
+def _widen(v: Any, be: Backend) -> Any:
+    """A float value as the backend computes on it (float16 input data kept as it is stored,
+    ``NumpyBackend.store``, widened where it is read); indices stay integers."""
+    if isinstance(v, np.ndarray) and v.dtype == np.float16:
+        return be.tile(v)
+    return v
+
+
 def _operand(o: Any, env: Mapping[str, Any], be: Backend) -> Any:
     return env[o] if isinstance(o, str) else be.scalar(o)
 
@@ -198,7 +206,7 @@ def _run_block(bg: BlockGraph, views: dict[str, Any], phases: dict[str, Phase],
             v = views[node.out]
             if node.fmap >= 0:
                 v = _slice_iteration(v, node.fmap, bg.forloop, it, be)
-            local[node.out] = v
+            local[node.out] = _widen(v, be)  # a float16 input widens one iteration's tiles
         elif isinstance(node, BlockOp):
             be.annotate(where[node.out])
             local[node.out] = be.tile(_block_op(node, local, be, dtypes))
@@ -301,7 +309,7 @@ def run_kernel_op(op: KernelOp, env: Mapping[str, Any], precision: str = "float6
     of each operand tensor, for the tensor cores' operand rounding of a matmul)."""
     be = backend if backend is not None else NumpyBackend(precision)
     be.annotate(f"kernel {op.op} -> {op.output.name!r}")
-    args = [_operand(o, env, be) for o in op.operands]
+    args = [_widen(env[o], be) if isinstance(o, str) else be.scalar(o) for o in op.operands]
     if op.op == "rms_norm":
         y = be.rms_norm(args[0], float(op.attr("eps", 1e-6)))
     elif op.op == "mask":

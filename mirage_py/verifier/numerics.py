@@ -143,16 +143,29 @@ def stored_inputs(program: Program, seed: int = 0) -> Mapping[str, np.ndarray]:
         index = {t.name: i for i, t in enumerate(program.inputs)}
         types = {t.name: t for t in program.inputs}
         return LazyInputs(list(index), lambda n: _draw(
-            types[n], bounds, np.random.default_rng([seed, index[n]])))
+            types[n], bounds, np.random.default_rng([seed, index[n]]), chunked=True))
     rng = np.random.default_rng(seed)
     return {t.name: _draw(t, bounds, rng) for t in program.inputs}
 
 
-def _draw(t: Any, bounds: Mapping[str, int], rng: np.random.Generator) -> np.ndarray:
-    """One input's unit normals (valid indices for an index input) as its tensor stores them."""
+#: float32 normals drawn at once when a float16 input is drawn a piece at a time
+DRAW_CHUNK = 1 << 24
+
+
+def _draw(t: Any, bounds: Mapping[str, int], rng: np.random.Generator,
+          chunked: bool = False) -> np.ndarray:
+    """One input's unit normals (valid indices for an index input) as its tensor stores them;
+    ``chunked``: a float16 input filled a piece at a time (no float32 copy of all of it)."""
     from ..lax.ops import storage_round
     if t.name in bounds:  # an index input: valid indices, as random_inputs draws them
         return rng.integers(0, bounds[t.name], size=t.shape, dtype=np.int64)
+    if chunked and t.dtype == "float16":
+        out = np.empty(t.shape, dtype=np.float16)
+        flat = out.reshape(-1)
+        for i in range(0, flat.size, DRAW_CHUNK):
+            j = min(flat.size, i + DRAW_CHUNK)
+            flat[i:j] = rng.standard_normal(j - i, dtype=np.float32)
+        return out
     x = rng.standard_normal(t.shape, dtype=np.float32)
     return x.astype(np.float16) if t.dtype == "float16" else storage_round(x, t.dtype)
 
