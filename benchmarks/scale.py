@@ -143,14 +143,18 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out)
     if args.merge and out.with_suffix(".json").exists():
         rows = {r["case"]: r for r in json.loads(out.with_suffix(".json").read_text())["rows"]}
+    order = {c: i for i, c in enumerate(DEFAULT_CASES)}
+    md = ""
     for case in args.cases:
         rows[case] = measure(case, args.target, args.timeout)
         print(json.dumps(rows[case]), flush=True)
-    order = {c: i for i, c in enumerate(DEFAULT_CASES)}
-    doc = {"date": _dt.date.today().isoformat(), "target": args.target, "cpus": os.cpu_count(),
-           "rows": sorted(rows.values(), key=lambda r: (order.get(r["case"], len(order)),
-                                                        r["case"]))}
-    print(write_results(out, doc, markdown))
+        # written after every case: a long run that is stopped keeps the cases it finished
+        doc = {"date": _dt.date.today().isoformat(), "target": args.target,
+               "cpus": os.cpu_count(),
+               "rows": sorted(rows.values(), key=lambda r: (order.get(r["case"], len(order)),
+                                                            r["case"]))}
+        md = write_results(out, doc, markdown)
+    print(md)
 
 
 if __name__ == "__main__":
