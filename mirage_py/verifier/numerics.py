@@ -390,6 +390,24 @@ _NAIVE_REPORTS: dict[tuple, NumericsReport] = {}
 _NAIVE_REPORTS_KEPT = 256
 
 
+# the program's float64 outputs by (program, probe, seed): every candidate of a structure is
+# compared on the same inputs, so the reference is evaluated once (its inputs drawn once)
+_REFERENCES: dict[tuple, dict[str, Any]] = {}
+_REFERENCES_KEPT = 64
+
+
+def _reference(program: Program, probe: Probe, seed: int, x: Mapping[str, Any]
+               ) -> dict[str, Any]:
+    key = (program.structural_hash(), probe, seed)
+    ref = _REFERENCES.get(key)
+    if ref is None:
+        ref = program.evaluate(x)
+        if len(_REFERENCES) >= _REFERENCES_KEPT:
+            _REFERENCES.pop(next(iter(_REFERENCES)))
+        _REFERENCES[key] = ref
+    return ref
+
+
 def numerics_verdict(program: Program, candidate: KernelGraph, naive: KernelGraph, *,
                      seed: int = 0, target: Any = "h100",
                      probes: tuple[Probe, ...] = PROBES,
@@ -407,7 +425,7 @@ def numerics_verdict(program: Program, candidate: KernelGraph, naive: KernelGrap
         if not probe.tells(program):
             continue
         x = probe.inputs(program, seed, stored)
-        ref = program.evaluate(x)
+        ref = _reference(program, probe, seed, x)
         c = check_numerics(program, candidate, x, target=target, reference=ref)
         if c.ok:
             continue
