@@ -1,4 +1,5 @@
-"""Verification at shrunk sizes: the same μGraph structure with smaller tiles (issue #29, item 4).
+"""Verification at shrunk sizes: the same μGraph structure, fewer blocks or shorter tiles (issue
+#29, item 4).
 
 A region of a model-size program (an 8B layer's MLP: three 4096 x 14336 weights) needs its
 inputs as field values at full size -- gigabytes -- although what decides equivalence is the
@@ -6,30 +7,30 @@ structure, not the extents. :func:`shrink` builds, for a program ``P`` and a can
 smaller pair ``(P', G')`` whose equivalence implies ``G = P``, or says why it cannot
 (:class:`Shrink` with ``why``):
 
-* every long extent ``E`` (at least :data:`LONG` elements) of the program's inputs becomes
-  ``E / k_E``; ``P'`` is ``P`` with its inputs' dims of extent ``E`` made ``E / k_E``, every
-  other node re-inferred, every constant kept (a mean's ``1/4096`` stays ``1/4096``: a
-  coefficient, the same in ``P'`` and ``G'``);
-* ``G'`` is ``G`` with every tensor dim of extent ``E`` made ``E / k_E`` and **nothing else
-  changed**: the same kernels, grids, for-loop trip counts, iterators, block operators and
-  savers. Its tiles are ``G``'s tiles divided by ``k_E`` along those dims;
-* ``k_E`` is the largest power of two dividing every tile extent ``T`` that ``G`` cuts from a
-  dim of extent ``E`` with ``T / k_E >= m``, ``m = max(MIN_TILE, delta)``, where ``delta`` is
-  the verifier's degree bound of the check at full size (numerator and denominator degrees of
-  the difference, the largest exp argument and uninterpreted-function argument).
+* every long extent ``E`` (at least :data:`LONG` elements) becomes ``E / k_E`` (``k_E`` a power
+  of two, the largest that works); ``P'`` is ``P`` with its dims of extent ``E`` made
+  ``E / k_E``, every node re-inferred, every constant kept (a mean's ``1/4096`` stays
+  ``1/4096``: a coefficient, the same in ``P'`` and ``G'``);
+* ``G'`` is ``G`` with every tensor dim of extent ``E`` made ``E / k_E`` and the same kernels and
+  block programs; each cut of such a dim either keeps its tile, the grid axis or loop that cuts
+  it making ``k_E`` times fewer parts (``_fewer_blocks``), or keeps its parts with a ``k_E``
+  times shorter tile; every shortened range (parts or tile) keeps at least
+  ``max(2, delta)``, ``delta`` the degree bound of the check at full size (numerator and
+  denominator degrees of the difference, the largest exp and uninterpreted-function argument).
 
-Why ``G' = P'`` implies ``G = P`` (docs/verifier.md, "Verification at shrunk sizes"): with the
-grid and loop counts unchanged, an index ``i`` of a shrunk dim is ``(block, iteration, offset
-o)`` at both sizes with only the offset range changed (``T`` -> ``t``). The allowed operators
-never read an index value: every one acts position-wise along ``o`` or reduces the whole tile
-(sum, max, min, matmul contraction); masks, slices, concatenations, reshapes, gathers and
-pre-defined ``rms_norm`` (a ``1/extent`` of its own) are refused (``why``), and so the
-difference ``D_T = P - G`` is built the same way for every ``T``: a monomial of its expansion
-(exp values and function values as variables, their arguments by induction) names at most
-``delta`` distinct offsets, its coefficient depends on which of them coincide, never on ``T``;
-every such coincidence pattern occurs at ``t >= delta``. So ``D_t == 0`` forces every
-coefficient to vanish, and ``D_T == 0``. The degree bound is recomputed at the shrunk size and
-must be the same (a bound that grew with the extent -- distinct denominators summed -- refuses).
+Why ``G' = P'`` implies ``G = P`` (docs/verifier.md, "Verification at shrunk sizes"): an index
+``i`` of a shrunk dim is ``(block, iteration, offset)`` at both sizes, only the ranges' lengths
+changed. The allowed operators never read an index value: each acts position-wise or reduces a
+whole range (sum, max, min, matmul contraction); iterators hand each block and iteration its
+slice, accumulators fold iterations with the same step, savers write each block's slice; masks,
+slices, concatenations, reshapes, gathers and the pre-defined ``rms_norm`` (a ``1/extent`` of
+its own) are refused (``why``). So the difference ``D = P - G`` is built the same way at every
+length: a monomial of its expansion (exp values and function values as variables, their
+arguments by induction) names at most ``delta`` distinct values of each range, and its
+coefficient depends on which of them coincide (and their order), never on the range's length;
+every such pattern occurs in a range of at least ``delta``. So ``D' == 0`` forces every
+coefficient to vanish, and ``D == 0``. The degree bound is recomputed at the shrunk size and must
+be the same (a bound that grew with the extent -- distinct denominators summed -- refuses).
 """
 
 from __future__ import annotations
@@ -45,8 +46,6 @@ from ..ugraph.graph import GraphKernel, InputIter, KernelGraph, KernelOp, MaskIt
 
 #: extents at least this long are shrunk
 LONG = 1024
-#: the smallest tile a shrunk dim is cut to (tensor-core fragments are 16 wide)
-MIN_TILE = 16
 
 # block and kernel operators that read positions or carry extents of their own
 _POSITIONAL = frozenset({"slice", "concat", "reshape", "mask", "take", "rms_norm"})
@@ -127,20 +126,6 @@ def tiles(graph: KernelGraph) -> dict[int, set[int]]:
         if e >= LONG:
             out.setdefault(e, set()).add(t)
     return out
-
-
-def shrink_factors(graph: KernelGraph, min_tile: int) -> dict[int, int]:
-    """Per long extent, the largest power of two ``k`` dividing every tile cut from it with
-    every tile / ``k`` at least ``min_tile`` (extents that cannot shrink are left out)."""
-    factors = {}
-    for extent, ts in tiles(graph).items():
-        k = 1
-        while all(t % (2 * k) == 0 and t // (2 * k) >= min_tile for t in ts) and \
-                extent % (2 * k) == 0:
-            k *= 2
-        if k > 1:
-            factors[extent] = k
-    return factors
 
 
 def _resized(shape: tuple, sizes: dict[int, int]) -> tuple:
@@ -279,5 +264,4 @@ def _shrunk_graph(graph: KernelGraph, factors: dict[int, int], least: int,
     return g, ""
 
 
-__all__ = ["shrink", "Shrink", "small_program", "small_graph", "shrink_factors", "tiles",
-           "LONG", "MIN_TILE"]
+__all__ = ["shrink", "Shrink", "small_program", "small_graph", "tiles", "LONG"]
