@@ -195,6 +195,8 @@ class NumpyBackend(Backend):
         if _ops.is_index(dtype):
             return np.asarray(x, dtype=np.int64)
         if self.precision == "gpu":
+            if dtype == "float16" and isinstance(x, np.ndarray) and x.dtype == np.float16:
+                return x  # float16 data as it is (tiles widen to float32 as they are read)
             return _ops.storage_round(x, dtype)
         return np.asarray(x, dtype=np.float64)
 

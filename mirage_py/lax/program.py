@@ -214,6 +214,42 @@ class Program:
         order = [t for t in topo_order(self._outputs.values()) if t.op != "input"]
         return list(self._inputs.values()) + order
 
+    def lean_order(self) -> list[tuple[Tensor, tuple[str, ...]]]:
+        """Every node in the order an evaluation meets them with least memory: each input just
+        before its first use (a float64 copy of a weight lives from its first use to its last,
+        not through the whole program), each node with the digests of the values no later node
+        reads and no output is (dropped after it)."""
+        order: list[Tensor] = []
+        placed: set[str] = set()
+        topo = topo_order(self._outputs.values())
+        used = {i.digest for n in topo for i in n.inputs}
+        for t in self._inputs.values():  # unused inputs are still checked, first
+            if t.digest not in used and t.digest not in placed:
+                placed.add(t.digest)
+                order.append(t)
+        for t in topo:
+            if t.op == "input":
+                continue
+            for i in t.inputs:
+                if i.op == "input" and i.digest not in placed:
+                    placed.add(i.digest)
+                    order.append(i)
+            order.append(t)
+        for t in self._inputs.values():  # an input that is only an output
+            if t.digest not in placed:
+                placed.add(t.digest)
+                order.append(t)
+        last: dict[str, int] = {}
+        for k, t in enumerate(order):
+            for i in t.inputs:
+                last[i.digest] = k
+        kept = {t.digest for t in self._outputs.values()}
+        drops: list[list[str]] = [[] for _ in order]
+        for d, k in last.items():
+            if d not in kept:
+                drops[k].append(d)
+        return [(t, tuple(dr)) for t, dr in zip(order, drops)]
+
     def node_ids(self) -> dict[str, int]:
         """Stable small integer per node digest (its position in :meth:`nodes`)."""
         return {t.digest: i for i, t in enumerate(self.nodes())}
@@ -262,8 +298,7 @@ class Program:
         return bad
 
     # -- evaluation -----------------------------------------------------------------------------
-    def check_inputs(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        """Inputs as arrays, checked against the declared names and shapes."""
+    def _check_names(self, inputs: Mapping[str, Any]) -> None:
         if not isinstance(inputs, Mapping):
             raise ProgramError(f"Program {self.name!r}: inputs must be a dict name -> array")
         missing = [n for n in self._inputs if n not in inputs]
@@ -273,19 +308,29 @@ class Program:
         if extra:
             raise ProgramError(f"Program {self.name!r}: unknown input(s) {', '.join(map(str, extra))}"
                                f"; inputs are {', '.join(self._inputs)}")
+
+    def _check_input(self, n: str, value: Any) -> np.ndarray:
+        """One input as an array, checked against its declared dtype kind and shape."""
+        t = self._inputs[n]
+        a = np.asarray(value)
+        if a.dtype.kind not in "biuf":
+            raise DTypeError(f"Program {self.name!r}: input {n!r} {_fmt(a.shape)} has dtype "
+                             f"{a.dtype}, not a real number type")
+        if _ops.is_index(t.dtype) and a.dtype.kind not in "iu":
+            raise DTypeError(f"Program {self.name!r}: input {n!r} {_fmt(a.shape)} is an "
+                             f"index tensor ({t.dtype}) but was given {a.dtype} values; "
+                             "pass integers")
+        if a.shape != t.shape and not t.symbolic:
+            raise ShapeError(f"Program {self.name!r}: input {n!r} has shape {_fmt(a.shape)}, "
+                             f"declared {_fmt(t.shape)}")
+        return a
+
+    def check_inputs(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """Inputs as arrays, checked against the declared names and shapes."""
+        self._check_names(inputs)
         out = {}
-        for n, t in self._inputs.items():
-            a = np.asarray(inputs[n])
-            if a.dtype.kind not in "biuf":
-                raise DTypeError(f"Program {self.name!r}: input {n!r} {_fmt(a.shape)} has dtype "
-                                 f"{a.dtype}, not a real number type")
-            if _ops.is_index(t.dtype) and a.dtype.kind not in "iu":
-                raise DTypeError(f"Program {self.name!r}: input {n!r} {_fmt(a.shape)} is an "
-                                 f"index tensor ({t.dtype}) but was given {a.dtype} values; "
-                                 "pass integers")
-            if a.shape != t.shape and not t.symbolic:
-                raise ShapeError(f"Program {self.name!r}: input {n!r} has shape {_fmt(a.shape)}, "
-                                 f"declared {_fmt(t.shape)}")
+        for n in self._inputs:
+            a = self._check_input(n, inputs[n])
             out[n] = a
         if self.symbolic:
             self.bind({n: a.shape for n, a in out.items()})
@@ -312,22 +357,39 @@ class Program:
                              f"{', '.join(missing)} (evaluate(..., sizes=...))")
         if backend is not None:
             return self._evaluate_on(backend, inputs, sizes)
-        arrays = self.check_inputs(inputs)
+        self._check_names(inputs)
+        order = self.lean_order()
+        readers: dict[str, set[str]] = {}
+        for t, _ in order:
+            for i in t.inputs:
+                readers.setdefault(i.digest, set()).add(t.op)
+        outs = {t.digest for t in self._outputs.values()}
         vals: dict[str, np.ndarray] = {}
-        for t in self.nodes():
-            if t.op == "input":
-                vals[t.digest] = (arrays[t.name].astype(np.int64, copy=False)
-                                  if _ops.is_index(t.dtype) else
-                                  arrays[t.name].astype(dtype, copy=False))
+        for t, drop in order:
+            if t.op == "input":  # fetched at its first reader (inputs may be drawn lazily)
+                a = self._check_input(t.name, inputs[t.name])
+                if _ops.is_index(t.dtype):
+                    vals[t.digest] = a.astype(np.int64, copy=False)
+                elif readers.get(t.digest) == {"matmul"} and t.digest not in outs and \
+                        a.ndim >= 2 and a.dtype.kind == "f" and \
+                        a.dtype.itemsize < np.dtype(dtype).itemsize:
+                    vals[t.digest] = a  # widened a slice at a time by its matmuls
+                else:
+                    vals[t.digest] = a.astype(dtype, copy=False)
             elif t.op == "const":
                 vals[t.digest] = np.asarray(t.attr("value"), dtype=dtype)
             elif t.op == "mask":
                 vals[t.digest] = _ops.mask_values(t.shape, **t.attr_dict,
                                                   sizes=sizes).astype(dtype)
+            elif t.op == "matmul":
+                vals[t.digest] = _wide_matmul(vals[t.inputs[0].digest], vals[t.inputs[1].digest],
+                                              np.dtype(dtype), t.attr_dict)
             else:
                 # np.asarray: a full reduction gives a NumPy scalar; keep every value an array
                 vals[t.digest] = np.asarray(_ops.compute(t.op, [vals[i.digest] for i in t.inputs],
                                                          t.attr_dict)).astype(dtype, copy=False)
+            for d in drop:
+                del vals[d]
         # an output that is an input would otherwise alias the caller's array
         return {n: vals[t.digest].copy() if t.op == "input" else vals[t.digest]
                 for n, t in self._outputs.items()}
@@ -342,7 +404,7 @@ class Program:
             raise ProgramError(f"Program {self.name!r}: inputs {sorted(map(str, inputs))} do not "
                                f"match the declared {list(self._inputs)}")
         vals: dict[str, Any] = {}
-        for t in self.nodes():
+        for t, drop in self.lean_order():
             backend.annotate(f"program {self.name!r}: {t.op} {_fmt(t.shape)}")
             if t.op == "input":
                 v = inputs[t.name]
@@ -358,6 +420,8 @@ class Program:
             else:
                 vals[t.digest] = backend.compute(t.op, [vals[i.digest] for i in t.inputs],
                                                  t.attr_dict)
+            for d in drop:
+                del vals[d]
         return {n: vals[t.digest] for n, t in self._outputs.items()}
 
     def random_inputs(self, seed: int = 0, scale: float = 1.0,
@@ -517,6 +581,33 @@ class Output:
 
     def __repr__(self) -> str:
         return f"Output({self.name!r}, shape={_fmt(self.shape)}, dtype={self.dtype})"
+
+
+#: elements of a narrow (float16 / float32) matmul operand widened at once by ``_wide_matmul``
+WIDEN_CHUNK = 1 << 24
+
+
+def _wide_matmul(a: np.ndarray, b: np.ndarray, dtype: np.dtype, attrs: dict) -> np.ndarray:
+    """``a @ b`` in ``dtype`` where an operand is still in a narrower storage dtype (a weight
+    read by matmuls only, ``Program.evaluate``): the narrow operand widened a slice of columns
+    (of ``b``) or rows (of ``a``) at a time, so a float64 reference never holds a float64 copy
+    of a whole weight. The same float64 products as widening first (sums may round in another
+    order)."""
+    if (a.dtype == dtype and b.dtype == dtype) or a.ndim < 2 or b.ndim < 2:
+        a, b = a.astype(dtype, copy=False), b.astype(dtype, copy=False)
+        return np.asarray(_ops.compute("matmul", [a, b], attrs)).astype(dtype, copy=False)
+    if b.dtype != dtype:
+        a = a.astype(dtype, copy=False)
+        n = b.shape[-1]
+        step = max(1, WIDEN_CHUNK // max(1, b.size // max(n, 1)))
+        parts = [np.asarray(_ops.compute("matmul", [a, b[..., j:j + step].astype(dtype)], attrs))
+                 for j in range(0, n, step)]
+        return np.concatenate(parts, axis=-1).astype(dtype, copy=False)
+    m = a.shape[-2]
+    step = max(1, WIDEN_CHUNK // max(1, a.size // max(m, 1)))
+    parts = [np.asarray(_ops.compute("matmul", [a[..., i:i + step, :].astype(dtype), b], attrs))
+             for i in range(0, m, step)]
+    return np.concatenate(parts, axis=-2).astype(dtype, copy=False)
 
 
 def _from_json_attr(v: Any) -> Any:

@@ -101,6 +101,14 @@ def _is_tile(a: Any) -> bool:
     return getattr(a, "ndim", 0) >= 3
 
 
+def _widen(v: Any, be: Backend) -> Any:
+    """A float value as the backend computes on it (float16 input data kept as it is stored,
+    ``NumpyBackend.store``, widened where it is read); indices stay integers."""
+    if isinstance(v, np.ndarray) and v.dtype == np.float16:
+        return be.tile(v)
+    return v
+
+
 def _operand(o: Any, env: Mapping[str, Any], be: Backend) -> Any:
     return env[o] if isinstance(o, str) else be.scalar(o)
 
@@ -198,7 +206,7 @@ def _run_block(bg: BlockGraph, views: dict[str, Any], phases: dict[str, Phase],
             v = views[node.out]
             if node.fmap >= 0:
                 v = _slice_iteration(v, node.fmap, bg.forloop, it, be)
-            local[node.out] = v
+            local[node.out] = _widen(v, be)  # a float16 input widens one iteration's tiles
         elif isinstance(node, BlockOp):
             be.annotate(where[node.out])
             local[node.out] = be.tile(_block_op(node, local, be, dtypes))
@@ -301,7 +309,7 @@ def run_kernel_op(op: KernelOp, env: Mapping[str, Any], precision: str = "float6
     of each operand tensor, for the tensor cores' operand rounding of a matmul)."""
     be = backend if backend is not None else NumpyBackend(precision)
     be.annotate(f"kernel {op.op} -> {op.output.name!r}")
-    args = [_operand(o, env, be) for o in op.operands]
+    args = [_widen(env[o], be) if isinstance(o, str) else be.scalar(o) for o in op.operands]
     if op.op == "rms_norm":
         y = be.rms_norm(args[0], float(op.attr("eps", 1e-6)))
     elif op.op == "mask":
@@ -352,6 +360,7 @@ def run(graph: KernelGraph, inputs: Mapping[str, Any], precision: str = "float64
     else:
         be = backend
     env: dict[str, Any] = {}
+    raw: dict[str, DTensor] = {}
     tensors = graph.tensors()
     if not isinstance(inputs, Mapping):
         raise ProgramError(f"μGraph {graph.name!r}: inputs must be a dict name -> array, got "
@@ -359,6 +368,10 @@ def run(graph: KernelGraph, inputs: Mapping[str, Any], precision: str = "float64
     for t in graph.inputs:
         if t.name not in inputs:
             raise ProgramError(f"μGraph {graph.name!r}: missing input {t.name!r}")
+        raw[t.name] = t
+
+    def fetch(t: DTensor) -> Any:
+        """An input, checked, at its first reader (inputs may be drawn lazily)."""
         a = inputs[t.name]
         if backend is None:
             a = np.asarray(a)
@@ -368,12 +381,33 @@ def run(graph: KernelGraph, inputs: Mapping[str, Any], precision: str = "float64
         if tuple(a.shape) != t.shape:
             raise ShapeError(f"μGraph {graph.name!r}: input {t.name!r} has shape "
                              f"{tuple(a.shape)}, declared {t.shape}")
-        be.annotate(f"input {t.name!r}")
-        env[t.name] = be.input(a, t.dtype)
+        return a
+
     extra = set(inputs) - {t.name for t in graph.inputs}
     if extra:
         raise ProgramError(f"μGraph {graph.name!r}: unknown input(s) {sorted(extra)}")
+    # an input enters the backend at its first reader; a value no later kernel reads and no
+    # output is leaves after its last reader (memory follows the live values)
+    last: dict[str, int] = {}
     for k, op in enumerate(graph.ops):
+        for n in op.inputs:
+            last[n] = k
+    kept = set(graph.outputs)
+
+    def enter(names: Any) -> None:
+        for n in names:
+            if n in raw and n not in env:
+                a = fetch(raw[n])
+                be.annotate(f"input {n!r}")
+                env[n] = be.input(a, raw[n].dtype)
+
+    def leave(k: int, op: Any) -> None:
+        for n in set(op.inputs):
+            if last[n] == k and n not in kept:
+                del env[n]
+
+    for k, op in enumerate(graph.ops):
+        enter(op.inputs)
         if memo is not None:
             args = tuple(env[n] if isinstance(n, str) else n
                          for n in (op.operands if isinstance(op, KernelOp) else op.inputs))
@@ -382,6 +416,7 @@ def run(graph: KernelGraph, inputs: Mapping[str, Any], precision: str = "float64
             if hit is not None:
                 for t, v in zip(op.outputs, hit[1]):
                     env[t.name] = v
+                leave(k, op)
                 continue
         if isinstance(op, KernelOp):
             outs = [run_kernel_op(op, env, backend=be,
@@ -398,6 +433,11 @@ def run(graph: KernelGraph, inputs: Mapping[str, Any], precision: str = "float64
             while len(memo) >= MEMO_ENTRIES:
                 memo.pop(next(iter(memo)))
             memo[key] = (args, tuple(outs))  # args kept alive: their ids stay theirs
+        leave(k, op)
+    enter(graph.outputs)
+    for n, t in raw.items():  # inputs no kernel reads are still checked
+        if n not in last and n not in env:
+            fetch(t)
     # an output that is an input must not hand back the caller's own array
     inputs_set = {t.name for t in graph.inputs}
     return {n: (env[n].copy() if n in inputs_set and hasattr(env[n], "copy") else env[n])

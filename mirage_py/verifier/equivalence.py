@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import math
 import time
+import weakref
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -46,6 +48,54 @@ from .field import (SAFE_PRIMES, FieldBackend, FieldParams, FieldValue, random_i
 DEFAULT_BOUND = 1e-9
 _MODULI = tuple(SAFE_PRIMES) + tuple((p - 1) // 2 for p in SAFE_PRIMES)
 MAX_TESTS = 64
+#: the random inputs all verifiers of one process keep between candidates, together: a search
+#: keeps one verifier per structure (superopt's ``Run.verifier``), and a per-verifier budget
+#: let a layer's dozen structures hold a gigabyte each
+CACHE_BYTES = 1 << 30
+
+
+class _InputCache:
+    """The process-wide budget of kept test inputs (:data:`CACHE_BYTES`), least recently used
+    verifier evicted first: its tests' inputs are drawn again (the same seeds, the same
+    values) when it next needs them; the program's outputs stay cached."""
+
+    def __init__(self) -> None:
+        self.kept: OrderedDict[int, tuple[weakref.ref, int]] = OrderedDict()
+
+    def total(self) -> int:
+        return sum(n for ref, n in self.kept.values() if ref() is not None)
+
+    def touch(self, v: "Verifier") -> None:
+        if id(v) in self.kept:
+            self.kept.move_to_end(id(v))
+
+    def admit(self, v: "Verifier", size: int, budget: int) -> bool:
+        """Make room for ``size`` more bytes of ``v``'s (evicting other verifiers' inputs,
+        oldest first); False when it cannot fit in ``budget`` even so."""
+        if size > budget:
+            return False
+        for key in list(self.kept):
+            ref, n = self.kept[key]
+            other = ref()
+            if other is None:
+                del self.kept[key]
+                continue
+            if self.total() + size <= budget:
+                break
+            if other is not v:
+                other._drop_inputs()
+                del self.kept[key]
+        if self.total() + size > budget:
+            return False
+        ref, n = self.kept.pop(id(v), (weakref.ref(v), 0))
+        self.kept[id(v)] = (ref, n + size)
+        return True
+
+    def forget(self, v: "Verifier") -> None:
+        self.kept.pop(id(v), None)
+
+
+_INPUTS = _InputCache()
 
 
 @dataclass
@@ -91,6 +141,11 @@ class VerifyResult:
     zero_divisor_tests: int = 0
     mismatch: Mismatch | None = None
     reason: str = ""
+    # long extents -> the shrunk extents the tests ran at (verification at shrunk sizes,
+    # shrink.py); empty when the tests ran at full size
+    shrunk: dict[int, int] = field(default_factory=dict)
+    # why the shrunk check did not apply (full size was checked instead)
+    full_size_why: str = ""
 
     def __bool__(self) -> bool:
         return self.equivalent
@@ -102,6 +157,9 @@ class VerifyResult:
              f"{f', exp-argument degree {self.exp_degree}' if self.uses_exp else ''})")
         if self.inconclusive:
             s += f"; {self.inconclusive} inconclusive test(s) replaced"
+        if self.shrunk:
+            s += ("; at shrunk sizes " +
+                  ", ".join(f"{e}->{n}" for e, n in sorted(self.shrunk.items())))
         if self.mismatch is not None:
             s += f"\n  {self.mismatch}"
         elif self.reason:
@@ -169,13 +227,14 @@ def needed_tests(eps: float, target: float = DEFAULT_BOUND) -> int:
 
 class Verifier:
     """Verifies candidates against one program, caching what does not depend on the candidate
-    (the program's degrees, and per test the program's outputs and -- within ``cache_bytes`` in
-    all -- the random inputs, plus memoised kernels of earlier candidates). :func:`verify`
+    (the program's degrees, and per test the program's outputs and -- within ``cache_bytes``,
+    shared by every verifier of the process (:data:`CACHE_BYTES`), least recently used evicted
+    first -- the random inputs, plus memoised kernels of earlier candidates). :func:`verify`
     builds one per call; a search that checks many candidates of the same program keeps one."""
 
     def __init__(self, program: Program, *, seed: int = 0, target: Any = "h100",
-                 bound_target: float = DEFAULT_BOUND, cache_bytes: int = 1 << 30,
-                 sizes: Mapping[str, int] | None = None):
+                 bound_target: float = DEFAULT_BOUND, cache_bytes: int | None = None,
+                 sizes: Mapping[str, int] | None = None, shrink: bool = True):
         _check_program(program)
         # a padded program's masks name its valid sizes: verify it for the binding ``sizes``
         self.sizes = dict(sizes or {})
@@ -190,12 +249,16 @@ class Verifier:
         self.seed = int(seed)
         self.target = target
         self.bound_target = bound_target
-        self.cache_bytes = cache_bytes
+        self.cache_bytes = CACHE_BYTES if cache_bytes is None else int(cache_bytes)
         deg = DegreeBackend(_MODULI)
         self.ref_degrees = program.evaluate({t.name: Shaped(t.shape) for t in program.inputs},
                                             backend=deg)
         self.ref_exp_arg = deg.max_exp_arg
         self.ref_exp = deg.exp_count > 0
+        self.ref_uf_arg = deg.max_uf_arg
+        # verification at shrunk sizes (shrink.py): one verifier per size map
+        self.shrink = shrink
+        self._shrunk: dict[tuple, Verifier] = {}
         self._tests: dict[int, tuple[FieldParams, dict[str, FieldValue] | None,
                                      dict[str, np.ndarray], bool, dict]] = {}
         self._cached_bytes = 0
@@ -218,6 +281,7 @@ class Verifier:
         """Field, inputs, canonical program outputs, whether a zero divisor reached them, and
         the kernel memo of this test (None when the inputs are too big to keep)."""
         hit = self._tests.get(test)
+        _INPUTS.touch(self)
         if hit is not None:
             params, inputs, ref, zero, memo = hit
             if inputs is None:
@@ -232,11 +296,20 @@ class Verifier:
         size = sum(v.nbytes if isinstance(v, np.ndarray) else
                    v.p.nbytes + (v.q.get()[0].nbytes if v.q is not None and v.q.forced else 0)
                    for v in inputs.values())
-        keep = self._cached_bytes + size <= self.cache_bytes
+        keep = _INPUTS.admit(self, size, self.cache_bytes)
         if keep:
             self._cached_bytes += size
         self._tests[test] = (params, inputs if keep else None, ref, zero, {} if keep else None)
         return params, inputs, ref, zero, self._tests[test][4]
+
+    def _drop_inputs(self) -> None:
+        """Let the kept inputs and kernel memos go (the process budget needs the room)."""
+        for test, (params, inputs, ref, zero, memo) in list(self._tests.items()):
+            self._tests[test] = (params, None, ref, zero, None)
+        self._cached_bytes = 0
+
+    def __del__(self) -> None:
+        _INPUTS.forget(self)
 
     def forget_kernels(self) -> None:
         """Drop the memoised kernel results (the program side stays cached)."""
@@ -266,7 +339,15 @@ class Verifier:
         n_tests = needed if tests is None else int(tests)
         if n_tests < 1:
             raise VerifierArgumentError(f"verify: tests must be >= 1, got {tests!r}")
-        result = VerifyResult(False, 1.0, 0, 0.0, eps, needed, d, d_exp, uses_exp)
+        why = ""
+        if self.shrink:
+            small, why = self._check_shrunk(graph, n_tests, d, d_exp,
+                                            max(self.ref_uf_arg, deg.max_uf_arg))
+            if small is not None:
+                small.seconds = time.perf_counter() - start
+                return small
+        result = VerifyResult(False, 1.0, 0, 0.0, eps, needed, d, d_exp, uses_exp,
+                              full_size_why=why)
         passed = 0
         test = 0
         max_inconclusive = max(8, n_tests)
@@ -302,6 +383,28 @@ class Verifier:
             result.bound = min(1.0, eps ** passed) if eps > 0 else 0.0
         result.seconds = time.perf_counter() - start
         return result
+
+    def _check_shrunk(self, graph: KernelGraph, tests: int, d: int, d_exp: int,
+                      d_uf: int) -> tuple[VerifyResult | None, str]:
+        """The check at shrunk sizes (shrink.py; docs/verifier.md "Verification at shrunk
+        sizes") when the argument applies and its degree bound is the full size's; else None and
+        why not (then the full size is checked)."""
+        from .shrink import shrink
+        sh = shrink(self.program, graph, max(d, d_exp, d_uf), self.target)
+        if not sh:
+            return None, sh.why
+        key = tuple(sorted(sh.sizes.items()))
+        small = self._shrunk.get(key)
+        if small is None:
+            small = self._shrunk[key] = Verifier(
+                sh.program, seed=self.seed, target=self.target, bound_target=self.bound_target,
+                cache_bytes=self.cache_bytes, shrink=False)
+        r = small.check(sh.graph, tests)
+        if r.degree != d or r.exp_degree != d_exp or small.ref_uf_arg != self.ref_uf_arg:
+            return None, (f"the degree bound depends on the extents (full size {d}/{d_exp}, "
+                          f"shrunk {r.degree}/{r.exp_degree})")
+        r.shrunk = dict(sh.sizes)
+        return r, ""
 
     @staticmethod
     def _compare(ref: Mapping[str, np.ndarray], out: Mapping[str, FieldValue], be: FieldBackend,

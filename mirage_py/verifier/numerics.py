@@ -67,49 +67,107 @@ class Probe:
         return self.scale == 1.0 or any(t.dtype != "float16" for t in program.inputs)
 
     def inputs(self, program: Program, seed: int,
-               stored: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+               stored: Mapping[str, np.ndarray] | None = None) -> Mapping[str, np.ndarray]:
         """The probe's inputs as their device tensors hold them (float16 arrays, float32 arrays
         of bfloat16 or float32 values), derived from ``stored`` (:func:`stored_inputs` for
         ``seed``; drawn when not given): scaled by powers of two, so a value moves exactly or
-        rounds as storage would."""
+        rounds as storage would. Drawn lazily, input by input, when ``stored`` is
+        (:class:`LazyInputs`: inputs too large to keep)."""
         stored = stored_inputs(program, seed) if stored is None else stored
+        if isinstance(stored, LazyInputs):
+            index = {t.name: i for i, t in enumerate(program.inputs)}
+            types = {t.name: t for t in program.inputs}
+            return LazyInputs(
+                list(index), lambda n: self._one(types[n], stored[n], np.random.default_rng(
+                    [seed, int(self.outlier), index[n]])), keep_bytes=0)
         rng = np.random.default_rng([seed, int(self.outlier)])
-        out = {}
-        for t in program.inputs:
-            x = stored[t.name]
-            if is_index(t.dtype):  # indices are no magnitudes: the same valid rows
-                out[t.name] = x
-                continue
-            s = min(self.scale, FLOAT16_SCALE_CAP if t.dtype == "float16" else math.inf)
-            if s != 1.0:  # (float16 arithmetic in NumPy is slow: scale in float32)
-                x = (x.astype(np.float32) * np.float32(s)).astype(x.dtype)
-            if self.outlier and t.shape and t.shape[-1] > 2 * self.outliers:
-                cols = rng.choice(t.shape[-1], self.outliers, replace=False)
-                x = x.copy() if x is stored[t.name] else x
-                x[..., cols] = (x[..., cols].astype(np.float32) *
-                                np.float32(self.outlier)).astype(x.dtype)
-            out[t.name] = x
-        return out
+        return {t.name: self._one(t, stored[t.name], rng) for t in program.inputs}
+
+    def _one(self, t: Any, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """One input under this probe (``rng`` picks its outlier features)."""
+        if is_index(t.dtype):  # indices are no magnitudes: the same valid rows
+            return x
+        original = x
+        s = min(self.scale, FLOAT16_SCALE_CAP if t.dtype == "float16" else math.inf)
+        if s != 1.0:  # (float16 arithmetic in NumPy is slow: scale in float32)
+            x = (x.astype(np.float32) * np.float32(s)).astype(x.dtype)
+        if self.outlier and t.shape and t.shape[-1] > 2 * self.outliers:
+            cols = rng.choice(t.shape[-1], self.outliers, replace=False)
+            x = x.copy() if x is original else x
+            x[..., cols] = (x[..., cols].astype(np.float32) *
+                            np.float32(self.outlier)).astype(x.dtype)
+        return x
 
 
-def stored_inputs(program: Program, seed: int = 0) -> dict[str, np.ndarray]:
+#: the inputs of one numerics check drawn all at once up to this size (bytes as stored); a
+#: larger program's are drawn input by input when read (:class:`LazyInputs`), so a check
+#: holds one weight at a time
+EAGER_BYTES = 1 << 30
+
+
+class LazyInputs(Mapping):
+    """Inputs drawn when read (``draw(name)``), kept while the kept ones stay within
+    ``keep_bytes``: what a check of a model-size program reads one at a time."""
+
+    def __init__(self, names: list[str], draw: Any, keep_bytes: int = 256 << 20):
+        self.names, self.draw, self.keep_bytes = list(names), draw, keep_bytes
+        self.kept: dict[str, np.ndarray] = {}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self.names:
+            raise KeyError(name)
+        x = self.kept.get(name)
+        if x is None:
+            x = self.draw(name)
+            if sum(v.nbytes for v in self.kept.values()) + x.nbytes <= self.keep_bytes:
+                self.kept[name] = x
+        return x
+
+    def __iter__(self):
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
+def stored_inputs(program: Program, seed: int = 0) -> Mapping[str, np.ndarray]:
     """Unit normal inputs for ``seed`` as the program's input tensors store them: float16 arrays
     for float16, float32 arrays of bfloat16 values for bfloat16, float32 arrays for float32
     (drawn in float32: a quarter to a half of float64's memory and time; the interpreter takes
     float16 data without re-rounding it, and the float64 reference sees exactly what the device
-    would)."""
-    from ..lax.ops import storage_round
-    rng = np.random.default_rng(seed)
+    would). Above :data:`EAGER_BYTES` a :class:`LazyInputs`, drawn input by input."""
     bounds = program.index_bounds()
-    out = {}
-    for t in program.inputs:
-        if t.name in bounds:  # an index input: valid indices, as random_inputs draws them
-            out[t.name] = rng.integers(0, bounds[t.name], size=t.shape, dtype=np.int64)
-            continue
-        x = rng.standard_normal(t.shape, dtype=np.float32)
-        out[t.name] = x.astype(np.float16) if t.dtype == "float16" else \
-            storage_round(x, t.dtype)
-    return out
+    size = sum(int(np.prod(t.shape, dtype=np.int64)) * (2 if t.dtype == "float16" else 4)
+               for t in program.inputs)
+    if size > EAGER_BYTES:  # one input at a time, each from a seed of its own
+        index = {t.name: i for i, t in enumerate(program.inputs)}
+        types = {t.name: t for t in program.inputs}
+        return LazyInputs(list(index), lambda n: _draw(
+            types[n], bounds, np.random.default_rng([seed, index[n]]), chunked=True))
+    rng = np.random.default_rng(seed)
+    return {t.name: _draw(t, bounds, rng) for t in program.inputs}
+
+
+#: float32 normals drawn at once when a float16 input is drawn a piece at a time
+DRAW_CHUNK = 1 << 24
+
+
+def _draw(t: Any, bounds: Mapping[str, int], rng: np.random.Generator,
+          chunked: bool = False) -> np.ndarray:
+    """One input's unit normals (valid indices for an index input) as its tensor stores them;
+    ``chunked``: a float16 input filled a piece at a time (no float32 copy of all of it)."""
+    from ..lax.ops import storage_round
+    if t.name in bounds:  # an index input: valid indices, as random_inputs draws them
+        return rng.integers(0, bounds[t.name], size=t.shape, dtype=np.int64)
+    if chunked and t.dtype == "float16":
+        out = np.empty(t.shape, dtype=np.float16)
+        flat = out.reshape(-1)
+        for i in range(0, flat.size, DRAW_CHUNK):
+            j = min(flat.size, i + DRAW_CHUNK)
+            flat[i:j] = rng.standard_normal(j - i, dtype=np.float32)
+        return out
+    x = rng.standard_normal(t.shape, dtype=np.float32)
+    return x.astype(np.float16) if t.dtype == "float16" else storage_round(x, t.dtype)
 
 
 #: the magnitudes the numerics check tries (module doc); powers of two, so that a scaled input
@@ -332,6 +390,24 @@ _NAIVE_REPORTS: dict[tuple, NumericsReport] = {}
 _NAIVE_REPORTS_KEPT = 256
 
 
+# the program's float64 outputs by (program, probe, seed): every candidate of a structure is
+# compared on the same inputs, so the reference is evaluated once (its inputs drawn once)
+_REFERENCES: dict[tuple, dict[str, Any]] = {}
+_REFERENCES_KEPT = 64
+
+
+def _reference(program: Program, probe: Probe, seed: int, x: Mapping[str, Any]
+               ) -> dict[str, Any]:
+    key = (program.structural_hash(), probe, seed)
+    ref = _REFERENCES.get(key)
+    if ref is None:
+        ref = program.evaluate(x)
+        if len(_REFERENCES) >= _REFERENCES_KEPT:
+            _REFERENCES.pop(next(iter(_REFERENCES)))
+        _REFERENCES[key] = ref
+    return ref
+
+
 def numerics_verdict(program: Program, candidate: KernelGraph, naive: KernelGraph, *,
                      seed: int = 0, target: Any = "h100",
                      probes: tuple[Probe, ...] = PROBES,
@@ -349,7 +425,7 @@ def numerics_verdict(program: Program, candidate: KernelGraph, naive: KernelGrap
         if not probe.tells(program):
             continue
         x = probe.inputs(program, seed, stored)
-        ref = program.evaluate(x)
+        ref = _reference(program, probe, seed, x)
         c = check_numerics(program, candidate, x, target=target, reference=ref)
         if c.ok:
             continue
@@ -366,5 +442,5 @@ def numerics_verdict(program: Program, candidate: KernelGraph, naive: KernelGrap
 
 
 __all__ = ["check_numerics", "numerics_verdict", "NumericsVerdict", "Probe", "PROBES",
-           "stored_inputs",
+           "stored_inputs", "LazyInputs", "EAGER_BYTES",
            "NumericsReport", "NumericEvent", "OutputError", "CheckingBackend"]

@@ -1,0 +1,267 @@
+"""Verification at shrunk sizes: the same μGraph structure, fewer blocks or shorter tiles (issue
+#29, item 4).
+
+A region of a model-size program (an 8B layer's MLP: three 4096 x 14336 weights) needs its
+inputs as field values at full size -- gigabytes -- although what decides equivalence is the
+structure, not the extents. :func:`shrink` builds, for a program ``P`` and a candidate ``G``, a
+smaller pair ``(P', G')`` whose equivalence implies ``G = P``, or says why it cannot
+(:class:`Shrink` with ``why``):
+
+* every long extent ``E`` (at least :data:`LONG` elements) becomes ``E / k_E`` (``k_E`` a power
+  of two, the largest that works); ``P'`` is ``P`` with its dims of extent ``E`` made
+  ``E / k_E``, every node re-inferred, every constant kept (a mean's ``1/4096`` stays
+  ``1/4096``: a coefficient, the same in ``P'`` and ``G'``);
+* ``G'`` is ``G`` with every tensor dim of extent ``E`` made ``E / k_E`` and the same kernels and
+  block programs; each cut of such a dim either keeps its tile, the grid axis or loop that cuts
+  it making ``k_E`` times fewer parts (``_fewer_blocks``), or keeps its parts with a ``k_E``
+  times shorter tile; every shortened range (parts or tile) keeps at least
+  ``max(2, delta)``, ``delta`` the degree bound of the check at full size (numerator and
+  denominator degrees of the difference, the largest exp and uninterpreted-function argument).
+
+Why ``G' = P'`` implies ``G = P`` (docs/verifier.md, "Verification at shrunk sizes"): an index
+``i`` of a shrunk dim is ``(block, iteration, offset)`` at both sizes, only the ranges' lengths
+changed. The allowed operators never read an index value: each acts position-wise or reduces a
+whole range (sum, max, min, matmul contraction); iterators hand each block and iteration its
+slice, accumulators fold iterations with the same step, savers write each block's slice; masks,
+slices, concatenations, reshapes, gathers and the pre-defined ``rms_norm`` (a ``1/extent`` of
+its own) are refused (``why``). So the difference ``D = P - G`` is built the same way at every
+length: a monomial of its expansion (exp values and function values as variables, their
+arguments by induction) names at most ``delta`` distinct values of each range, and its
+coefficient depends on which of them coincide (and their order), never on the range's length;
+every such pattern occurs in a range of at least ``delta``. So ``D' == 0`` forces every
+coefficient to vanish, and ``D == 0``. The degree bound is recomputed at the shrunk size and must
+be the same (a bound that grew with the extent -- distinct denominators summed -- refuses).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ..errors import MirageError
+from ..lax.ops import OPS
+from ..lax.program import Program
+from ..ugraph.graph import GraphKernel, InputIter, KernelGraph, KernelOp, MaskIter, \
+    OutputSaver, iter_source
+
+#: extents at least this long are shrunk
+LONG = 1024
+
+# block and kernel operators that read positions or carry extents of their own
+_POSITIONAL = frozenset({"slice", "concat", "reshape", "mask", "take", "rms_norm"})
+
+
+@dataclass(frozen=True)
+class Shrink:
+    """What :func:`shrink` made: ``sizes`` (long extent -> shrunk extent), the shrunk program
+    and candidate; or ``why`` it does not apply (then ``program`` and ``graph`` are None)."""
+
+    sizes: dict[int, int] = field(default_factory=dict)
+    program: Program | None = None
+    graph: KernelGraph | None = None
+    why: str = ""
+
+    def __bool__(self) -> bool:
+        return self.program is not None
+
+
+def _positional_program(program: Program) -> list[str]:
+    return sorted({t.op for t in program.nodes()
+                   if t.op in _POSITIONAL or (t.op not in ("input", "const")
+                                              and t.op not in OPS)})
+
+
+def _positional_graph(graph: KernelGraph) -> list[str]:
+    bad = set()
+    for op in graph.ops:
+        if isinstance(op, KernelOp):
+            if op.op in _POSITIONAL:
+                bad.add(op.op)
+            continue
+        for n in op.block.ops:
+            if isinstance(n, MaskIter):
+                bad.add("mask")
+            elif isinstance(n, InputIter) and n.gather >= 0:
+                bad.add("take")
+            elif getattr(n, "op", None) in _POSITIONAL:
+                bad.add(n.op)
+    return sorted(bad)
+
+
+def _cuts(graph: KernelGraph) -> list[tuple[int, int]]:
+    """Every (extent, tile) the graph cuts, in graph order: a graph kernel's iterators and
+    savers (the extent over the grid axes and the loop that split the dim), a pre-defined
+    kernel's operands and output (whole)."""
+    tensors = graph.tensors()
+    out: list[tuple[int, int]] = []
+    for op in graph.ops:
+        if isinstance(op, KernelOp):
+            out += [(e, e) for name in op.inputs + (op.output.name,)
+                    for e in tensors[name].shape]
+            continue
+        ins = [tensors[n] for n in op.inputs]
+        b = op.block
+        for n in b.ops:
+            if isinstance(n, InputIter):
+                shape, imap, fmap = iter_source(n, ins).shape, n.imap, n.fmap
+            elif isinstance(n, OutputSaver):
+                shape, imap, fmap = op.outputs[n.output].shape, n.omap, -1
+            else:
+                continue
+            for d, e in enumerate(shape):
+                parts = 1
+                for a in range(3):
+                    if imap[a] == d:
+                        parts *= b.grid[a]
+                if fmap == d:
+                    parts *= b.forloop
+                out.append((e, e // max(parts, 1)))
+    return out
+
+
+def tiles(graph: KernelGraph) -> dict[int, set[int]]:
+    """Per long extent (at least :data:`LONG`), the tile extents the graph cuts from its dims."""
+    out: dict[int, set[int]] = {}
+    for e, t in _cuts(graph):
+        if e >= LONG:
+            out.setdefault(e, set()).add(t)
+    return out
+
+
+def _resized(shape: tuple, sizes: dict[int, int]) -> tuple:
+    return tuple(sizes.get(d, d) if isinstance(d, int) else d for d in shape)
+
+
+def small_program(program: Program, sizes: dict[int, int]) -> Program:
+    """``program`` with every dim of an extent in ``sizes`` shrunk, constants and attributes
+    kept; the format's own reader re-infers every node and refuses (``SerializationError``) a
+    node whose shape does not follow."""
+    doc = program.to_json()
+    for nd in doc["nodes"]:
+        nd["shape"] = [sizes.get(d, d) if isinstance(d, int) else d for d in nd["shape"]]
+    return Program.from_json(doc)
+
+
+def _split_extents(op: GraphKernel, tensors: dict) -> dict[Any, set[int]]:
+    """Per grid axis (0, 1, 2) and the loop ("loop"): the extents of the dims it cuts."""
+    ins = [tensors[n] for n in op.inputs]
+    out: dict[Any, set[int]] = {}
+    for n in op.block.ops:
+        if isinstance(n, InputIter):
+            shape, imap, fmap = iter_source(n, ins).shape, n.imap, n.fmap
+        elif isinstance(n, OutputSaver):
+            shape, imap, fmap = op.outputs[n.output].shape, n.omap, -1
+        else:
+            continue
+        for a in range(3):
+            if imap[a] >= 0:
+                out.setdefault(a, set()).add(shape[imap[a]])
+        if fmap >= 0:
+            out.setdefault("loop", set()).add(shape[fmap])
+    return out
+
+
+def _fewer_blocks(op: GraphKernel, tensors: dict, factors: dict[int, int],
+                  least: int) -> GraphKernel:
+    """``op`` with each grid axis and loop that cuts dims of one long extent ``E`` only, and has
+    at least ``least * k_E`` parts, cut into ``k_E`` times fewer (at most one per extent): its
+    tiles along that extent keep their length."""
+    grid, loop = list(op.block.grid), op.block.forloop
+    done = set()
+    for axis, extents in sorted(_split_extents(op, tensors).items(), key=lambda x: str(x[0])):
+        if len(extents) != 1:
+            continue
+        e = next(iter(extents))
+        k = factors.get(e, 1)
+        if k == 1 or e in done:
+            continue
+        count = loop if axis == "loop" else grid[axis]
+        if count % k or count // k < least:
+            continue
+        done.add(e)
+        if axis == "loop":
+            loop //= k
+        else:
+            grid[axis] //= k
+    return replace(op, block=replace(op.block, grid=tuple(grid), forloop=loop))
+
+
+def small_graph(graph: KernelGraph, sizes: dict[int, int], least: int | None = None
+                ) -> KernelGraph:
+    """``graph`` with every tensor dim of an extent in ``sizes`` shrunk; with ``least``, grid
+    axes and loops with at least ``least`` parts left cut into fewer (``_fewer_blocks``)
+    instead of their tiles shortened; nothing else changed."""
+    tensors = graph.tensors()
+    factors = {e: e // n for e, n in sizes.items()}
+    ops = []
+    for op in graph.ops:
+        if least is not None and isinstance(op, GraphKernel):
+            op = _fewer_blocks(op, tensors, factors, least)
+        if isinstance(op, KernelOp):
+            ops.append(replace(op, output=replace(op.output,
+                                                  shape=_resized(op.output.shape, sizes))))
+        else:
+            ops.append(replace(op, outputs=tuple(replace(t, shape=_resized(t.shape, sizes))
+                                                 for t in op.outputs)))
+    return KernelGraph(graph.name, tuple(replace(t, shape=_resized(t.shape, sizes))
+                                         for t in graph.inputs), tuple(ops), graph.outputs)
+
+
+def shrink(program: Program, graph: KernelGraph, delta: int, target: Any = "h100") -> Shrink:
+    """The shrunk pair for ``program`` and ``graph`` (module doc), ``delta`` the degree bound of
+    their check at full size; a :class:`Shrink` saying why not when the argument does not
+    apply or nothing is long enough to shrink."""
+    from ..ugraph.validate import validate
+    if program.params or program.symbolic:
+        return Shrink(why="a symbolic or padded program")
+    bad = _positional_program(program) + _positional_graph(graph)
+    if bad:
+        return Shrink(why=f"operators that read positions or extents: {sorted(set(bad))}")
+    least = max(2, int(delta))
+    factors: dict[int, int] = {}
+    why = "no long extent can be shrunk"
+    for e in sorted(tiles(graph), reverse=True):
+        k = 2 ** max(0, (e // least).bit_length() - 1)
+        while k > 1:
+            trial = {**factors, e: k}
+            got, why_not = _shrunk_graph(graph, trial, least, target)
+            if got is not None:
+                factors = trial
+                break
+            why = why_not
+            k //= 2
+    if not factors:
+        return Shrink(why=why)
+    sizes = {e: e // k for e, k in factors.items()}
+    g, why = _shrunk_graph(graph, factors, least, target)
+    if g is None:
+        return Shrink(why=why)
+    try:
+        p = small_program(program, sizes)
+    except MirageError as e:
+        return Shrink(why=f"the shrunk program is not valid: {e}")
+    return Shrink(sizes, p, g)
+
+
+def _shrunk_graph(graph: KernelGraph, factors: dict[int, int], least: int,
+                  target: Any) -> tuple[KernelGraph | None, str]:
+    """The shrunk candidate for ``factors`` (long extent -> k), or None and why: every cut of
+    an extent ``E`` either keeps its tile (fewer blocks or iterations, at least ``least``) or
+    gets a tile ``k_E`` times shorter, at least ``least`` long; valid on the target."""
+    from ..ugraph.validate import validate
+    if any(e % k for e, k in factors.items()):
+        return None, "an extent is not divisible"
+    sizes = {e: e // k for e, k in factors.items()}
+    g = small_graph(graph, sizes, least)
+    try:
+        validate(g, target)
+    except MirageError as e:
+        return None, f"the shrunk graph is not valid: {e}"
+    for (e, t), (e2, t2) in zip(_cuts(graph), _cuts(g)):
+        k = factors.get(e, 1)
+        if e2 * k != e or not (t2 == t or (t2 * k == t and t2 >= least)):
+            return None, f"extent {e}: a tile of {t} became {t2}"
+    return g, ""
+
+
+__all__ = ["shrink", "Shrink", "small_program", "small_graph", "tiles", "LONG"]
