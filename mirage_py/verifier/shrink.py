@@ -36,7 +36,7 @@ be the same (a bound that grew with the extent -- distinct denominators summed -
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Iterator
 
 from ..errors import MirageError
 from ..lax.ops import OPS
@@ -99,15 +99,8 @@ def _cuts(graph: KernelGraph) -> list[tuple[int, int]]:
             out += [(e, e) for name in op.inputs + (op.output.name,)
                     for e in tensors[name].shape]
             continue
-        ins = [tensors[n] for n in op.inputs]
         b = op.block
-        for n in b.ops:
-            if isinstance(n, InputIter):
-                shape, imap, fmap = iter_source(n, ins).shape, n.imap, n.fmap
-            elif isinstance(n, OutputSaver):
-                shape, imap, fmap = op.outputs[n.output].shape, n.omap, -1
-            else:
-                continue
+        for shape, imap, fmap in _iterated(op, tensors):
             for d, e in enumerate(shape):
                 parts = 1
                 for a in range(3):
@@ -117,6 +110,17 @@ def _cuts(graph: KernelGraph) -> list[tuple[int, int]]:
                     parts *= b.forloop
                 out.append((e, e // max(parts, 1)))
     return out
+
+
+def _iterated(op: GraphKernel, tensors: dict) -> Iterator[tuple[tuple, tuple, int]]:
+    """``(shape, imap, fmap)`` of each input iterator and output saver of a graph kernel: the
+    dims its grid axes and loop cut (``fmap`` -1 for a saver)."""
+    ins = [tensors[n] for n in op.inputs]
+    for n in op.block.ops:
+        if isinstance(n, InputIter):
+            yield iter_source(n, ins).shape, n.imap, n.fmap
+        elif isinstance(n, OutputSaver):
+            yield op.outputs[n.output].shape, n.omap, -1
 
 
 def tiles(graph: KernelGraph) -> dict[int, set[int]]:
@@ -138,21 +142,14 @@ def small_program(program: Program, sizes: dict[int, int]) -> Program:
     node whose shape does not follow."""
     doc = program.to_json()
     for nd in doc["nodes"]:
-        nd["shape"] = [sizes.get(d, d) if isinstance(d, int) else d for d in nd["shape"]]
+        nd["shape"] = list(_resized(tuple(nd["shape"]), sizes))
     return Program.from_json(doc)
 
 
 def _split_extents(op: GraphKernel, tensors: dict) -> dict[Any, set[int]]:
     """Per grid axis (0, 1, 2) and the loop ("loop"): the extents of the dims it cuts."""
-    ins = [tensors[n] for n in op.inputs]
     out: dict[Any, set[int]] = {}
-    for n in op.block.ops:
-        if isinstance(n, InputIter):
-            shape, imap, fmap = iter_source(n, ins).shape, n.imap, n.fmap
-        elif isinstance(n, OutputSaver):
-            shape, imap, fmap = op.outputs[n.output].shape, n.omap, -1
-        else:
-            continue
+    for shape, imap, fmap in _iterated(op, tensors):
         for a in range(3):
             if imap[a] >= 0:
                 out.setdefault(a, set()).add(shape[imap[a]])
