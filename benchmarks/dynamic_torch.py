@@ -155,7 +155,7 @@ def markdown(doc: dict) -> str:
         mean = statistics.mean(k["seconds"] for k in calls) / c["first_compile_s"]
         lines.append(f"- dynamic={c['dynamic']}: mean call / first compile {mean:.3f} over all "
                      f"held-out shapes; {statistics.mean(k['seconds'] for k in no_one) / c['first_compile_s']:.3f}"
-                     f" without length 1 (a structure of its own: PyTorch specialises size 1); "
+                     f" without length 1 (where PyTorch specialises the graph: no causal mask); "
                      f"first compile {c['first_compile_s'] / static['first_compile_s']:.2f}x "
                      "the static one; searches in all "
                      f"{calls[-1]['searches'] if calls else c['first_searches']}.")
@@ -191,7 +191,15 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="1 layer, fewer lengths")
     ap.add_argument("--out", default=str(RESULTS / "dynamic_torch"))
+    ap.add_argument("--render", action="store_true",
+                    help="rewrite the .md from the .json already written (no run)")
     args = ap.parse_args(argv)
+    if args.render:
+        import json
+        from pathlib import Path
+        doc = json.loads(Path(args.out + ".json").read_text())
+        Path(args.out + ".md").write_text(markdown(doc))
+        return
     print(write_results(args.out, run(args.quick), markdown))
 
 
