@@ -78,22 +78,27 @@ def ours(layer, args, budget_s: float, workers: int) -> dict:
     passes = {}
     for p in aot.passes():
         (g,) = p.graphs.values()
-        rows = g.region_rows()
         passes[p.which.value] = {
-            "regions": sum(1 for r in rows if r["kernels"]),
+            **_summary(g.region_rows(), g.eager_rows()),
+            "saved_activations": p.saved if p.which.value == "forward" else None,
+        }
+    return {"passes": passes, "seconds": round(seconds, 1), "load_before": round(load, 2),
+            "load_after": round(os.getloadavg()[0], 2), "budget_s": budget_s,
+            "workers": workers}
+
+
+def _summary(rows: list[dict], eager: list[dict]) -> dict:
+    """One graph's regions (``region_rows``) and eager operators (``eager_rows``) as a table
+    row: regions with kernels, kernels and predicted time naive -> found, verified, search."""
+    return {"regions": sum(1 for r in rows if r["kernels"]),
             "kernels_naive": sum(r["kernels_naive"] for r in rows),
             "kernels": sum(r["kernels"] for r in rows),
             "predicted_naive_us": round(sum(r["naive_us"] for r in rows), 1),
             "predicted_us": round(sum(r["us"] for r in rows), 1),
             "verified": all(r["verified"] for r in rows),
-            "eager_ops": sorted({e["op"] for e in g.eager_rows()}),
-            "eager_count": len(g.eager_rows()),
-            "saved_activations": p.saved if p.which.value == "forward" else None,
-            "search_s": round(sum(r["search_seconds"] for r in rows), 1),
-        }
-    return {"passes": passes, "seconds": round(seconds, 1), "load_before": round(load, 2),
-            "load_after": round(os.getloadavg()[0], 2), "budget_s": budget_s,
-            "workers": workers}
+            "eager_ops": sorted({e["op"] for e in eager}),
+            "eager_count": len(eager),
+            "search_s": round(sum(r["search_seconds"] for r in rows), 1)}
 
 
 def inference(layer, args, budget_s: float, workers: int) -> dict:
@@ -103,17 +108,9 @@ def inference(layer, args, budget_s: float, workers: int) -> dict:
     t0 = time.perf_counter()
     cm = mp.compile(layer, tuple(a.detach() for a in args), workers=workers,
                     time_budget_s=budget_s, progress=False, database=False)
-    rows = cm.regions()
-    return {"regions": sum(1 for r in rows if r["kernels"]),
-            "kernels_naive": sum(r["kernels_naive"] for r in rows),
-            "kernels": sum(r["kernels"] for r in rows),
-            "predicted_naive_us": round(sum(r["naive_us"] for r in rows), 1),
-            "predicted_us": round(sum(r["us"] for r in rows), 1),
-            "verified": all(r["verified"] for r in rows),
-            "eager_ops": sorted({e["op"] for e in cm.eager_ops()}),
-            "eager_count": len(cm.eager_ops()),
-            "eager_reasons": sorted({e["reason"] for e in cm.eager_ops()}),
-            "search_s": round(sum(r["search_seconds"] for r in rows), 1),
+    eager = cm.eager_ops()
+    return {**_summary(cm.regions(), eager),
+            "eager_reasons": sorted({e["reason"] for e in eager}),
             "seconds": round(time.perf_counter() - t0, 1)}
 
 

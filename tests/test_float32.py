@@ -223,14 +223,8 @@ def test_outlier_features_do_not_overflow_a_16_bit_decoder_block():
 def test_numerics_verdict_rejects_a_narrowed_statistic():
     """A candidate that stores a sum of squares in float16 passes on unit normals but overflows
     on outlier features, where the program in its own dtype (statistics in float32) does not."""
-    from dataclasses import replace
-    p = mp.Program("rms")
-    x = p.input("X", (8, 128), "float16")
-    p.output(mp.rms_norm(x), name="Y")
-    naive = naive_lowering(p)
-    narrowed = replace(naive, ops=tuple(
-        replace(op, output=replace(op.output, dtype="float16")) if op.op in ("square", "sum")
-        else op for op in naive.ops))
+    from ugraph_cases import narrowed_rms_norm
+    p, naive, narrowed = narrowed_rms_norm()
     assert numerics_verdict(p, naive, naive).ok
     v = numerics_verdict(p, narrowed, naive)
     assert not v.ok and v.probe != PROBES[0].name, v

@@ -161,16 +161,10 @@ def test_lazy_numerics_still_rejects_an_outlier_sized_error(monkeypatch):
     """Drawn input by input (a model-size program's inputs, forced here), the numerics check
     still catches the sum of squares stored in float16 that only outlier features overflow,
     and still accepts the program in its own dtype."""
-    from dataclasses import replace
     from mirage_py.verifier import numerics
+    from ugraph_cases import narrowed_rms_norm
     monkeypatch.setattr(numerics, "EAGER_BYTES", 0)
-    p = mp.Program("rms")
-    x = p.input("X", (8, 128), "float16")
-    p.output(mp.rms_norm(x), name="Y")
-    naive = naive_lowering(p)
-    narrowed = replace(naive, ops=tuple(
-        replace(op, output=replace(op.output, dtype="float16")) if op.op in ("square", "sum")
-        else op for op in naive.ops))
+    p, naive, narrowed = narrowed_rms_norm()
     assert isinstance(numerics.stored_inputs(p, 0), numerics.LazyInputs)
     assert numerics.numerics_verdict(p, naive, naive).ok
     v = numerics.numerics_verdict(p, narrowed, naive)

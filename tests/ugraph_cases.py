@@ -155,3 +155,20 @@ CASES = {
 def inputs_for(graph: KernelGraph, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     return {t.name: rng.standard_normal(t.shape) for t in graph.inputs}
+
+
+def narrowed_rms_norm():
+    """``(program, naive, narrowed)``: an RMSNorm over float16 rows, its naive lowering, and the
+    same lowering with the sum of squares stored in float16 -- equivalent, but overflowing on
+    outlier features where the program's own float32 statistic does not (the numerics tests)."""
+    from dataclasses import replace
+    import mirage_py as mp
+    from mirage_py.ugraph import naive_lowering
+    p = mp.Program("rms")
+    x = p.input("X", (8, 128), "float16")
+    p.output(mp.rms_norm(x), name="Y")
+    naive = naive_lowering(p)
+    narrowed = replace(naive, ops=tuple(
+        replace(op, output=replace(op.output, dtype="float16")) if op.op in ("square", "sum")
+        else op for op in naive.ops))
+    return p, naive, narrowed

@@ -149,12 +149,12 @@ class CachedGeneration:
         if step is None:
             from torch.export import Dim
             c = Dim(f"{kind}_C")
-            shapes: dict[str, Any] = {"mask": {3: c}, "place": {0: c}}
-            shapes.update({f"past_{i}": {2: c} for i in range(2 * self.layers)})
-            if kind == "prefill":  # S = C
-                shapes.update(input_ids={1: c}, position_ids={1: c})
-                shapes["mask"] = {2: c, 3: c}
-                shapes["place"] = {0: c, 1: c}
+            s = c if kind == "prefill" else None  # no cache before the prompt: S = C
+            shapes: dict[str, Any] = {f"past_{i}": {2: c} for i in range(2 * self.layers)}
+            shapes.update(mask={3: c} if s is None else {2: s, 3: c},
+                          place={0: c} if s is None else {0: c, 1: s})
+            if s is not None:
+                shapes.update(input_ids={1: s}, position_ids={1: s})
             step = self.steps[kind] = self._make(CachedStep(self.lm).eval(), shapes, kind)
         return step
 
