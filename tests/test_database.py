@@ -103,7 +103,7 @@ def test_wal_mode_and_schema_version(tmp_path):
     con = sqlite3.connect(path)
     assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     meta = dict(con.execute("SELECT key, value FROM meta"))
-    assert meta["format"] == "mirage_py.results" and meta["schema_version"] == "3"
+    assert meta["format"] == "mirage_py.results" and meta["schema_version"] == "4"
     con.close()
 
 
@@ -414,8 +414,10 @@ def test_a_schema_1_file_is_upgraded_and_its_answers_are_not_served(tmp_path):
         assert db.lookup(p.structural_hash(), "h100", KEY).predicted_us == 11.0
         db.keep(p, "h100", KEY, "search:{}", None, {"options": []})  # the table schema 3 added
         assert db.kept(p.structural_hash(), "h100", KEY, "search:{}") == (None, {"options": []})
+        db.keep_capture("k", b"graph", b"consts")  # the table schema 4 added
+        assert db.capture("k") == (b"graph", b"consts") and db.capture("other") is None
     meta = dict(sqlite3.connect(f).execute("SELECT key, value FROM meta"))
-    assert meta["schema_version"] == "3"
+    assert meta["schema_version"] == "4"
 
 
 def test_the_answer_key_names_code_model_runner_and_settings():

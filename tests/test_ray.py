@@ -322,12 +322,14 @@ def test_database_ships_as_a_snapshot_and_merges_each_record_once(tmp_path):
     before = rows(other)
     with ResultsDB(first) as db:
         kept = db._kept_rows()
+        db.keep_capture("a torch capture", b"graph", b"constants")  # frontend_torch's graphs
     assert kept  # the whole program's answer and its completed searches
     with ResultsDB(other) as db:
         new = [k for k in kept if db.kept(*k[:4]) is None]  # a shared piece may be there
         assert new
-        assert db.merge(first) == len(rows(first)) + len(new)
+        assert db.merge(first) == len(rows(first)) + len(new) + 1
         assert db.merge(copy) == 0 and db.merge(str(first)) == 0
+        assert db.capture("a torch capture") == (b"graph", b"constants")
         assert all(db.kept(h, t, k, kind) is not None for h, t, k, kind, _, _ in kept)
     assert rows(other) == sorted(before + rows(first))
     third = mp.superopt(program(32), workers=1, progress=False, database=other)

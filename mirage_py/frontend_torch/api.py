@@ -88,7 +88,7 @@ class TorchProgram(Program):
 
 
 def from_torch(fn_or_module: Any, example_inputs: Any, example_kwargs: dict | None = None, *,
-               name: str | None = None) -> TorchProgram:
+               name: str | None = None, database: Any = False) -> TorchProgram:
     """Capture ``fn_or_module(*example_inputs, **example_kwargs)`` as one :class:`Program`.
 
     Capture is ``torch.export`` (``make_fx`` where export fails) decomposed to aten with the
@@ -106,9 +106,13 @@ def from_torch(fn_or_module: Any, example_inputs: Any, example_kwargs: dict | No
     float32 matmuls carry PyTorch's ``torch.get_float32_matmul_precision()`` ("high": TF32,
     "medium": bfloat16 tensor cores; nothing for the default "highest"), so the program computes
     what PyTorch would.
+
+    ``database`` (superopt's argument: None the default results database, a path; False, the
+    default, none) keeps the exported graph there and answers the same capture from it
+    (``capture_cache.py``).
     """
     args, kwargs = _split_examples(example_inputs, example_kwargs)
-    cap = capture(fn_or_module, args, kwargs)
+    cap = capture(fn_or_module, args, kwargs, database)
     p, names, constants = whole_program(cap, name or _name_of(fn_or_module))
     p = p.with_float32_matmul(_torch().get_float32_matmul_precision())
     tp = TorchProgram.__new__(TorchProgram)
@@ -127,10 +131,13 @@ class CompiledModule(torch.nn.Module):
     again (one :class:`~.runtime.CompiledCapture` per signature in ``graphs``)."""
 
     def __init__(self, module: Any, options: dict[str, Any], name: str,
-                 dynamic: Any = None, dynamic_shapes: Any = None, training: Any = "superopt"):
+                 dynamic: Any = None, dynamic_shapes: Any = None, training: Any = "superopt",
+                 capture_cache: bool = True):
         super().__init__()
         self.module = module
         self._options = dict(options)
+        # where captured graphs are kept and looked up (capture_cache.py): superopt's database
+        self._capture_db = options.get("database") if capture_cache else False
         self._name = name
         self.dynamic = Dynamic.parse(dynamic)
         self._dynamic_shapes = dynamic_shapes
@@ -189,7 +196,7 @@ class CompiledModule(torch.nn.Module):
     def _compile(self, args: tuple, kwargs: dict, sig: tuple) -> CompiledCapture:
         from torch.utils._pytree import tree_flatten, tree_unflatten
         with own_forward(self.module):
-            cap = capture(self.module, args, kwargs)
+            cap = capture(self.module, args, kwargs, self._capture_db)
         names = [r.name for r in sorted((r for r in cap.roles if r.kind == "user"),
                                         key=lambda r: r.index)]
         leaves, spec = tree_flatten((tuple(args), dict(kwargs)))
@@ -209,7 +216,7 @@ class CompiledModule(torch.nn.Module):
                 a, k = tree_unflatten(grown, spec)
                 try:
                     with own_forward(self.module):
-                        companions.append(capture(self.module, a, k))
+                        companions.append(capture(self.module, a, k, self._capture_db))
                 except Exception:  # noqa: BLE001 -- the module or its capture refused these
                     continue  # sizes: the next candidate grows fewer dims
         g = CompiledCapture(cap, self._name, self._options, describe_signature(sig, names),
@@ -244,7 +251,8 @@ class CompiledModule(torch.nn.Module):
     def _compiled_step(self, step: Any, dynamic_shapes: dict, kind: str) -> "CompiledModule":
         """A compiled :class:`~.kv_cache.CachedStep` with this module's options and dynamic."""
         return CompiledModule(step, self._options, f"{self._name}_{kind}",
-                              dynamic=self.dynamic.value, dynamic_shapes=dynamic_shapes)
+                              dynamic=self.dynamic.value, dynamic_shapes=dynamic_shapes,
+                              capture_cache=self._capture_db is not False)
 
     def searches(self) -> int:
         """Region searches run over every signature compiled so far (a shape family counts
@@ -286,7 +294,8 @@ class CompiledModule(torch.nn.Module):
 
 def compile(module: Any, example_inputs: Any = None, example_kwargs: dict | None = None,  # noqa: A001
             *, dynamic: bool | None = None, dynamic_shapes: Any = None,
-            training: str = "superopt", **superopt_options: Any) -> Any:
+            training: str = "superopt", capture_cache: bool = True,
+            **superopt_options: Any) -> Any:
     """``module`` with its supported regions superoptimised, as a ``torch.nn.Module``.
 
     The captured graph (see :func:`from_torch`) is cut into maximal regions of supported
@@ -311,7 +320,12 @@ def compile(module: Any, example_inputs: Any = None, example_kwargs: dict | None
     Training (docs/torch.md "Training"): a call that autograd needs (grad mode on, an input or
     parameter requiring grad) returns differentiable outputs. ``training="superopt"`` (default):
     AOTAutograd's forward and backward graphs, each superoptimised like an inference capture;
-    ``training="eager"``: the whole module runs eagerly (one warning, a ``report()`` line)."""
+    ``training="eager"``: the whole module runs eagerly (one warning, a ``report()`` line).
+
+    Seen before (docs/torch.md "Compile caches"): the exported graph is kept in superopt's
+    results database (``database``; none with ``database=False`` or ``capture_cache=False``)
+    under a key of the module's code, state and call signature, so another process compiling
+    the same module at the same shapes skips ``torch.export`` as well as the searches."""
     torch = _torch()
     if not isinstance(module, torch.nn.Module):
         from .capture import as_module
@@ -319,7 +333,8 @@ def compile(module: Any, example_inputs: Any = None, example_kwargs: dict | None
     name = getattr(getattr(module, "_mirage_function", None), "__name__", None) or \
         type(module).__name__
     _check_options(superopt_options)
-    cm = CompiledModule(module, superopt_options, name, dynamic, dynamic_shapes, training)
+    cm = CompiledModule(module, superopt_options, name, dynamic, dynamic_shapes, training,
+                        capture_cache)
     if example_inputs is not None or example_kwargs is not None:
         args, kwargs = _split_examples(example_inputs, example_kwargs)
         from torch.utils._pytree import tree_flatten

@@ -13,6 +13,10 @@ Every placeholder of the captured graph gets a role: ``parameter`` / ``buffer`` 
 qualified name, ``gemm.weight``, read from the module at every call), ``constant`` (a tensor
 attribute that is neither: its value at capture time), or ``user`` (named by the forward's argument
 name; nested inputs as ``name_0``, ``name_key``).
+
+An exported graph is kept in the results database without its weights and answered from there
+when the same module code, state and call signature come again, in this process or another
+(``capture_cache.py``): a compile whose regions are all in the database then costs no export.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from typing import Any
 
 from ..errors import TorchCaptureError
 from .aten import ASSERTS, TABLE, packet_name
+from .capture_cache import CaptureCache
 
 
 def _torch() -> Any:
@@ -63,6 +68,7 @@ class Captured:
     constants: dict[str, Any] = field(default_factory=dict)  # constant placeholder -> tensor
     method: str = "export"
     export_error: str = ""  # why export failed, when make_fx captured instead
+    cached: bool = False  # the exported graph came from the results database (capture_cache)
     #: buffers that hold a mask (rank >= 2, only 0 and 1) or indices (small integer buffers:
     #: positions, token types): folded as constants at capture, their values checked at every
     #: call (placeholder -> the value at capture)
@@ -173,17 +179,21 @@ def as_module(fn_or_module: Any) -> Any:
     return wrapper
 
 
-def capture(fn_or_module: Any, args: tuple, kwargs: dict | None = None) -> Captured:
-    """Capture ``fn_or_module(*args, **kwargs)`` as an aten graph (see the module docstring)."""
+def capture(fn_or_module: Any, args: tuple, kwargs: dict | None = None,
+            database: Any = False) -> Captured:
+    """Capture ``fn_or_module(*args, **kwargs)`` as an aten graph (see the module docstring).
+    ``database`` (superopt's argument: None the default file, a path, False none) keeps the
+    exported graph for other processes and answers from it (``capture_cache.py``)."""
     kwargs = dict(kwargs or {})
     module = as_module(fn_or_module)
     fn = getattr(module, "_mirage_function", None) or module.forward
     names = user_input_names(fn, args, kwargs)
+    cache = None if database is False else CaptureCache.for_call(database, module, args, kwargs)
     try:
         with warnings.catch_warnings():
             # torch's own pytree deprecation notice, raised inside export's deepcopy
             warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
-            cap = _capture_export(module, args, kwargs, names)
+            cap = _capture_export(module, args, kwargs, names, cache)
     except Exception as e:  # noqa: BLE001 -- export failed: trace instead
         first = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
         try:
@@ -207,11 +217,23 @@ def _drop_asserts(gm: Any) -> None:
     gm.recompile()
 
 
-def _capture_export(module: Any, args: tuple, kwargs: dict, names: list[str]) -> Captured:
+def _capture_export(module: Any, args: tuple, kwargs: dict, names: list[str],
+                    cache: CaptureCache | None = None) -> Captured:
     torch = _torch()
-    from torch.export.graph_signature import InputKind, OutputKind
+    ep = cache.load() if cache is not None else None
+    if ep is not None:
+        return _from_exported(ep, names, cached=True)
     ep = torch.export.export(module, tuple(args), kwargs, strict=False)
     ep = ep.run_decompositions(decomposition_table())
+    cap = _from_exported(ep, names)
+    if cache is not None:
+        cache.store(ep)
+    return cap
+
+
+def _from_exported(ep: Any, names: list[str], cached: bool = False) -> Captured:
+    """The capture of an exported, decomposed program; ``names``: the user inputs' names."""
+    from torch.export.graph_signature import InputKind, OutputKind
     sig = ep.graph_signature
     roles, user = [], 0
     constants = {}
@@ -248,7 +270,7 @@ def _capture_export(module: Any, args: tuple, kwargs: dict, names: list[str]) ->
             buffers[r.node] = v if v is not None else ep.constants.get(r.name)
     masks = _masks(roles, buffers, {t for _, _, t in mutations})
     return Captured(gm, roles, ep.call_spec.in_spec, ep.call_spec.out_spec, outputs, mutations,
-                    constants, "export", masks=masks)
+                    constants, "export", masks=masks, cached=cached)
 
 
 def _capture_make_fx(module: Any, args: tuple, kwargs: dict, names: list[str]) -> Captured:

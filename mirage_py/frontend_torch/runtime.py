@@ -333,6 +333,7 @@ class CompiledCapture:
         nk = sum(r["kernels_naive"] for r in rows)
         fk = sum(r["kernels"] for r in rows)
         lines = [f"graph {self.signature or self.name} (captured by {self.cap.method}"
+                 + (", kept graph from the results database" if self.cap.cached else "")
                  + (f"; export failed: {self.cap.export_error}" if self.cap.export_error else "")
                  + f"): {len(rows)} region(s), {len(eager)} eager operator(s), kernels "
                  f"{nk} naive -> {fk} found, predicted "

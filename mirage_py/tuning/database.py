@@ -15,9 +15,16 @@ leaves the file as it was before that transaction. Tables::
             source, the cost model, the settings (``superopt.store.AnswerKey``)
         chosen = 1: superopt's verified answer for (workload, target, answer_key); the latest
             one is reused
+    kept(workload_id, target, answer_key, kind, cap, doc_json, created)
+        a result kept whole: a completed search's options, a whole program's answer
+    captures(key, program, constants, created)
+        the torch frontend's captured graphs (``frontend_torch/capture_cache.py``): key: what
+        the capture depends on (module code and state, input signature, versions); program:
+        torch.export's serialised graph without weights; constants: its non-buffer constants
 
 A file of schema 1 is upgraded in place when opened (its records get an empty answer key, so
-they stay in the file as training data and are never served as answers).
+they stay in the file as training data and are never served as answers); schema 2 gains the
+``kept`` table, 3 the ``captures`` table.
 
 Default file: ``$MIRAGE_PY_DATABASE`` if set (``off``/``0``/empty disables it), else
 ``$XDG_CACHE_HOME/mirage_py/results.sqlite`` (``~/.cache`` when XDG_CACHE_HOME is unset).
@@ -47,7 +54,7 @@ from typing import Any, Iterable, Iterator
 from ..errors import DatabaseError
 
 FORMAT = "mirage_py.results"
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 ENV = "MIRAGE_PY_DATABASE"
 _OFF = ("", "0", "off", "none", "false", "no")
 
@@ -59,6 +66,11 @@ _KEPT = (
     "workloads(id), target TEXT NOT NULL, answer_key TEXT NOT NULL, kind TEXT NOT NULL, "
     "cap REAL, doc_json TEXT NOT NULL, created TEXT NOT NULL, "
     "PRIMARY KEY (workload_id, target, answer_key, kind))")
+
+# captured torch graphs (schema 4), one per capture key (``frontend_torch/capture_cache.py``)
+_CAPTURES = (
+    "CREATE TABLE IF NOT EXISTS captures (key TEXT PRIMARY KEY, program BLOB NOT NULL, "
+    "constants BLOB NOT NULL, created TEXT NOT NULL)")
 
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -72,6 +84,7 @@ _SCHEMA = (
     "created TEXT NOT NULL, answer_key TEXT NOT NULL DEFAULT '')",
     "CREATE INDEX IF NOT EXISTS records_lookup ON records(workload_id, target, chosen)",
     _KEPT,
+    _CAPTURES,
 )
 
 
@@ -236,13 +249,15 @@ class ResultsDB:
     @staticmethod
     def _upgrade(con: sqlite3.Connection) -> None:
         """Schema 1 -> 2: records gain ``answer_key`` (empty for the old ones, which are then
-        never served: nothing says which code made them); 2 -> 3: the ``kept`` table."""
+        never served: nothing says which code made them); 2 -> 3: the ``kept`` table; 3 -> 4: the
+        ``captures`` table."""
         con.execute("BEGIN IMMEDIATE")  # another process may be upgrading it right now
         try:
             cols = {r[1] for r in con.execute("PRAGMA table_info(records)")}
             if "answer_key" not in cols:
                 con.execute("ALTER TABLE records ADD COLUMN answer_key TEXT NOT NULL DEFAULT ''")
             con.execute(_KEPT)
+            con.execute(_CAPTURES)
             con.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'",
                         (str(SCHEMA_VERSION),))
             con.execute("COMMIT")
@@ -341,6 +356,27 @@ class ResultsDB:
         except ValueError:
             return None  # a damaged row: compute it again
 
+    def keep_capture(self, key: str, program: bytes, constants: bytes) -> None:
+        """Keep a captured graph under ``key`` (``frontend_torch/capture_cache.py``)."""
+        with self._guard("keep a captured graph"):
+            con = self._connect()
+            con.execute("BEGIN IMMEDIATE")
+            try:
+                con.execute("INSERT OR REPLACE INTO captures (key, program, constants, created) "
+                            "VALUES (?, ?, ?, ?)", (key, program, constants, _now()))
+                con.execute("COMMIT")
+            except BaseException:
+                with contextlib.suppress(sqlite3.Error):
+                    con.execute("ROLLBACK")
+                raise
+
+    def capture(self, key: str) -> tuple[bytes, bytes] | None:
+        """The captured graph kept under ``key``: ``(program, constants)``, or None."""
+        with self._guard("look up a captured graph"):
+            row = self._connect().execute(
+                "SELECT program, constants FROM captures WHERE key = ?", (key,)).fetchone()
+        return None if row is None else (bytes(row[0]), bytes(row[1]))
+
     # -- reading ------------------------------------------------------------------------------
     _COLS = ("r.id, w.hash, r.target, r.graph_hash, r.graph_json, r.annotations_json, "
              "r.predicted_us, r.measured_us, r.runner, r.samples_json, r.chosen, "
@@ -428,11 +464,11 @@ class ResultsDB:
             "answer_key")
 
     def merge(self, other: "ResultsDB | str") -> int:
-        """Add the records and kept results of another results database (a snapshot made
-        elsewhere) that this one lacks; a record already here (same workload and every field but
+        """Add the records, kept results and captured graphs of another results database (a
+        snapshot made elsewhere) that this one lacks; a record already here (same workload and every field but
         the row id) is not added again, so merging the same file twice adds nothing; a kept
-        result (a completed search, a whole program's answer) is added where this database has
-        none under the same key. Returns the number of records and kept results added."""
+        result (a completed search, a whole program's answer) or captured graph is added where
+        this database has none under the same key. Returns the number of rows added."""
         src = other if isinstance(other, ResultsDB) else ResultsDB(os.fspath(other))
         if src.path == self.path:
             return 0
@@ -453,7 +489,16 @@ class ResultsDB:
                 w = programs[h]
                 self.keep((w.hash, w.name, w.program), target, key, kind, cap, doc)
                 added += 1
+        for key, program, constants in src._capture_rows():
+            if self.capture(key) is None:
+                self.keep_capture(key, program, constants)
+                added += 1
         return added
+
+    def _capture_rows(self) -> list[tuple[str, bytes, bytes]]:
+        with self._guard("read captured graphs"):
+            return [(k, bytes(p), bytes(c)) for k, p, c in self._connect().execute(
+                "SELECT key, program, constants FROM captures ORDER BY key").fetchall()]
 
     def _kept_rows(self) -> list[tuple[str, str, str, str, float | None, dict]]:
         """Every kept result: (workload hash, target, answer key, kind, cap, doc)."""
