@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,6 +70,7 @@ class Captured:
     method: str = "export"
     export_error: str = ""  # why export failed, when make_fx captured instead
     cached: bool = False  # the exported graph came from the results database (capture_cache)
+    seconds: float = 0.0  # what the capture took (export and decompositions, or the cache)
     #: buffers that hold a mask (rank >= 2, only 0 and 1) or indices (small integer buffers:
     #: positions, token types): folded as constants at capture, their values checked at every
     #: call (placeholder -> the value at capture)
@@ -184,6 +186,7 @@ def capture(fn_or_module: Any, args: tuple, kwargs: dict | None = None,
     """Capture ``fn_or_module(*args, **kwargs)`` as an aten graph (see the module docstring).
     ``database`` (superopt's argument: None the default file, a path, False none) keeps the
     exported graph for other processes and answers from it (``capture_cache.py``)."""
+    t0 = time.perf_counter()
     kwargs = dict(kwargs or {})
     module = as_module(fn_or_module)
     fn = getattr(module, "_mirage_function", None) or module.forward
@@ -204,6 +207,7 @@ def capture(fn_or_module: Any, args: tuple, kwargs: dict | None = None,
                 f"make_fx failed ({type(e2).__name__}: {e2})") from e2
         cap.export_error = first
     _drop_asserts(cap.gm)
+    cap.seconds = time.perf_counter() - t0
     return cap
 
 

@@ -334,6 +334,7 @@ class CompiledCapture:
         fk = sum(r["kernels"] for r in rows)
         lines = [f"graph {self.signature or self.name} (captured by {self.cap.method}"
                  + (", kept graph from the results database" if self.cap.cached else "")
+                 + f" in {self.cap.seconds:.2f} s"
                  + (f"; export failed: {self.cap.export_error}" if self.cap.export_error else "")
                  + f"): {len(rows)} region(s), {len(eager)} eager operator(s), kernels "
                  f"{nk} naive -> {fk} found, predicted "
