@@ -329,6 +329,7 @@ def test_decoder_block_fuses_into_few_kernels_and_mixes_kernel_kinds():
     assert opt.estimated_time_us <= part.floor_us
 
 
+@pytest.mark.slow  # two whole searches compared (about 28 s idle): a setting's design check
 def test_sub_region_kernel_bound_loses_nothing_on_a_decoder_block(monkeypatch):
     """Regions smaller than their part are searched for answers of at most two kernels (one,
     or a split reduction and its combine); with three allowed the cover is no cheaper, and a
@@ -432,6 +433,7 @@ def test_two_kernel_regions_are_searched_after_the_others():
     assert not Structure.of(canonical(norm), model, "h100").two_kernels
 
 
+@pytest.mark.slow  # two whole searches compared (about 28 s idle): a setting's design check
 def test_sub_regions_are_tuned_only_when_the_cover_wants_them(monkeypatch):
     """Deferred tuning of sub-regions: the same cover as tuning every searched structure at
     once, with fewer tuner evaluations."""

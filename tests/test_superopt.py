@@ -30,8 +30,8 @@ def test_benchmark_found_verified_and_no_worse_than_the_fixture(name, superopt_b
         assert np.abs(out64[k] - ref[k]).max() <= 1e-9 * np.abs(ref[k]).max()
 
 
-@pytest.mark.parametrize("name", sample(["mha", "qknorm_gqa"], heavy=("mha",)))
-def test_batch_8_no_worse_than_the_fixture(name):
+@pytest.mark.parametrize("name", sample(["mha", "qknorm_gqa"], heavy=("mha", "qknorm_gqa")))
+def test_batch_8_no_worse_than_the_fixture(name):  # slow: 50 s idle, 150 s loaded (CI time)
     """At bs 8 too (256 heads for mha; for qknorm_gqa the 2-kernel flash-decoding form only wins
     after tuning, which it gets because the structures to tune are chosen for diversity)."""
     opt = mp.superopt(get_program(name, 8), workers=2, progress=False, database=False)
