@@ -14,7 +14,7 @@ import pytest
 
 import mirage_py as mp
 from mirage_py.codegen_cuda import emit_cuda
-from mirage_py.codegen_cuda.emit import CudaSource
+from mirage_py.codegen_cuda.emit import CudaSource, translation_unit
 from mirage_py.codegen_cuda.emulator import EmulatedGraph
 from mirage_py.codegen_cuda.extents import PaddedExtents, RunCount, kernel_counts
 from mirage_py.codegen_cuda.nvcc import compile_with_nvcc, find_nvcc
@@ -73,9 +73,6 @@ def test_a_token_count_inside_the_bucket_launches_only_the_blocks_it_needs(rms_f
         ref = p.evaluate(x)["Y"]
         assert _rel(got, ref) <= 2e-3, s
         assert _rel(got, fam.run_numpy(x)["Y"]) <= 2e-3, s
-    if find_nvcc() is not None:
-        res = compile_with_nvcc(src.cu(), name="rms_t")
-        assert res.warnings == [], res.warnings
 
 
 def test_a_grid_that_leaves_out_one_block_too_many_is_caught(rms_family):
@@ -137,9 +134,6 @@ def test_a_loop_over_the_padded_length_runs_only_the_iterations_it_needs(contrac
         assert not np.isnan(got).any(), s
         assert _rel(got, p.evaluate(x)["Y"]) <= 2e-2, s
         assert _rel(got, fam.run_numpy(x)["Y"]) <= 2e-2, s
-    if find_nvcc() is not None:
-        res = compile_with_nvcc(src.cu(), name="kred_s")
-        assert res.warnings == [], res.warnings
 
 
 def test_a_trip_count_one_iteration_short_is_caught(contraction_family):
@@ -169,3 +163,18 @@ def test_static_graphs_and_graphs_without_extents_emit_what_they_did(contraction
     assert all(s.grid_counts == (None, None, None) for s in plain.launches)
     fixed = emit_cuda(inst.annotated, prefix="kred_p", extents=PaddedExtents({}))
     assert fixed.cu() == plain.cu()
+
+
+@pytest.mark.skipif(find_nvcc() is None, reason="nvcc not installed")
+def test_sources_with_counts_at_launch_compile_with_nvcc_for_sm90(rms_family,
+                                                                   contraction_family):
+    """Both families' buckets, kernels and host launcher (grids computed from the tensors
+    struct's sizes), in one translation unit: nvcc for sm_90 without a warning."""
+    srcs = []
+    for (p, fam), bucket, prefix in ((rms_family, {"T": 64}, "rms_n"),
+                                     (contraction_family, {"S": 512}, "kred_n")):
+        srcs.append(emit_cuda(fam.instance(bucket).annotated, prefix=prefix,
+                              extents=PaddedExtents.of_program(p)))
+    assert all(s.dims for s in srcs)
+    res = compile_with_nvcc(translation_unit(srcs), ("sm_90",), name="rtgrid")
+    assert res.warnings == [], res.warnings
