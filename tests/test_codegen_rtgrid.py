@@ -2,8 +2,9 @@
 (codegen_cuda/extents.py, docs/codegen.md "Sizes at run time"): a bucket's graph compiled once
 runs at a valid size inside the bucket without the bucket's whole grid / loop, equal to the
 interpreter and to float64 at sizes 1, a partial tile, a tile boundary and the full bucket, with
-NaN-poisoned outputs (a block left out that was needed shows as NaN); a count that leaves out
-one block too many is caught; the source compiles with nvcc for sm_90."""
+NaN-poisoned outputs and workspace (a block left out that was needed shows as NaN); counts that
+leave out one block or one iteration too many are caught; the source compiles with nvcc for
+sm_90. Every emulated source (mutants included) is built into one library, one g++ run."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 import mirage_py as mp
 from mirage_py.codegen_cuda import emit_cuda
 from mirage_py.codegen_cuda.emit import CudaSource, translation_unit
-from mirage_py.codegen_cuda.emulator import EmulatedGraph
+from mirage_py.codegen_cuda.emulator import EmulatedGraph, build_emulator
 from mirage_py.codegen_cuda.extents import PaddedExtents, RunCount, kernel_counts
 from mirage_py.codegen_cuda.nvcc import compile_with_nvcc, find_nvcc
 from mirage_py.lax.family import cut_outputs, pad_inputs
@@ -26,6 +27,7 @@ def _rel(y, r):
 
 
 def _rmsnorm_matmul():
+    """RMSNorm and a projection over a symbolic token count: one block per token row."""
     T = mp.dim("T", 1, 128)
     p = mp.Program("rms_t")
     x = p.input("X", (T, 64))
@@ -33,62 +35,6 @@ def _rmsnorm_matmul():
     w = p.input("W", (64, 64))
     p.output(mp.rms_norm(x, g) @ w, name="Y")
     return p
-
-
-@pytest.fixture(scope="module")
-def rms_family():
-    p = _rmsnorm_matmul()
-    fam = mp.superopt(p, workers=1, database=False, representative={"T": 64})
-    return p, fam
-
-
-def _run(p, fam, src, em, bucket, s, seed=0):
-    x = p.random_inputs(seed, sizes={"T": s})
-    padded_x = pad_inputs(p, p.check_inputs(x), bucket)
-    got = cut_outputs(p, em(padded_x, sizes={"T": s}), {"T": s})["Y"]
-    return x, got
-
-
-def test_a_token_count_inside_the_bucket_launches_only_the_blocks_it_needs(rms_family):
-    p, fam = rms_family
-    inst = fam.instance({"T": 64})
-    graph = inst.annotated.graph
-    ext = PaddedExtents.of_program(p)
-    counts = kernel_counts(graph, ext)
-    assert counts, "the kernel over the token rows should size its grid at launch"
-    src = emit_cuda(inst.annotated, prefix="rms_t", extents=ext)
-    static = emit_cuda(inst.annotated, prefix="rms_t")
-    (k, kc), = counts.items()
-    axis = next(a for a in range(3) if kc.grid[a] is not None)
-    part = kc.grid[axis].part
-    spec = src.launches[0]
-    assert src.dims == ("T",) and static.dims == ()
-    assert "int mp_dim_T;" in src.header and "tensors->mp_dim_T" in src.launcher
-    em = EmulatedGraph(src)
-    for s in sorted({1, part + 1 if part > 1 else 3, 2 * part, 40, 64}):
-        grid = spec.grid_at({"T": s})
-        assert grid[axis] == -(-s // part) < spec.grid[axis] or s == 64
-        x, got = _run(p, fam, src, em, {"T": 64}, s, seed=s)
-        assert not np.isnan(got).any(), s
-        ref = p.evaluate(x)["Y"]
-        assert _rel(got, ref) <= 2e-3, s
-        assert _rel(got, fam.run_numpy(x)["Y"]) <= 2e-3, s
-
-
-def test_a_grid_that_leaves_out_one_block_too_many_is_caught(rms_family):
-    p, fam = rms_family
-    inst = fam.instance({"T": 64})
-    ext = PaddedExtents.of_program(p)
-    src = emit_cuda(inst.annotated, prefix="rms_m", extents=ext)
-    spec = src.launches[0]
-    axis = next(a for a in range(3) if spec.grid_counts[a] is not None)
-    c = spec.grid_counts[axis]
-    short = RunCount(c.valid - c.part, c.part, c.whole)  # one block fewer
-    counts = tuple(short if a == axis else spec.grid_counts[a] for a in range(3))
-    mutant = replace(src, launches=(replace(spec, grid_counts=counts),) + src.launches[1:])
-    em = EmulatedGraph(mutant)
-    x, got = _run(p, fam, mutant, em, {"T": 64}, 2 * c.part + 1)
-    assert np.isnan(got).any()  # the last valid rows were never written
 
 
 def _contraction():
@@ -102,62 +48,170 @@ def _contraction():
     return p
 
 
+def _split_k(prefix: str):
+    """``ugraph_cases.split_k`` with K as a padded dim: grid.y splits K in 2 parts of 128, each
+    looped in 4 iterations of 32 on a 4-stage pipeline, so the trip count depends on the block
+    (``start_axis``) and the prologue would run past the last iteration at small sizes."""
+    from ugraph_cases import split_k
+    g, _ = split_k(M=16, K=256, N=32, splits=2, forloop=4)
+    K = mp.dim("K", 1, 256)
+    ext = PaddedExtents({"A": (16, K), "B": (K, 32), "C": (16, 32)})
+    return g, ext, emit_cuda(g, prefix=prefix, extents=ext, stages=(4, 2))
+
+
+def _mutant(src: CudaSource, old: str, new: str) -> CudaSource:
+    """``src`` with ``old`` replaced by ``new`` in the kernel that holds it."""
+    i = next(k for k, t in enumerate(src.kernels) if old in t)
+    return replace(src, kernels=src.kernels[:i] + (src.kernels[i].replace(old, new),)
+                   + src.kernels[i + 1:])
+
+
 @pytest.fixture(scope="module")
-def contraction_family():
-    p = _contraction()
-    return p, mp.superopt(p, workers=1, database=False, representative={"S": 512})
+def families():
+    rms, kred = _rmsnorm_matmul(), _contraction()
+    return {"rms": (rms, mp.superopt(rms, workers=1, database=False,
+                                     representative={"T": 64}), {"T": 64}),
+            "kred": (kred, mp.superopt(kred, workers=1, database=False,
+                                       representative={"S": 512}), {"S": 512})}
 
 
-def _loop_kernel(src: CudaSource):
-    return next(s for s in src.launches if "mp_trips" in src.kernels[src.launches.index(s)])
+@pytest.fixture(scope="module")
+def emulated(families):
+    """The sources (name -> CudaSource) and their one emulator library."""
+    src = {}
+    for name, (p, fam, bucket) in families.items():
+        ext = PaddedExtents.of_program(p)
+        src[name] = emit_cuda(fam.instance(bucket).annotated, prefix=name, extents=ext)
+    kred_m = emit_cuda(families["kred"][1].instance({"S": 512}).annotated, prefix="kred_m",
+                       extents=PaddedExtents.of_program(families["kred"][0]))
+    src["kred_short"] = _mutant(kred_m, "it < mp_trips;", "it < mp_trips - 1;")
+    src["splitk"] = _split_k("splitk")[2]
+    src["splitk_late"] = _mutant(_split_k("splitk_m")[2], "blockIdx.y) * 128)",
+                                 "blockIdx.y) * 256)")
+    return src, build_emulator(list(src.values()))
 
 
-def test_a_loop_over_the_padded_length_runs_only_the_iterations_it_needs(contraction_family):
-    p, fam = contraction_family
-    inst = fam.instance({"S": 512})
-    ext = PaddedExtents.of_program(p)
-    counts = kernel_counts(inst.annotated.graph, ext)
+def _emulator(emulated, name, source=None):
+    src, lib = emulated
+    return EmulatedGraph(source or src[name], lib=lib)
+
+
+def _run_family(families, em, name, s, seed):
+    p, _, bucket = families[name]
+    (dim,) = bucket
+    x = p.random_inputs(seed, sizes={dim: s})
+    padded_x = pad_inputs(p, p.check_inputs(x), bucket)
+    got = cut_outputs(p, em(padded_x, sizes={dim: s}), {dim: s})["Y"]
+    return x, padded_x, got
+
+
+def test_a_token_count_inside_the_bucket_launches_only_the_blocks_it_needs(families, emulated):
+    p, fam, bucket = families["rms"]
+    graph = fam.instance(bucket).annotated.graph
+    counts = kernel_counts(graph, PaddedExtents.of_program(p))
+    assert counts, "the kernel over the token rows should size its grid at launch"
+    src = emulated[0]["rms"]
+    static = emit_cuda(fam.instance(bucket).annotated, prefix="rms")
+    (kc,) = counts.values()
+    axis = next(a for a in range(3) if kc.grid[a] is not None)
+    part = kc.grid[axis].part
+    spec = src.launches[0]
+    assert src.dims == ("T",) and static.dims == ()
+    assert "int mp_dim_T;" in src.header and "tensors->mp_dim_T" in src.launcher
+    assert src.kernels == static.kernels  # the kernel itself is unchanged: only its launch
+    em = _emulator(emulated, "rms")
+    for s in sorted({1, part + 1 if part > 1 else 3, 2 * part, 40, 64}):
+        grid = spec.grid_at({"T": s})
+        assert grid[axis] == -(-s // part) and (grid[axis] < spec.grid[axis] or s == 64)
+        x, padded_x, got = _run_family(families, em, "rms", s, s)
+        assert not np.isnan(got).any(), s
+        assert _rel(got, p.evaluate(x)["Y"]) <= 2e-3, s
+        interp = cut_outputs(p, graph.run(padded_x, precision="gpu"), {"T": s})["Y"]
+        assert _rel(got, interp) <= 2e-3, s
+
+
+def test_a_grid_that_leaves_out_one_block_too_many_is_caught(families, emulated):
+    src = emulated[0]["rms"]
+    spec = src.launches[0]
+    axis = next(a for a in range(3) if spec.grid_counts[a] is not None)
+    c = spec.grid_counts[axis]
+    short = RunCount(c.valid - c.part, c.part, c.whole)  # one block fewer
+    counts = tuple(short if a == axis else spec.grid_counts[a] for a in range(3))
+    mutant = replace(src, launches=(replace(spec, grid_counts=counts),) + src.launches[1:])
+    _, _, got = _run_family(families, _emulator(emulated, "rms", mutant), "rms",
+                            2 * c.part + 1, 1)
+    assert np.isnan(got).any()  # the last valid rows were never written
+
+
+def test_a_loop_over_the_padded_length_runs_only_the_iterations_it_needs(families, emulated):
+    p, fam, bucket = families["kred"]
+    graph = fam.instance(bucket).annotated.graph
+    counts = kernel_counts(graph, PaddedExtents.of_program(p))
     loops = [c.loop for c in counts.values() if c.loop is not None]
     assert len(loops) == 1
     tile, whole = loops[0].part, loops[0].whole
     assert whole >= 2
-    src = emit_cuda(inst.annotated, prefix="kred_s", extents=ext)
+    src = emulated[0]["kred"]
     assert "for (int it = 0; it < mp_trips; ++it)" in "".join(src.kernels)
-    spec = _loop_kernel(src)
-    assert spec.dims == ("S",)
-    em = EmulatedGraph(src)
+    assert next(s for s in src.launches if s.dims).dims == ("S",)
+    em = _emulator(emulated, "kred")
     for s in sorted({1, tile // 2 + 1, tile, tile + 1, 512}):
-        x = p.random_inputs(s, sizes={"S": s})
-        got = cut_outputs(p, em(pad_inputs(p, p.check_inputs(x), {"S": 512}),
-                                sizes={"S": s}), {"S": s})["Y"]
         assert loops[0].at({"S": s}) == min(whole, -(-s // tile))
+        x, padded_x, got = _run_family(families, em, "kred", s, s)
         assert not np.isnan(got).any(), s
         assert _rel(got, p.evaluate(x)["Y"]) <= 2e-2, s
-        assert _rel(got, fam.run_numpy(x)["Y"]) <= 2e-2, s
+        interp = cut_outputs(p, graph.run(padded_x, precision="gpu", sizes={"S": s}),
+                             {"S": s})["Y"]
+        assert _rel(got, interp) <= 2e-2, s
 
 
-def test_a_trip_count_one_iteration_short_is_caught(contraction_family):
-    """The kernel's trip count is part of its code: a mutant source that stops one iteration
-    early (``mp_trips - 1``) is wrong at a size that needs the last iteration."""
-    p, fam = contraction_family
-    inst = fam.instance({"S": 512})
-    src = emit_cuda(inst.annotated, prefix="kred_m", extents=PaddedExtents.of_program(p))
-    i = next(k for k, t in enumerate(src.kernels) if "mp_trips" in t)
-    text = src.kernels[i].replace("it < mp_trips;", "it < mp_trips - 1;")
-    assert text != src.kernels[i]
-    mutant = replace(src, kernels=src.kernels[:i] + (text,) + src.kernels[i + 1:])
-    s = 512 - 7
-    x = p.random_inputs(3, sizes={"S": s})
-    got = cut_outputs(p, EmulatedGraph(mutant)(pad_inputs(p, p.check_inputs(x), {"S": 512}),
-                                               sizes={"S": s}), {"S": s})["Y"]
+def test_a_trip_count_one_iteration_short_is_caught(families, emulated):
+    """The trip count is part of the kernel's code: a mutant that stops one iteration early
+    (``mp_trips - 1``) is wrong at a size that needs the last iteration."""
+    p = families["kred"][0]
+    x, _, got = _run_family(families, _emulator(emulated, "kred_short"), "kred", 512 - 7, 3)
     assert _rel(got, p.evaluate(x)["Y"]) > 0.05
 
 
-def test_static_graphs_and_graphs_without_extents_emit_what_they_did(contraction_family):
-    """Without extents (or for a static program) the kernels run the bucket's whole grid and
-    loop: the same text as before; the extents change only the launch and the trip count."""
-    p, fam = contraction_family
-    inst = fam.instance({"S": 512})
+def _split_k_inputs(valid: int, seed: int):
+    rng = np.random.default_rng(seed)
+    a, b = np.zeros((16, 256)), np.zeros((256, 32))  # zero-filled past the valid size
+    a[:, :valid] = rng.standard_normal((16, valid))
+    b[:valid] = rng.standard_normal((valid, 32))
+    return {"A": a, "B": b}, a[:, :valid] @ b[:valid] / 3.0
+
+
+def test_a_loop_split_over_the_grid_counts_its_trips_per_block(emulated):
+    """Each block's trips start at its part of K (``blockIdx.y * 128``): sizes 1, a partial
+    tile, a tile, a part boundary, a block wholly past the valid size (it runs one iteration,
+    of zeros), the full bucket; the pipeline prologue's copies past the last iteration are
+    guarded by the trip count."""
+    g, ext, _ = _split_k("splitk")
+    loop = kernel_counts(g, ext)[0].loop
+    assert (loop.part, loop.whole, loop.start_axis, loop.start_part) == (32, 4, 1, 128)
+    assert [loop.at({"K": 100}, b) for b in (0, 1)] == [4, 1]
+    assert [loop.at({"K": 200}, b) for b in (0, 1)] == [4, 3]
+    em = _emulator(emulated, "splitk")
+    for v in (1, 20, 32, 128, 129, 200, 256):
+        x, ref = _split_k_inputs(v, v)
+        got = em(x, sizes={"K": v})["C"]
+        assert not np.isnan(got).any(), v
+        assert _rel(got, ref) <= 2e-2, v
+    assert "if (1 < mp_trips) {" in emulated[0]["splitk"].kernels[0]
+
+
+def test_a_per_block_trip_count_that_starts_a_part_late_is_caught(emulated):
+    """The second block's part of K starting at 256 instead of 128: it runs one iteration
+    where it needs three, and the product is wrong."""
+    x, ref = _split_k_inputs(200, 5)
+    assert _rel(_emulator(emulated, "splitk_late")(x, sizes={"K": 200})["C"], ref) > 0.05
+
+
+def test_static_graphs_and_graphs_without_extents_emit_what_they_did(families):
+    """Without extents (or with extents that name no padded dim of the graph) the kernels run
+    the bucket's whole grid and loop: the same text as before."""
+    _, fam, bucket = families["kred"]
+    inst = fam.instance(bucket)
     plain = emit_cuda(inst.annotated, prefix="kred_p")
     assert "mp_trips" not in plain.cu() and plain.dims == ()
     assert all(s.grid_counts == (None, None, None) for s in plain.launches)
@@ -166,15 +220,10 @@ def test_static_graphs_and_graphs_without_extents_emit_what_they_did(contraction
 
 
 @pytest.mark.skipif(find_nvcc() is None, reason="nvcc not installed")
-def test_sources_with_counts_at_launch_compile_with_nvcc_for_sm90(rms_family,
-                                                                   contraction_family):
-    """Both families' buckets, kernels and host launcher (grids computed from the tensors
-    struct's sizes), in one translation unit: nvcc for sm_90 without a warning."""
-    srcs = []
-    for (p, fam), bucket, prefix in ((rms_family, {"T": 64}, "rms_n"),
-                                     (contraction_family, {"S": 512}, "kred_n")):
-        srcs.append(emit_cuda(fam.instance(bucket).annotated, prefix=prefix,
-                              extents=PaddedExtents.of_program(p)))
-    assert all(s.dims for s in srcs)
-    res = compile_with_nvcc(translation_unit(srcs), ("sm_90",), name="rtgrid")
+def test_sources_with_counts_at_launch_compile_with_nvcc_for_sm90(emulated):
+    """The families' buckets and the split-K graph, kernels and host launchers (grids computed
+    from the tensors struct's sizes), in one translation unit: nvcc for sm_90, no warning."""
+    src = emulated[0]
+    res = compile_with_nvcc(translation_unit([src["rms"], src["kred"], src["splitk"]]),
+                            ("sm_90",), name="rtgrid")
     assert res.warnings == [], res.warnings

@@ -726,7 +726,7 @@ class BlockKernelEmitter:
             commit = ["#ifndef MIRAGE_TMA", *commit, "#endif"]  # no cp.async group to close
         for j in range(self.plan.pipeline - 1):
             copies = self.prefetch(piped, str(j))
-            if self.counts.loop is not None:  # no copy past the last iteration that runs
+            if self.counts.loop is not None and j:  # no copy past the last iteration run
                 copies = [f"if ({j} < mp_trips) {{", *("  " + x for x in copies), "}"]
             out += [*copies, *commit]
         return out
@@ -820,7 +820,8 @@ class BlockKernelEmitter:
                 if loop is not None:
                     body += ["", f"// iterations that run: those not wholly past {loop.valid!r} "
                                  f"(tiles of {loop.part}; at most {self.F}, at least 1)",
-                             f"const int mp_trips = {loop.c()};"]
+                             f"const int mp_trips_left = {loop.c_unclamped()};",
+                             f"const int mp_trips = {loop.clamp('mp_trips_left')};"]
                 if self.plan.pipelined:
                     body.append("")
                     body += self.pipeline_prologue()

@@ -105,6 +105,14 @@ class RunCount:
     def c(self, dim_value: Any = None) -> str:
         """The count as a C expression; ``dim_value(name)`` gives a dim's C value (default: the
         kernel's ``mp_dim_<name>`` parameter)."""
+        return self.clamp(self.c_unclamped(dim_value))
+
+    def clamp(self, n: str) -> str:
+        """``n`` (a C expression) clamped to ``1 .. whole``."""
+        return f"({n} < 1 ? 1 : {n} > {self.whole} ? {self.whole} : {n})"
+
+    def c_unclamped(self, dim_value: Any = None) -> str:
+        """``ceil((valid - start) / part)`` as C, before the clamp."""
         v = size_expr(self.valid)
         if dim_value is not None:
             for n, _ in self.valid.terms:
@@ -112,8 +120,7 @@ class RunCount:
         if self.start_axis >= 0:
             axis = ("blockIdx.x", "blockIdx.y", "blockIdx.z")[self.start_axis]
             v = f"({v} - static_cast<int>({axis}) * {self.start_part})"
-        n = f"({v} + {self.part - 1}) / {self.part}" if self.part > 1 else v
-        return f"({n} < 1 ? 1 : {n} > {self.whole} ? {self.whole} : {n})"
+        return f"({v} + {self.part - 1}) / {self.part}" if self.part > 1 else v
 
 
 @dataclass(frozen=True)
