@@ -113,10 +113,7 @@ class RunCount:
 
     def c_unclamped(self, dim_value: Any = None) -> str:
         """``ceil((valid - start) / part)`` as C, before the clamp."""
-        v = size_expr(self.valid)
-        if dim_value is not None:
-            for n, _ in self.valid.terms:
-                v = v.replace(f"mp_dim_{n}", dim_value(n))
+        v = size_expr(self.valid, dim_value)
         if self.start_axis >= 0:
             axis = ("blockIdx.x", "blockIdx.y", "blockIdx.z")[self.start_axis]
             v = f"({v} - static_cast<int>({axis}) * {self.start_part})"
@@ -276,8 +273,8 @@ def _elementwise(op: str, args: list[float | None], attrs: dict) -> float | None
         return args[1] if args[0] != 0.0 else args[2]
     if any(a is None for a in args):
         return None
-    y = op_compute(op, [np.float32(a) for a in args], attrs)
-    y = float(np.asarray(y, np.float32))
+    y = op_compute(op, [np.full(1, a, np.float32) for a in args], attrs)
+    y = float(np.asarray(y, np.float32).reshape(-1)[0])
     return y if np.isfinite(y) else None
 
 
