@@ -20,6 +20,7 @@ from mirage_py.codegen_cuda.emulator import EmulatedGraph, build_emulator
 from mirage_py.codegen_cuda.extents import PaddedExtents, RunCount, kernel_counts
 from mirage_py.codegen_cuda.nvcc import compile_with_nvcc, find_nvcc
 from mirage_py.lax.family import cut_outputs, pad_inputs
+from mirage_py.lax.shapes import Affine
 
 
 def _rel(y, r):
@@ -59,6 +60,43 @@ def _split_k(prefix: str):
     return g, ext, emit_cuda(g, prefix=prefix, extents=ext, stages=(4, 2))
 
 
+def _masked_online_attention():
+    """FlashAttention's loop over a padded key length, written as superopt writes it for a
+    family's bucket: a valid mask hides padded keys from the running max (fill -65504) and the
+    row sums (fill 0); ``exp(s - m) @ v`` is left unmasked, relying on V's zero padding. 32 query
+    rows on 2 blocks, keys padded to 64 in 4 iterations of 16."""
+    from mirage_py.ugraph import (Accum, BlockGraph, BlockOp, DTensor, Fused, GraphKernel,
+                                  InputIter, KernelGraph, MaskIter, OutputSaver, ThreadGraph,
+                                  ThreadOp)
+    S = mp.dim("S", 1, 64)
+    rows, d, n = 32, 16, 64
+    where_max = ThreadGraph(2, (ThreadOp("a", "where", ("in0", "in1", -65504.0)),))
+    exp_sub = ThreadGraph(2, (ThreadOp("a", "sub", ("in0", "in1")), ThreadOp("b", "exp", ("a",))))
+    where_exp = ThreadGraph(3, (ThreadOp("a", "sub", ("in1", "in2")), ThreadOp("b", "exp", ("a",)),
+                                ThreadOp("c", "where", ("in0", "b", 0.0))))
+    keep = (("axes", (1,)), ("keepdims", True))
+    ops = (InputIter("q", 0, (0, -1, -1)), InputIter("k", 1, (-1, -1, -1), 1),
+           InputIter("v", 2, (-1, -1, -1), 0),
+           MaskIter("mk", (rows, n), n, 0, (0, -1, -1), 1, (rows, Affine.of(S))),
+           BlockOp("s", "matmul", ("q", "k")),
+           Fused("sm", ("mk", "s"), where_max),
+           BlockOp("cm", "max", ("sm",), keep),
+           Accum("m", "cm", "max", running=True),
+           Fused("e", ("s", "m"), exp_sub),
+           Fused("em", ("mk", "s", "m"), where_exp),
+           BlockOp("l1", "sum", ("em",), keep),
+           Accum("l", "l1", "sum", rescale="m"),
+           BlockOp("o1", "matmul", ("e", "v")),
+           Accum("o", "o1", "sum", rescale="m"),
+           BlockOp("y", "div", ("o", "l")),
+           OutputSaver("y", 0, (0, -1, -1)))
+    ins = (DTensor("Q", (rows, d)), DTensor("K", (d, n)), DTensor("V", (n, d)))
+    gk = GraphKernel(("Q", "K", "V"), (DTensor("Y", (rows, d)),),
+                     BlockGraph((2, 1, 1), 128, 4, ops))
+    g = KernelGraph("online_s", ins, (gk,), ("Y",))
+    return g, PaddedExtents({"Q": (rows, d), "K": (d, S), "V": (S, d), "Y": (rows, d)})
+
+
 def _mutant(src: CudaSource, old: str, new: str) -> CudaSource:
     """``src`` with ``old`` replaced by ``new`` in the kernel that holds it."""
     i = next(k for k, t in enumerate(src.kernels) if old in t)
@@ -86,6 +124,8 @@ def emulated(families):
                        extents=PaddedExtents.of_program(families["kred"][0]))
     src["kred_short"] = _mutant(kred_m, "it < mp_trips;", "it < mp_trips - 1;")
     src["splitk"] = _split_k("splitk")[2]
+    g, ext = _masked_online_attention()
+    src["online"] = emit_cuda(g, prefix="online", extents=ext)
     src["splitk_late"] = _mutant(_split_k("splitk_m")[2], "blockIdx.y) * 128)",
                                  "blockIdx.y) * 256)")
     return src, build_emulator(list(src.values()))
@@ -207,6 +247,47 @@ def test_a_per_block_trip_count_that_starts_a_part_late_is_caught(emulated):
     assert _rel(_emulator(emulated, "splitk_late")(x, sizes={"K": 200})["C"], ref) > 0.05
 
 
+def test_an_online_softmax_skips_padded_iterations_through_its_running_max(emulated):
+    """A skipped iteration would add the fill -65504 to the running max (its identity: the
+    rescale factor is 1) and zeros to the masked row sums and to ``exp(s - m) @ v`` (V
+    zero-filled): trips = ceil(S / 16); equal to float64 at 1, a partial tile, a tile, the
+    next one and the full bucket, and to the interpreter."""
+    g, ext = _masked_online_attention()
+    loop = kernel_counts(g, ext)[0].loop
+    assert (loop.part, loop.whole) == (16, 4)
+    assert "for (int it = 0; it < mp_trips; ++it)" in emulated[0]["online"].kernels[0]
+    em = _emulator(emulated, "online")
+    rng = np.random.default_rng(0)
+    for v in (1, 7, 16, 17, 64):
+        q = rng.standard_normal((32, 16))
+        k, vv = np.zeros((16, 64)), np.zeros((64, 16))
+        k[:, :v] = rng.standard_normal((16, v))
+        vv[:v] = rng.standard_normal((v, 16))
+        sc = q @ k[:, :v]
+        pr = np.exp(sc - sc.max(-1, keepdims=True))
+        ref = pr / pr.sum(-1, keepdims=True) @ vv[:v]
+        got = em({"Q": q, "K": k, "V": vv}, sizes={"S": v})["Y"]
+        assert not np.isnan(got).any(), v
+        assert _rel(got, ref) <= 2e-2, v
+        interp = g.run({"Q": q, "K": k, "V": vv}, precision="gpu", sizes={"S": v})["Y"]
+        assert _rel(got, interp) <= 2e-2, v
+
+
+def test_the_rule_keeps_work_whose_padding_is_read():
+    """Where a skipped iteration would not add the identity, or a kernel's output is read by
+    another, the bucket's counts stay: an online softmax whose row sums are not masked (a padded
+    key adds exp(0 - m) to them) keeps its loop; split-K's first kernel, which writes partial
+    sums another kernel reads, keeps its grid."""
+    from test_online_softmax import online
+    S = mp.dim("S", 1, 64)
+    g = online(forloop=4)
+    assert kernel_counts(g, PaddedExtents({"Q": (32, 16), "K": (16, S), "V": (S, 16),
+                                           "Y": (32, 16)})) == {}
+    g, ext, _ = _split_k("splitk_r")
+    counts = kernel_counts(g, ext)
+    assert counts[0].grid == (None, None, None) and 1 not in counts
+
+
 def test_static_graphs_and_graphs_without_extents_emit_what_they_did(families):
     """Without extents (or with extents that name no padded dim of the graph) the kernels run
     the bucket's whole grid and loop: the same text as before."""
@@ -227,3 +308,34 @@ def test_sources_with_counts_at_launch_compile_with_nvcc_for_sm90(emulated):
     res = compile_with_nvcc(translation_unit([src["rms"], src["kred"], src["splitk"]]),
                             ("sm_90",), name="rtgrid")
     assert res.warnings == [], res.warnings
+
+
+@pytest.mark.slow
+def test_a_searched_decode_attention_runs_only_the_kv_tiles_it_needs():
+    """superopt's answer for attention over a symbolic KV length (64 query rows, searched at
+    2048: FlashAttention's loop with a running max, 16 iterations of 128 keys) sizes its loop
+    at launch; in the emulator at 1, a partial tile, a tile, the next, 1000 and the full bucket
+    it equals float64 and the interpreter (search about 20 s: slow)."""
+    S = mp.dim("S", 1, 4096)
+    p = mp.Program("gq")
+    q = p.input("Q", (2, 64, 32))
+    k = p.input("K", (2, 32, S))
+    v = p.input("V", (2, S, 32))
+    p.output(mp.softmax((q @ k) * 32 ** -0.5, -1) @ v, name="O")
+    fam = mp.superopt(p, workers=1, database=False, progress=False,
+                      representative={"S": 2048})
+    inst = fam.instance({"S": 2048})
+    ext = PaddedExtents.of_program(p)
+    loops = [c.loop for c in kernel_counts(inst.annotated.graph, ext).values() if c.loop]
+    assert loops and loops[0].whole > 1
+    em = EmulatedGraph(emit_cuda(inst.annotated, prefix="gq_s", extents=ext))
+    tile = loops[0].part
+    for s in (1, tile // 2 + 3, tile, tile + 1, 1000, 2048):
+        x = p.random_inputs(s, sizes={"S": s})
+        padded_x = pad_inputs(p, p.check_inputs(x), {"S": 2048})
+        got = cut_outputs(p, em(padded_x, sizes={"S": s}), {"S": s})["O"]
+        assert not np.isnan(got).any(), s
+        assert _rel(got, p.evaluate(x)["O"]) <= 2e-3, s
+        interp = cut_outputs(p, inst.annotated.graph.run(padded_x, precision="gpu",
+                                                         sizes={"S": s}), {"S": s})["O"]
+        assert _rel(got, interp) <= 2e-3, s
