@@ -39,7 +39,8 @@ import numpy as np
 from ..lax.ops import OPS
 from ..lax.ops import compute as op_compute
 from ..lax.shapes import Affine, Dim, resolve
-from ..ugraph.graph import (Accum, BlockOp, Fused, GraphKernel, InputIter, KernelGraph, MaskIter)
+from ..ugraph.graph import (Accum, BlockGraph, BlockOp, Fused, GraphKernel, InputIter,
+                            KernelGraph, MaskIter)
 from .cexpr import size_expr
 
 #: the fills the padder gives a max / min over padding (float16's extremes; float32's are
@@ -132,6 +133,20 @@ class KernelCounts:
     def dims(self) -> tuple[str, ...]:
         return tuple(sorted({n for c in (*self.grid, self.loop) if c is not None
                              for n in c.dims}))
+
+    def work(self, block: BlockGraph, sizes: Mapping[str, int] | None) -> tuple[int, int]:
+        """(blocks launched, loop iterations run summed over them) of a kernel with block
+        graph ``block`` at ``sizes`` (None: the bucket's whole grid and loop)."""
+        grid = [g if c is None or sizes is None else c.at(sizes)
+                for g, c in zip(block.grid, self.grid)]
+        blocks = grid[0] * grid[1] * grid[2]
+        loop = self.loop
+        if loop is None or sizes is None:
+            return blocks, blocks * block.forloop
+        if loop.start_axis < 0:
+            return blocks, blocks * loop.at(sizes)
+        per = blocks // grid[loop.start_axis]
+        return blocks, per * sum(loop.at(sizes, b) for b in range(grid[loop.start_axis]))
 
 
 def kernel_counts(graph: KernelGraph, extents: PaddedExtents | None) -> dict[int, KernelCounts]:
