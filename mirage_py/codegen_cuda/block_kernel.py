@@ -28,6 +28,7 @@ from ..ugraph.phase import Phase
 from .cexpr import (CTYPES, REDUCE_INIT, Names, broadcast_coords, declare_coords, elementwise,
                     flit, linear, mask_value, prod, prune_unused, reduce_step, row_major)
 from .errors import CodegenError
+from .extents import KernelCounts
 from .launch import KernelParam, LaunchSpec, TensorMapParam
 from ..layout.mma import fma_micro_tile, tile_matmul, wgmma_operands
 from ..layout.swizzle import Swizzle
@@ -44,8 +45,12 @@ def _const_ints(decls: list[str]) -> list[str]:
 
 class BlockKernelEmitter:
     def __init__(self, gk: GraphKernel, kplan: KernelPlan, device: DevicePlan, kernel: str,
-                 tensor_cores: bool = True, target: Target | None = None):
+                 tensor_cores: bool = True, target: Target | None = None,
+                 counts: KernelCounts | None = None):
         self.gk, self.bg, self.plan, self.device = gk, gk.block, kplan, device
+        # grid and trip counts computed at launch (a padded graph; codegen_cuda/extents.py)
+        self.counts = counts or KernelCounts()
+        self.trips = "mp_trips" if self.counts.loop is not None else str(gk.block.forloop)
         self.target = target
         self.tensor_cores = tensor_cores
         self.info = kplan.info
@@ -703,7 +708,7 @@ class BlockKernelEmitter:
                     "#endif"]
         elif piped:
             s, ahead = self.plan.pipeline, f"it + {self.plan.pipeline - 1}"
-            out += [f"if ({ahead} < {self.F}) {{  // prefetch iteration {ahead} "
+            out += [f"if ({ahead} < {self.trips}) {{  // prefetch iteration {ahead} "
                     f"({s} stages in flight)",
                     *("  " + x for x in self.prefetch(piped, ahead)), "}",
                     *self.pipeline_wait()]
@@ -720,7 +725,10 @@ class BlockKernelEmitter:
         if piped and all(st.writes in self.tensor_maps for st in piped):
             commit = ["#ifndef MIRAGE_TMA", *commit, "#endif"]  # no cp.async group to close
         for j in range(self.plan.pipeline - 1):
-            out += [*self.prefetch(piped, str(j)), *commit]
+            copies = self.prefetch(piped, str(j))
+            if self.counts.loop is not None and j:  # no copy past the last iteration run
+                copies = [f"if ({j} < mp_trips) {{", *("  " + x for x in copies), "}"]
+            out += [*copies, *commit]
         return out
 
     def tma_barriers(self) -> list[str]:
@@ -765,10 +773,12 @@ class BlockKernelEmitter:
 
     def emit(self) -> tuple[str, LaunchSpec]:
         sched, smem = self.plan.schedule, self.plan.smem
+        loop = self.counts.loop
+        dims = tuple(sorted(set(op_params(self.gk)) | set(loop.dims if loop else ())))
         spec = LaunchSpec(self.kernel, self.plan.index, self.bg.grid, (self.T, 1, 1),
                           smem.total_bytes, tuple(self.in_params + self.out_params),
                           1 if self.one_block_per_sm(smem.total_bytes) else 0,
-                          tuple(self.tensor_maps.values()), op_params(self.gk))
+                          tuple(self.tensor_maps.values()), dims, self.counts.grid)
         lines = [f"// {'-' * 94}", f"// graph-defined kernel #{self.plan.index}: "
                  f"grid {self.bg.grid}, {self.T} threads, for-loop of {self.F}"]
         outs = ", ".join(f"{t.name}: {t.shape} {t.dtype}" for t in self.gk.outputs)
@@ -807,12 +817,17 @@ class BlockKernelEmitter:
             elif kind == "barrier":
                 body.append(f"{indent}{self.barrier()}  // {arg}")
             elif kind == "loop":
+                if loop is not None:
+                    body += ["", f"// iterations that run: those not wholly past {loop.valid!r} "
+                                 f"(tiles of {loop.part}; at most {self.F}, at least 1)",
+                             f"const int mp_trips_left = {loop.c_unclamped()};",
+                             f"const int mp_trips = {loop.clamp('mp_trips_left')};"]
                 if self.plan.pipelined:
                     body.append("")
                     body += self.pipeline_prologue()
                 if self.F > 1:
                     body.append("")
-                    body.append(f"for (int it = 0; it < {self.F}; ++it) {{")
+                    body.append(f"for (int it = 0; it < {self.trips}; ++it) {{")
                     indent = "  "
                     for t in self.plan.pipelined:
                         ct = CTYPES[self.info.dtypes[t]]
@@ -843,5 +858,6 @@ _SEGMENT_TEXT = {Phase.PRE: "before the loop", Phase.BODY: "loop body",
 
 def emit_block_kernel(gk: GraphKernel, kplan: KernelPlan, device: DevicePlan,
                       kernel: str, tensor_cores: bool = True,
-                      target: Target | None = None) -> tuple[str, LaunchSpec]:
-    return BlockKernelEmitter(gk, kplan, device, kernel, tensor_cores, target).emit()
+                      target: Target | None = None,
+                      counts: KernelCounts | None = None) -> tuple[str, LaunchSpec]:
+    return BlockKernelEmitter(gk, kplan, device, kernel, tensor_cores, target, counts).emit()

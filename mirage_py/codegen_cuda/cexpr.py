@@ -101,16 +101,18 @@ def reduce_step(op: str, acc: str, x: str) -> str:
     return f"{acc} = {'maxf' if op == 'max' else 'minf'}({acc}, {x})"
 
 
-def size_expr(v: Any) -> str:
+def size_expr(v: Any, dim_value: Any = None) -> str:
     """A size that is an int or an expression of dims (``lax.shapes.Affine``) as C: a dim is
     read from its kernel parameter (``DIM_PARAM``), so one compiled graph serves every binding
-    of the sizes its masks name."""
+    of the sizes its masks name; ``dim_value(name)`` gives a dim's C value instead (the host
+    launcher's ``tensors->...``)."""
     if isinstance(v, (int, np.integer)):
         return str(int(v))
     terms = getattr(v, "terms", None)
     if terms is None:
         raise CodegenError(f"mask attribute {v!r} is neither an int nor an expression of dims")
-    parts = [(f"{DIM_PARAM}{n}" if c == 1 else f"{c} * {DIM_PARAM}{n}") for n, c in terms]
+    val = dim_value or (lambda n: f"{DIM_PARAM}{n}")
+    parts = [(val(n) if c == 1 else f"{c} * {val(n)}") for n, c in terms]
     if v.const or not parts:
         parts.append(str(v.const))
     return "(" + " + ".join(parts) + ")"

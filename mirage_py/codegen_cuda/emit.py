@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..layout.plan import GraphPlan, plan_graph
-from ..ugraph.bind import bind
+from ..ugraph.bind import bind, params
 from ..ugraph.graph import GraphKernel, KernelGraph
 from ..ugraph.printing import format_kernel_graph
 from .block_kernel import emit_block_kernel
+from .extents import PaddedExtents, kernel_counts
 from .cexpr import Names, ident
 from .host import header_text, launcher_text
 from .kernel_ops import emit_kernel_op
@@ -39,6 +40,12 @@ class CudaSource:
     @property
     def graph(self) -> KernelGraph:
         return self.plan.graph
+
+    @property
+    def dims(self) -> tuple[str, ...]:
+        """The dims whose sizes a call passes (sorted): those the masks name, the trip counts
+        and the grids computed at launch read (empty for a static graph)."""
+        return call_dims(self.graph, self.launches)
 
     def banner(self) -> str:
         g, dev = self.graph, self.plan.device
@@ -73,13 +80,20 @@ class CudaSource:
         return hashlib.sha256(self.cu().encode()).hexdigest()
 
 
+def call_dims(graph: KernelGraph, launches: Sequence[LaunchSpec]) -> tuple[str, ...]:
+    """The dims whose sizes a call of ``graph`` passes (sorted): those its masks name, those
+    its trip counts and launch grids read."""
+    return tuple(sorted({*params(graph), *(d for s in launches for d in (*s.dims,
+                                                                          *s.grid_dims))}))
+
+
 def graph_prefix(graph: KernelGraph) -> str:
     return ident(graph.name)
 
 
 def emit_cuda(graph: Any, target: Any = "h100", prefix: str | None = None,
               tensor_cores: bool = True, stages: Sequence[int] | None = None,
-              sizes: Any = None) -> CudaSource:
+              sizes: Any = None, extents: PaddedExtents | None = None) -> CudaSource:
     """Plan (unless given a plan) and emit the CUDA C++ of ``graph`` (a KernelGraph, a
     GraphPlan, or an annotated graph with ``.graph`` and ``.stages_full()``, such as
     ``OptimizedProgram.annotated``). Every exported symbol starts with ``prefix`` (default: the
@@ -88,7 +102,11 @@ def emit_cuda(graph: Any, target: Any = "h100", prefix: str | None = None,
     ``stages``: cp.async pipeline depth per graph-defined kernel (default: the annotation's, else
     2). A padded graph's masks name dims (``ugraph.bind``): its kernels take their sizes as
     ``int`` parameters when they run (``LaunchSpec.dims``), so one compiled graph serves every
-    binding; ``sizes`` binds them at compile time instead (static code for one binding)."""
+    binding; ``sizes`` binds them at compile time instead (static code for one binding).
+    ``extents`` (the valid sizes of a padded graph's inputs and outputs,
+    ``PaddedExtents.of_program(symbolic_program)``): grids and loop trip counts that may leave
+    out work wholly past the valid sizes are computed at launch (codegen_cuda/extents.py);
+    without it every kernel runs the bucket's whole grid and loop."""
     if hasattr(graph, "stages_full") and hasattr(graph, "graph"):
         stages = tuple(graph.stages_full()) if stages is None else stages
         graph = graph.graph
@@ -97,6 +115,7 @@ def emit_cuda(graph: Any, target: Any = "h100", prefix: str | None = None,
     plan = graph if isinstance(graph, GraphPlan) else plan_graph(graph, target, stages,
                                                                  tensor_cores)
     g = plan.graph
+    counts = kernel_counts(g, extents) if sizes is None else {}
     prefix = ident(prefix) if prefix else graph_prefix(g)
     kernel_names = Names(taken={prefix})
     texts, launches = [], []
@@ -105,13 +124,13 @@ def emit_cuda(graph: Any, target: Any = "h100", prefix: str | None = None,
             outs = "_".join(t.name for t in op.outputs)
             name = kernel_names(f"{prefix}_k{k}_graph_{outs}"[:80])
             text, spec = emit_block_kernel(op, plan.kernels[k], plan.device, name, tensor_cores,
-                                           plan.target)
+                                           plan.target, counts.get(k))
         else:
             name = kernel_names(f"{prefix}_k{k}_{op.op}_{op.output.name}"[:80])
             text, spec = emit_kernel_op(op, k, plan.device, name, tensor_cores)
         texts.append(text)
         launches.append(spec)
-    header = header_text(prefix, g, plan.device, plan.target.name)
+    header = header_text(prefix, g, plan.device, plan.target.name, call_dims(g, launches))
     launcher = launcher_text(prefix, g, plan.device, launches)
     return CudaSource(prefix, plan, tuple(texts), tuple(launches), header, launcher)
 

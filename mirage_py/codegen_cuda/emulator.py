@@ -187,7 +187,7 @@ class EmulatedGraph:
                  sizes: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
         """Run on ``inputs``; ``sizes``: the sizes of the dims a padded graph's masks name."""
         g, dev = self.graph, self.source.plan.device
-        dims = dim_values(g, sizes)
+        dims = dim_values(self.source, sizes)
         check_gather_indices(g, lambda n: (int(np.min(inputs[n])), int(np.max(inputs[n]))))
         keep: list[np.ndarray] = []
         ptr: dict[str, int] = {}
@@ -218,7 +218,7 @@ class EmulatedGraph:
                 maps.append(buf.ctypes.data)
             run_kernel(self.lib, spec.kernel, [ptr[p.tensor] for p in spec.params] +
                        [dims[d].ctypes.data for d in spec.dims] + maps,
-                       spec.grid, spec.block, spec.smem_bytes, self.order)
+                       spec.grid_at(sizes), spec.block, spec.smem_bytes, self.order)
         tensors = g.tensors()
         return {n: from_storage(outs[n], tensors[n].dtype).reshape(tensors[n].shape)
                 for n in g.outputs}

@@ -15,7 +15,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..ugraph.bind import params
 from ..ugraph.graph import KernelGraph
 from .cexpr import ident
 from .emit import CudaSource, emit_cuda
@@ -38,7 +37,7 @@ def binding_text(src: CudaSource) -> str:
     fields = io_fields(g)
     ins = [(n, f) for n, f, is_in in fields if is_in]
     outs = [(n, f) for n, f, is_in in fields if not is_in]
-    dims = params(g)  # a padded graph's valid sizes: ints after the tensors
+    dims = src.dims  # a padded graph's valid sizes: ints after the tensors
     args = ", ".join([f"const at::Tensor& {f}" for _, f in ins] +
                      [f"int64_t {DIM_PARAM}{d}" for d in dims])
     lines = [f"// PyTorch binding of the mirage_py μGraph {g.name!r}: forward({', '.join(f for _, f in ins)})",

@@ -4,7 +4,6 @@ kernel of the graph in order on one stream, with intermediates in a caller-provi
 from __future__ import annotations
 
 from ..layout.tensors import DevicePlan
-from ..ugraph.bind import params
 from ..ugraph.graph import KernelGraph
 from .cexpr import CTYPES, Names
 from .launch import DIM_PARAM, LaunchSpec
@@ -19,7 +18,9 @@ def io_fields(graph: KernelGraph) -> list[tuple[str, str, bool]]:
     return out
 
 
-def header_text(prefix: str, graph: KernelGraph, device: DevicePlan, target: str) -> str:
+def header_text(prefix: str, graph: KernelGraph, device: DevicePlan, target: str,
+                dims: tuple[str, ...] = ()) -> str:
+    """The C API; ``dims``: the sizes a call passes (a padded graph's: ``emit.call_dims``)."""
     guard = f"MIRAGE_{prefix.upper()}_H"
     tensors = graph.tensors()
     lines = [f"// Host API of the CUDA code mirage_py generated for the μGraph {graph.name!r} "
@@ -29,16 +30,16 @@ def header_text(prefix: str, graph: KernelGraph, device: DevicePlan, target: str
              "#endif", "",
              "// Device pointers of the graph's inputs and outputs: dense row-major arrays,",
              "// 16-byte aligned" + (" (and the sizes of the dims its masks name)."
-                                     if params(graph) else "."),
+                                     if dims else "."),
              "typedef struct {"]
     for name, field, is_in in io_fields(graph):
         t = tensors[name]
         q = "const void*" if is_in else "void*"
         lines.append(f"  {q} {field};  // {'input' if is_in else 'output'} {name}: "
                      f"{t.shape} {t.dtype}")
-    for d in params(graph):
-        lines.append(f"  int {DIM_PARAM}{d};  // the size of dim {d} this call runs at (masks of "
-                     f"a padded graph)")
+    for d in dims:
+        lines.append(f"  int {DIM_PARAM}{d};  // the size of dim {d} this call runs at (a padded "
+                     f"graph's valid size)")
     lines += [f"}} {prefix}_tensors;", "",
               f"// Bytes of device workspace {prefix}_launch needs for intermediates: "
               f"{device.workspace_bytes}",
@@ -87,7 +88,10 @@ def launcher_text(prefix: str, graph: KernelGraph, device: DevicePlan,
             lines += [f"  err = cudaFuncSetAttribute({spec.kernel}, "
                       f"cudaFuncAttributeMaxDynamicSharedMemorySize, {spec.smem_bytes});",
                       "  if (err != cudaSuccess) return err;"]
-        g, b = spec.grid, spec.block
+        g, b = spec.grid_c(lambda n: f"tensors->{DIM_PARAM}{n}"), spec.block
+        if spec.grid_dims:
+            lines.append(f"  // grid computed from the sizes: blocks wholly past them are left "
+                         f"out (at most {spec.grid})")
         lines += [f"  {spec.kernel}<<<dim3({g[0]}, {g[1]}, {g[2]}), dim3({b[0]}, {b[1]}, {b[2]}), "
                   f"{spec.smem_bytes}, stream>>>({args});",
                   "  err = cudaGetLastError();", "  if (err != cudaSuccess) return err;"]

@@ -4,6 +4,7 @@ and the CPU emulator, so all three launch exactly the same way."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable, Mapping
 
 from ..layout.tma import TmaCopy
 
@@ -53,6 +54,24 @@ class LaunchSpec:
     # the dims whose sizes the kernel reads when it runs (a padded graph's masks: ugraph.bind),
     # passed as ``const int mp_dim_<name>`` after the pointers, before the maps
     dims: tuple[str, ...] = ()
+    # per grid axis, None (the bucket's count, ``grid``) or a count computed at launch from the
+    # valid sizes (codegen_cuda/extents.py: blocks wholly past them are left out)
+    grid_counts: tuple[Any, Any, Any] = (None, None, None)
+
+    @property
+    def grid_dims(self) -> tuple[str, ...]:
+        """The dims the launch reads to size the grid (host side; not kernel arguments)."""
+        return tuple(sorted({n for c in self.grid_counts if c is not None for n in c.dims}))
+
+    def grid_at(self, sizes: Mapping[str, int] | None) -> tuple[int, int, int]:
+        """The grid of a launch at ``sizes`` (the bucket's grid where nothing is computed)."""
+        return tuple(g if c is None else c.at(sizes or {})  # type: ignore[return-value]
+                     for g, c in zip(self.grid, self.grid_counts))
+
+    def grid_c(self, dim_value: Callable[[str], str]) -> tuple[str, str, str]:
+        """The grid as C expressions (``dim_value(name)``: a dim's value in the launcher)."""
+        return tuple(str(g) if c is None else c.c(dim_value)  # type: ignore[return-value]
+                     for g, c in zip(self.grid, self.grid_counts))
 
     @property
     def threads(self) -> int:

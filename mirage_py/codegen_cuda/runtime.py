@@ -18,7 +18,6 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..errors import DTypeError, IndexRangeError, ProgramError, ShapeError
-from ..ugraph.bind import params
 from ..ugraph.graph import KernelGraph, KernelOp
 from . import tensor_map
 from .emit import CudaSource, emit_cuda
@@ -168,13 +167,14 @@ def check_gather_indices(graph: KernelGraph, extrema: Any) -> None:
                                       f"(valid 0 .. {rows - 1})")
 
 
-def dim_values(graph: KernelGraph, sizes: Mapping[str, int] | None) -> dict[str, np.ndarray]:
-    """The size of each dim the graph's masks name, as a C int (a kernel argument by value)."""
-    need = params(graph)
+def dim_values(source: CudaSource, sizes: Mapping[str, int] | None) -> dict[str, np.ndarray]:
+    """The size of each dim a call of ``source`` passes (its masks', trip counts' and launch
+    grids'), as a C int (a kernel argument by value)."""
+    need = source.dims
     missing = [d for d in need if d not in (sizes or {})]
     if missing:
-        raise CodegenError(f"μGraph {graph.name!r}: its masks name dims {missing}: give their "
-                           f"sizes (sizes=...)")
+        raise CodegenError(f"μGraph {source.graph.name!r}: its masks, trip counts or grids name "
+                           f"dims {missing}: give their sizes (sizes=...)")
     return {d: np.array([int(sizes[d])], np.int32) for d in need}
 
 
@@ -220,7 +220,7 @@ class CompiledGraph:
         passed to its kernels)."""
         cp = _cupy()
         g, dev = self.graph, self.source.plan.device
-        dims = {d: np.int32(v[0]) for d, v in dim_values(g, sizes).items()}
+        dims = {d: np.int32(v[0]) for d, v in dim_values(self.source, sizes).items()}
         tensors = g.tensors()
         missing = [t.name for t in g.inputs if t.name not in inputs]
         if missing:
@@ -251,7 +251,8 @@ class CompiledGraph:
                 tuple(dims[d] for d in spec.dims) + \
                 tuple(self._tensor_map(spec.kernel, m, arrays[m.tensor].data.ptr)
                       for m in spec.tensor_maps)
-            self.kernels[spec.kernel](spec.grid, spec.block, args, shared_mem=spec.smem_bytes)
+            self.kernels[spec.kernel](spec.grid_at(sizes), spec.block, args,
+                                      shared_mem=spec.smem_bytes)
         return result
 
     def _tensor_map(self, kernel: str, m: Any, address: int) -> Any:

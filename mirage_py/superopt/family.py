@@ -141,9 +141,11 @@ class FamilyProgram:
     def __call__(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
         """Run on the GPU (compiled CUDA through CuPy; inputs CuPy arrays or DLPack tensors):
         sizes bound from the inputs, checked once (``check_sizes``), the bucket's graph --
-        compiled once per bucket, the valid sizes passed to its kernels -- run on the inputs
+        compiled once per bucket, the valid sizes passed to its kernels, which size their grids
+        and loops from them (codegen_cuda/extents.py) -- run on the inputs
         zero-filled on the device, the outputs cut back (views of the bucket's outputs)."""
-        from ..codegen_cuda import CompiledGraph
+        from ..codegen_cuda import CompiledGraph, emit_cuda
+        from ..codegen_cuda.extents import PaddedExtents
         from ..codegen_cuda.runtime import _cupy, _to_cupy
         cp = _cupy()
         missing = [t.name for t in self.program.inputs if t.name not in inputs]
@@ -154,7 +156,10 @@ class FamilyProgram:
         key = self._key(bucket)
         compiled = self._compiled.get(key)
         if compiled is None:
-            compiled = self._compiled[key] = CompiledGraph(inst.annotated, inst.target)
+            # grids and trip counts from the valid sizes: work wholly past them left out
+            src = emit_cuda(inst.annotated, inst.target,
+                            extents=PaddedExtents.of_program(self.program))
+            compiled = self._compiled[key] = CompiledGraph(src, inst.target)
         out = compiled(pad_inputs(self.program, arrays, bucket, xp=cp), sizes=sizes)
         return cut_outputs(self.program, out, sizes)
 
