@@ -62,6 +62,13 @@ from .structure import Status, Structure, lower_bound
 from .bound import Checked, settled_verification
 
 FLOOR_SECONDS = 1.0  # the floor's quick searches, all groups of a part together
+# under a time budget, the floor's groups are laid while their guessed checks fit in this share
+# of it (past ``FLOOR_SECONDS``, which any budget gets): the groups it leaves save the least
+# per second of check (on the 32-layer 8B-size decoder an output projection with its residual
+# saves 2.5 us a layer for a 2.4-4.5 s numerics check, the down projection 7.5 us for 5-9 s),
+# and the rest of the budget goes to the searched structures the cover wants (a norm and query
+# projection, the attention, the gate and up projections: 2-7 us a layer per second of check)
+FLOOR_BUDGET_SHARE = 0.3
 FLOOR = Settings(max_kernels=1, tune_top=0, tune_rounds=0)
 # a search of a region smaller than its part gives up after visiting this many block-level
 # states without finding one candidate (on the decoder block the successful searches found
@@ -254,6 +261,8 @@ class PartCover:
         the cheapest cover by them and the naive operators."""
         run = self.run
         tf = time.perf_counter()
+        budget = run.budget_s
+        spent = 0.0  # guessed seconds of the checks of the groups laid so far
         for i, key in enumerate(self._floor_order()):
             st = run.structures[key]
             self._from_database(st)
@@ -262,17 +271,22 @@ class PartCover:
             share = max(0.05, (FLOOR_SECONDS - (time.perf_counter() - tf)) /
                         (len(self.floor_keys) - i))
             elements = _input_elements(st.program)
+            if run.interrupted or (time.perf_counter() - tf > FLOOR_SECONDS and run.expired()):
+                self.cut_short = True  # the naive operators cover the remaining groups
+                break
             if time.perf_counter() - tf <= FLOOR_SECONDS:  # any budget gets this much floor,
                 # unless the check a search is guessed to need could not end in it or the budget
-                # (at the 8B size a floor group's verification and numerics check took 15 s)
+                # (at the 8B size a floor group's numerics check took 5-9 s)
                 left = run.seconds_left()
-                stop = run.interrupted or 2 * run.check_s_per_element * elements > max(
-                    FLOOR_SECONDS, math.inf if left is None else left)
+                fits = run.check_guess(elements) <= max(FLOOR_SECONDS,
+                                                        math.inf if left is None else left)
             else:
-                stop = run.expired() or not run.room_for_check(extra_s=share, elements=elements)
-            if stop:  # the naive operators cover the remaining groups
+                fits = run.room_for_check(extra_s=share, elements=elements)
+            if fits and budget is not None:
+                fits = spent + run.check_guess(elements) <= FLOOR_BUDGET_SHARE * budget
+            if not fits:  # this group stays naive operators; a cheaper check may still fit
                 self.cut_short = True
-                break
+                continue
             ex = None if run.db is None else \
                 stored_exploration(run.db, st.program, run.target, run.key, FLOOR, floor=True)
             if ex is None:
@@ -285,18 +299,26 @@ class PartCover:
                 if run.db is not None:
                     keep_exploration(run.db, st.program, run.target, run.key, FLOOR, ex,
                                      floor=True)
+            spent += run.check_guess(elements)
             st.floor = self._first_verified(st, ex.options, "floor", ex, tries=2)
         self.floor_seconds = time.perf_counter() - tf
         cands, self.floor_what = self.candidates(floor_only=True)
         self.floor_cover = self._solve(cands)
 
     def _floor_order(self) -> list[str]:
-        """The floor's structures, the most time they can save first (their naive lowering's
-        cost at every place they occur): when the budget ends in the floor, what it has laid
-        is the best it could have."""
+        """The floor's structures, the most time they can save per second of their check
+        first: what their naive lowering costs above their lower bound at every place they
+        occur, over the check :meth:`Run.check_guess` guesses for them (at the 8B size a
+        numerics check takes 1e-7 s per input element, a gate-and-up group twice what a
+        norm does and saves less). When the budget ends in the floor, what it has laid is
+        the most it could have saved in that time."""
         run = self.run
-        return sorted(self.floor_keys, key=lambda k: -self.uses.get(k, 1) *
-                      run.structures[k].naive(run.model, run.target).us)
+
+        def rate(k: str) -> float:
+            st = run.structures[k]
+            saves = self.uses.get(k, 1) * max(0.0, st.naive(run.model, run.target).us - st.lb)
+            return saves / max(run.check_guess(_input_elements(st.program)), 1e-3)
+        return sorted(self.floor_keys, key=lambda k: -rate(k))
 
     # -- 2. the lazy cover ------------------------------------------------------------------
     def settle(self) -> None:
@@ -315,16 +337,24 @@ class PartCover:
             opened = [st for st in opened if st.status is Status.OPEN]
             if opened:
                 self._search(opened)
-                continue
+                if self.run.budget_s is None:
+                    continue
+                # under a budget what the round found is tuned and checked before the next
+                # searches: the budget may end before the cover wants nothing unsearched
+                todo = [st for st in todo if st.status is Status.EXPLORED]
+                if not todo:
+                    continue
             # explored: tune those whose tuning waits for the cover to want them, then verify
             # the best remaining option (the next round, at its tuned cost, if still picked)
             untuned = [st for st in todo if st.status is Status.EXPLORED and st.prior is not None]
             if untuned:
                 self._tune(untuned)
                 continue
-            if not self.run.room_for_check():
+            explored = [st for st in todo if st.status is Status.EXPLORED]
+            if not any(self.run.room_for_check(elements=_input_elements(st.program))
+                       for st in explored):
                 return  # no check could end before the budget does (keep_verified answers)
-            self._verify_all([st for st in todo if st.status is Status.EXPLORED])
+            self._verify_all(explored)
 
     def keep_verified(self) -> None:
         """When the budget ended or Ctrl-C came with the cover still wanting unverified
@@ -383,6 +413,17 @@ class PartCover:
             for st in opened:
                 st.skip()
             return
+        if run.budget_s is not None:  # a search only where its answer's check could end in
+            # time, the most it can save per second of that check first
+            for st in opened:
+                if not run.room_for_check(elements=_input_elements(st.program)):
+                    st.skip()
+            # one search per worker a round: what they find is checked before the next ones
+            # start, not after every wanted structure has been searched
+            opened = sorted((st for st in opened if st.status is Status.OPEN),
+                            key=lambda st: -self._potential_rate(st))[:max(1, run.workers)]
+            if not opened:
+                return
         # regions whose bound is two kernels' (one kernel would load too much in a block) wait
         # while others the cover wants are searched: their answers mostly pass program values
         # between the kernels, which the cover composes from smaller regions, and once those
@@ -516,6 +557,7 @@ class PartCover:
         """Each structure's best remaining option verified (by the executor, all at once); on
         success it is the structure's answer."""
         run = self.run
+        sts = sorted(sts, key=lambda st: -self._saving_rate(st))
         jobs = [VerifyJob(st.key, st.program, st.options[0].graph) for st in sts
                 if st.options and st.tried < run.settings.max_verify]
         got = run.executor.verify(jobs, run) if jobs else {}
@@ -532,6 +574,27 @@ class PartCover:
                 st.answered(res)
             elif not st.options or st.tried >= run.settings.max_verify:
                 st.fail()
+
+    def _potential_rate(self, st: Structure) -> float:
+        """What an unsearched structure can save at most per second of its answer's check:
+        its naive lowering's cost above its lower bound at every place it occurs, over
+        :meth:`Run.check_guess`."""
+        run = self.run
+        saves = self.uses.get(st.key, 1) * max(0.0, st.naive(run.model, run.target).us - st.lb)
+        return saves / max(run.check_guess(_input_elements(st.program)), 1e-3)
+
+    def _saving_rate(self, st: Structure) -> float:
+        """What checking an explored structure's best option can save per second of its
+        check (:meth:`Run.check_guess`): its naive lowering's cost above the option's at every
+        place it occurs. A budget that cannot check every wanted structure checks the ones
+        worth the most per second first (at the 8B size a norm and query projection saves 20 us
+        a layer for a 3 s check, the gate and up projections 25 us for an 11 s one)."""
+        run = self.run
+        if not st.options:
+            return 0.0
+        saves = self.uses.get(st.key, 1) * max(
+            0.0, st.naive(run.model, run.target).us - st.options[0].predicted_us)
+        return saves / max(run.check_guess(_input_elements(st.program)), 1e-3)
 
     def _first_verified(self, st: Structure, options: list[Option], source: str,
                         ex: Explored | None, tries: int, known: Any = None) -> RegionResult | None:
@@ -607,7 +670,8 @@ class PartCover:
         """Search, tune and verify one structure to the end (a replay that did not apply)."""
         st.whole = True
         self._explore_all([st])
-        while st.status is Status.EXPLORED:
+        while st.status is Status.EXPLORED and self.run.room_for_check(
+                elements=_input_elements(st.program)):
             self._verify_all([st])
 
     # -- 3. the answer ------------------------------------------------------------------------
@@ -824,7 +888,7 @@ def _finite(st: Structure, graph: KernelGraph, run: Run) -> bool:
     t0 = time.perf_counter()
     ok = numerics_verdict(st.program, graph, st.naive(run.model, run.target).graph,
                           seed=run.settings.seed, target=run.target, sizes=run.sizes).ok
-    run.numerics_s = max(run.numerics_s, time.perf_counter() - t0)
+    run.numerics_times.note(_input_elements(st.program), time.perf_counter() - t0)
     return ok
 
 
