@@ -179,3 +179,34 @@ def test_a_cut_short_part_keeps_the_cover_whose_assembled_graph_is_cheapest():
     got = out.graph.run(comp.program.check_inputs(inputs), precision="float64")
     for k in ref:
         np.testing.assert_allclose(got[k], ref[k], rtol=1e-9, atol=1e-9 * np.abs(ref[k]).max())
+
+
+@pytest.mark.slow  # 6-8 s of CPU (14 s under a load of 7)
+def test_a_budget_ending_after_the_first_searched_answer_replays_it_to_every_layer(monkeypatch):
+    """Good early (issue #29): under a budget the searches go one per worker, the most they can
+    save per second of their check first, and what a round finds is checked before the next
+    round searches. When the budget ends right after the first searched structure is verified,
+    the answer already uses it at every layer (identical layers are one structure), is cheaper
+    than the floor's cover, and equals the float64 reference."""
+    from mirage_py.superopt.part import PartCover
+    layers = 2
+    comp = decoder_block(layers=layers)
+    real = PartCover._first_verified
+    first = []
+
+    def budget_ends_after_the_first(self, st, options, source, *a, **kw):
+        res = real(self, st, options, source, *a, **kw)
+        if res is not None and source == "search" and not first:
+            first.append(st.key)
+            self.run.deadline = self.run.search_deadline = time.perf_counter()
+        return res
+    monkeypatch.setattr(PartCover, "_first_verified", budget_ends_after_the_first)
+    opt = mp.superopt(comp.program, database=False, workers=1, progress=False,
+                      time_budget_s=600)
+    assert first and opt.timed_out
+    (part,) = opt.parts
+    searched = [pc for pc in part.pieces if pc.kind == "region" and
+                pc.result.program.structural_hash() == first[0]]
+    assert len(searched) == layers  # the one verified search answer, at every layer
+    assert opt.estimated_time_us < part.floor_us < opt.naive_estimated_time_us
+    check_answer(opt, comp.reference, comp.inputs(7))
