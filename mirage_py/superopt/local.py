@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from ..lax.program import Program
+from .run import input_elements  # noqa: F401 -- where it was
 from .jobs import Executor, ExploreJob, Measured, MeasureJob, VerifyJob
 from .search import Explored, Settings, _Progress, explore_or_tune, frozen_heap, measure_graphs
 
@@ -26,17 +27,8 @@ def verify_here(job: VerifyJob, run: Any):
     run notes how long it took (``Run.verify_times``)."""
     t0 = time.perf_counter()
     v = run.verifier(job.key, job.program).check(job.graph, tests=run.settings.verify_tests)
-    run.verify_times.note(input_elements(job.program), time.perf_counter() - t0)
+    run.note_verification(job.program, v, time.perf_counter() - t0)
     return v
-
-
-def input_elements(program: Program) -> int:
-    """The elements of a program's inputs (0 for symbolic sizes: no guess from them)."""
-    from ..errors import ShapeError
-    try:
-        return sum(t.size for t in program.inputs)
-    except ShapeError:
-        return 0
 
 
 class LocalExecutor(Executor):
@@ -70,7 +62,7 @@ class LocalExecutor(Executor):
     def verify(self, jobs: list[VerifyJob], run: Any) -> dict:
         out = {}
         for job in jobs:  # one after another, each where it can end before the budget does
-            if not run.room_for_check(elements=input_elements(job.program)):
+            if not run.room_for_check(job.program):
                 continue
             out[job.key] = verify_here(job, run)
         return out

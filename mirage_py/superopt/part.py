@@ -51,10 +51,10 @@ from ..tuning.annotations import AnnotatedGraph
 from ..ugraph.graph import KernelGraph
 from ..ugraph.lower import naive_lowering
 from .jobs import ExploreJob, MeasureJob, VerifyJob, region_label
-from .local import input_elements as _input_elements, verify_here
+from .local import verify_here
 from .option import Option
 from .result import PartResult, Piece, RegionResult, SavedVerification
-from .run import Run
+from .run import Run, input_elements as _input_elements
 from .search import Explored, Settings, explore, measures
 from .store import (Recording, keep_exploration, record, stored_answer,
                     stored_exploration)
@@ -270,7 +270,6 @@ class PartCover:
                 continue
             share = max(0.05, (FLOOR_SECONDS - (time.perf_counter() - tf)) /
                         (len(self.floor_keys) - i))
-            elements = _input_elements(st.program)
             if run.interrupted or (time.perf_counter() - tf > FLOOR_SECONDS and run.expired()):
                 self.cut_short = True  # the naive operators cover the remaining groups
                 break
@@ -278,12 +277,12 @@ class PartCover:
                 # unless the check a search is guessed to need could not end in it or the budget
                 # (at the 8B size a floor group's numerics check took 5-9 s)
                 left = run.seconds_left()
-                fits = run.check_guess(elements) <= max(FLOOR_SECONDS,
+                fits = run.check_guess(st.program) <= max(FLOOR_SECONDS,
                                                         math.inf if left is None else left)
             else:
-                fits = run.room_for_check(extra_s=share, elements=elements)
+                fits = run.room_for_check(st.program, extra_s=share)
             if fits and budget is not None:
-                fits = spent + run.check_guess(elements) <= FLOOR_BUDGET_SHARE * budget
+                fits = spent + run.check_guess(st.program) <= FLOOR_BUDGET_SHARE * budget
             if not fits:  # this group stays naive operators; a cheaper check may still fit
                 self.cut_short = True
                 continue
@@ -299,7 +298,7 @@ class PartCover:
                 if run.db is not None:
                     keep_exploration(run.db, st.program, run.target, run.key, FLOOR, ex,
                                      floor=True)
-            spent += run.check_guess(elements)
+            spent += run.check_guess(st.program)
             st.floor = self._first_verified(st, ex.options, "floor", ex, tries=2)
         self.floor_seconds = time.perf_counter() - tf
         cands, self.floor_what = self.candidates(floor_only=True)
@@ -317,13 +316,14 @@ class PartCover:
         def rate(k: str) -> float:
             st = run.structures[k]
             saves = self.uses.get(k, 1) * max(0.0, st.naive(run.model, run.target).us - st.lb)
-            return saves / max(run.check_guess(_input_elements(st.program)), 1e-3)
+            return saves / max(run.check_guess(st.program), 1e-3)
         return sorted(self.floor_keys, key=lambda k: -rate(k))
 
     # -- 2. the lazy cover ------------------------------------------------------------------
     def settle(self) -> None:
         """Search what the cover wants, tune and verify what it picks, until every piece of
-        the cover is a verified answer (see the module docstring)."""
+        the cover is a verified answer (see the module docstring); under a time budget in
+        :meth:`_budget_round`\ s."""
         while not self.run.out_of_time():
             if self.run.expired() and not any(self.run.structures[k].status is Status.EXPLORED
                                               for k in self.search_keys):
@@ -334,27 +334,47 @@ class PartCover:
             opened = [st for st in todo if st.status is Status.OPEN]
             for st in opened:
                 self._from_database(st)
+            if self.run.budget_s is not None:
+                if not self._budget_round(todo):
+                    return  # nothing could be done before the budget ends
+                continue
             opened = [st for st in opened if st.status is Status.OPEN]
             if opened:
                 self._search(opened)
-                if self.run.budget_s is None:
-                    continue
-                # under a budget what the round found is tuned and checked before the next
-                # searches: the budget may end before the cover wants nothing unsearched
-                todo = [st for st in todo if st.status is Status.EXPLORED]
-                if not todo:
-                    continue
+                continue
             # explored: tune those whose tuning waits for the cover to want them, then verify
             # the best remaining option (the next round, at its tuned cost, if still picked)
             untuned = [st for st in todo if st.status is Status.EXPLORED and st.prior is not None]
             if untuned:
                 self._tune(untuned)
                 continue
-            explored = [st for st in todo if st.status is Status.EXPLORED]
-            if not any(self.run.room_for_check(elements=_input_elements(st.program))
-                       for st in explored):
+            if not self.run.room_for_check():
                 return  # no check could end before the budget does (keep_verified answers)
-            self._verify_all(explored)
+            self._verify_all([st for st in todo if st.status is Status.EXPLORED])
+
+    def _budget_round(self, todo: list[Structure]) -> bool:
+        """One round of the cover loop under a time budget, where the checks (a numerics check
+        at the 8B size: 1-3e-7 s per input element) are what the time goes to: of the wanted
+        structures, one search per worker (:meth:`_search`: the most they can save per second
+        of their check first, only those whose check can still end in time), one tuning per
+        worker, and the check of every tuned one that can end in time, the most worth per
+        second first -- so what a round finds is checked before the next round searches, and
+        the answer at any moment has the structures worth the most (each verified structure
+        serves every place it occurs: identical layers). False when nothing could be done."""
+        run = self.run
+        opened = [st for st in todo if st.status is Status.OPEN]
+        if opened:
+            self._search(opened)
+        untuned = [st for st in todo if st.status is Status.EXPLORED and st.prior is not None]
+        if untuned:
+            done = self._verified_candidates()
+            self._tune(sorted(untuned, key=lambda st: -self._saving_rate(st, done))[
+                :max(1, run.workers)])
+        ready = [st for st in todo if st.status is Status.EXPLORED and st.prior is None and
+                 run.room_for_check(st.program)]
+        if ready:
+            self._verify_all(ready)
+        return bool(opened or untuned or ready)
 
     def keep_verified(self) -> None:
         """When the budget ended or Ctrl-C came with the cover still wanting unverified
@@ -416,12 +436,14 @@ class PartCover:
         if run.budget_s is not None:  # a search only where its answer's check could end in
             # time, the most it can save per second of that check first
             for st in opened:
-                if not run.room_for_check(elements=_input_elements(st.program)):
+                if not run.room_for_check(st.program):
                     st.skip()
             # one search per worker a round: what they find is checked before the next ones
             # start, not after every wanted structure has been searched
+            done = self._verified_candidates()
             opened = sorted((st for st in opened if st.status is Status.OPEN),
-                            key=lambda st: -self._potential_rate(st))[:max(1, run.workers)]
+                            key=lambda st: -self._potential_rate(st, done))[
+                                :max(1, run.workers)]
             if not opened:
                 return
         # regions whose bound is two kernels' (one kernel would load too much in a block) wait
@@ -432,9 +454,7 @@ class PartCover:
         if first:
             opened = first
         searching = opened + self._speculate(opened)
-        cands, what = self.candidates()
-        verified = [c for c in cands if not c.key.startswith("region:") or
-                    run.structures[what[c.key][0].key].status is Status.VERIFIED]
+        verified = self._verified_candidates()
         for st in searching:
             st.cap = self._break_even(st, verified)
         self._explore_all(searching)
@@ -474,14 +494,21 @@ class PartCover:
     def _break_even(self, st: Structure, done: list) -> float | None:
         """What an answer for a sub-region must beat to be of any use: at each place the
         structure occurs, the cheapest cover of just that region's operators by what is already
-        verified (the naive operators, the floor, answered regions) -- an answer costing more
-        could always be replaced by that cover, which computes the same operators, reads no
-        more and writes at least the region's outputs. The largest over the places, times
-        ``TUNE_SLACK`` (the search ranks untuned kernels, tuning still lowers them); None for
-        the whole part, which is searched to the end as before regions existed. ``done``: the
-        cover candidates that are verified answers."""
+        verified (:meth:`_verified_cost`) -- an answer costing more could always be replaced by
+        that cover, which computes the same operators, reads no more and writes at least the
+        region's outputs. The largest over the places, times ``TUNE_SLACK`` (the search ranks
+        untuned kernels, tuning still lowers them); None for the whole part, which is searched
+        to the end as before regions existed. ``done``: the cover candidates that are verified
+        answers."""
         if st.whole:
             return None
+        worst = self._verified_cost(st, done)
+        return worst * TUNE_SLACK if worst else None
+
+    def _verified_cost(self, st: Structure, done: list) -> float | None:
+        """At each place the structure occurs, the cheapest cover of just that region's
+        operators by the verified candidates ``done`` (naive operators, the floor, answered
+        regions); the largest over the places (None: no such cover yet)."""
         worst = 0.0
         solved: dict = {}  # places with the same pieces in the region's own terms cost the same
         for ops in self.search_sets:
@@ -502,7 +529,13 @@ class PartCover:
                 except MirageError:
                     return None  # no cover of it from verified pieces yet: search it unbounded
             worst = max(worst, solved[sig])
-        return worst * TUNE_SLACK if worst > 0 else None
+        return worst or None
+
+    def _verified_candidates(self) -> list:
+        """The cover's candidates that are verified answers (all but unverified regions)."""
+        cands, what = self.candidates()
+        return [c for c in cands if not c.key.startswith("region:") or
+                self.run.structures[what[c.key][0].key].status is Status.VERIFIED]
 
     # -- jobs: explore, measure, verify ---------------------------------------------------------
     def _explore_all(self, sts: list[Structure]) -> None:
@@ -557,7 +590,9 @@ class PartCover:
         """Each structure's best remaining option verified (by the executor, all at once); on
         success it is the structure's answer."""
         run = self.run
-        sts = sorted(sts, key=lambda st: -self._saving_rate(st))
+        if run.budget_s is not None:  # the most worth per second of check first
+            done = self._verified_candidates()
+            sts = sorted(sts, key=lambda st: -self._saving_rate(st, done))
         jobs = [VerifyJob(st.key, st.program, st.options[0].graph) for st in sts
                 if st.options and st.tried < run.settings.max_verify]
         got = run.executor.verify(jobs, run) if jobs else {}
@@ -565,8 +600,7 @@ class PartCover:
             if not st.options or st.tried >= run.settings.max_verify:
                 st.fail()
                 continue
-            if st.key not in got and not run.room_for_check(
-                    elements=_input_elements(st.program)):
+            if st.key not in got and not run.room_for_check(st.program):
                 continue  # no time to verify it before the budget ends: it stays out
             res = self._first_verified(st, st.options, "search", st.explored, tries=1,
                                        known=got.get(st.key))
@@ -575,26 +609,28 @@ class PartCover:
             elif not st.options or st.tried >= run.settings.max_verify:
                 st.fail()
 
-    def _potential_rate(self, st: Structure) -> float:
+    def _potential_rate(self, st: Structure, done: list) -> float:
         """What an unsearched structure can save at most per second of its answer's check:
-        its naive lowering's cost above its lower bound at every place it occurs, over
-        :meth:`Run.check_guess`."""
-        run = self.run
-        saves = self.uses.get(st.key, 1) * max(0.0, st.naive(run.model, run.target).us - st.lb)
-        return saves / max(run.check_guess(_input_elements(st.program)), 1e-3)
+        at every place it occurs, what the verified candidates ``done`` cover its operators
+        for (:meth:`_verified_cost`) above its lower bound, over :meth:`Run.check_guess`."""
+        return self._rate(st, done, st.lb)
 
-    def _saving_rate(self, st: Structure) -> float:
+    def _saving_rate(self, st: Structure, done: list) -> float:
         """What checking an explored structure's best option can save per second of its
-        check (:meth:`Run.check_guess`): its naive lowering's cost above the option's at every
-        place it occurs. A budget that cannot check every wanted structure checks the ones
-        worth the most per second first (at the 8B size a norm and query projection saves 20 us
-        a layer for a 3 s check, the gate and up projections 25 us for an 11 s one)."""
+        check: at every place it occurs, what the verified candidates ``done`` cover its
+        operators for above the option's cost, over :meth:`Run.check_guess`. A budget that
+        cannot check every wanted structure checks the ones worth the most per second first
+        (at the 8B size a norm and query projection saves 20 us a layer over its naive
+        operators for a 3 s check, the gate and up projections 25 us for an 11 s one)."""
+        return self._rate(st, done, st.options[0].predicted_us if st.options else math.inf)
+
+    def _rate(self, st: Structure, done: list, cost: float) -> float:
         run = self.run
-        if not st.options:
-            return 0.0
-        saves = self.uses.get(st.key, 1) * max(
-            0.0, st.naive(run.model, run.target).us - st.options[0].predicted_us)
-        return saves / max(run.check_guess(_input_elements(st.program)), 1e-3)
+        base = self._verified_cost(st, done)
+        if base is None:
+            base = st.naive(run.model, run.target).us
+        saves = self.uses.get(st.key, 1) * max(0.0, base - cost)
+        return saves / max(run.check_guess(st.program), 1e-3)
 
     def _first_verified(self, st: Structure, options: list[Option], source: str,
                         ex: Explored | None, tries: int, known: Any = None) -> RegionResult | None:
@@ -602,8 +638,8 @@ class PartCover:
         numerically safe; ``known``: the first one's verification, done already."""
         run = self.run
         while options and tries > 0:
-            if source == "search" and not run.room_for_check(
-                    known=known is not None, elements=_input_elements(st.program)):
+            if source == "search" and not run.room_for_check(st.program,
+                                                             known=known is not None):
                 return None  # no time left to check it: the structure stays unverified
             opt = options.pop(0)
             tries -= 1
@@ -670,8 +706,7 @@ class PartCover:
         """Search, tune and verify one structure to the end (a replay that did not apply)."""
         st.whole = True
         self._explore_all([st])
-        while st.status is Status.EXPLORED and self.run.room_for_check(
-                elements=_input_elements(st.program)):
+        while st.status is Status.EXPLORED and self.run.room_for_check(st.program):
             self._verify_all([st])
 
     # -- 3. the answer ------------------------------------------------------------------------

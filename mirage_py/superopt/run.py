@@ -53,6 +53,15 @@ class CheckTimes:
         rate = CHECK_S_PER_ELEMENT if self.rate is None else self.rate
         return max([rate * elements] + [s for e, s in self.sizes if e <= elements])
 
+def input_elements(program: Any) -> int:
+    """The elements of a program's inputs (0 for symbolic sizes: no guess from them)."""
+    from ..errors import ShapeError
+    try:
+        return sum(t.size for t in program.inputs)
+    except ShapeError:
+        return 0
+
+
 if TYPE_CHECKING:
     from .jobs import Executor
     from .structure import Structure
@@ -76,7 +85,8 @@ class Run:
     # how long verifications and numerics checks took in this call, by input elements (at the
     # 8B size: verification at shrunk sizes 0.01-0.1 s, numerics checks 1-11 s on a shared
     # machine): a check is started only where it is guessed to end in time
-    verify_times: CheckTimes = field(default_factory=CheckTimes)
+    verify_times: CheckTimes = field(default_factory=CheckTimes)  # at shrunk sizes
+    verify_full_times: CheckTimes = field(default_factory=CheckTimes)  # at full size
     numerics_times: CheckTimes = field(default_factory=CheckTimes)
     # the binding of the dims a padded program's masks name (lax/family.py): what its regions
     # are verified and checked for
@@ -109,20 +119,40 @@ class Run:
         return (self.interrupted and now > self.interrupted_at + INTERRUPT_GRACE_S) or \
             (self.deadline is not None and now > self.deadline)
 
-    def check_guess(self, elements: int, known: bool = False) -> float:
+    def check_guess(self, program: Any, known: bool = False) -> float:
         """Seconds a candidate's check -- its verification, unless ``known``, and its numerics
-        check -- is guessed to take for a structure of ``elements`` input elements."""
-        return self.numerics_times.guess(elements) + \
-            (0.0 if known else self.verify_times.guess(elements))
+        check -- is guessed to take for a structure with this ``program``: by its input
+        elements, from this call's checks (:class:`CheckTimes`). A program with an exp is
+        guessed to be verified at full size: the shrunk verification's degree argument refuses
+        some of its candidates (a decode attention's took 12.9 s at full size, 33.5 M input
+        elements, where the others took 0.01-0.1 s)."""
+        elements = input_elements(program)
+        verify = 0.0
+        if not known:
+            verify = self.verify_times.guess(elements)
+            if any(t.op == "exp" for t in program.nodes()):
+                verify = max(verify, self.verify_full_times.guess(elements))
+        return self.numerics_times.guess(elements) + verify
 
-    def room_for_check(self, known: bool = False, extra_s: float = 0.0,
-                       elements: int = 0) -> bool:
-        """Can a candidate's check (:meth:`check_guess`), after ``extra_s`` of other work,
-        start and end before the budget (or the grace after Ctrl-C) does?"""
+    def note_verification(self, program: Any, result: Any, seconds: float) -> None:
+        """A verification took ``seconds``: at shrunk sizes or at full size (``result``)."""
+        times = self.verify_times if getattr(result, "shrunk", None) else self.verify_full_times
+        times.note(input_elements(program), seconds)
+
+    def room_for_check(self, program: Any = None, known: bool = False,
+                       extra_s: float = 0.0) -> bool:
+        """Can a candidate's check for ``program`` (:meth:`check_guess`; None: as long as the
+        longest so far), after ``extra_s`` of other work, start and end before the budget (or
+        the grace after Ctrl-C) does?"""
         if self.out_of_time():
             return False
         left = self.seconds_left()
-        return left is None or extra_s + self.check_guess(elements, known) <= left
+        if left is None:
+            return True
+        guess = self.check_guess(program, known) if program is not None else \
+            self.numerics_times.longest + (0.0 if known else max(
+                self.verify_times.longest, self.verify_full_times.longest))
+        return extra_s + guess <= left
 
     def seconds_left(self, at_least: float = 0.0) -> float | None:
         """Seconds to the whole budget's end or the interrupt's grace (None: neither), at
@@ -148,4 +178,4 @@ class Run:
         return v
 
 
-__all__ = ["Run", "CheckTimes"]
+__all__ = ["Run", "CheckTimes", "input_elements"]
