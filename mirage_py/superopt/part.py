@@ -323,7 +323,7 @@ class PartCover:
     def settle(self) -> None:
         """Search what the cover wants, tune and verify what it picks, until every piece of
         the cover is a verified answer (see the module docstring); under a time budget in
-        :meth:`_budget_round`\ s."""
+        rounds of :meth:`_budget_round`."""
         while not self.run.out_of_time():
             if self.run.expired() and not any(self.run.structures[k].status is Status.EXPLORED
                                               for k in self.search_keys):
