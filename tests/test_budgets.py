@@ -210,3 +210,36 @@ def test_a_budget_ending_after_the_first_searched_answer_replays_it_to_every_lay
     assert len(searched) == layers  # the one verified search answer, at every layer
     assert opt.estimated_time_us < part.floor_us < opt.naive_estimated_time_us
     check_answer(opt, comp.reference, comp.inputs(7))
+
+
+def test_a_ctrl_c_in_the_floor_keeps_the_groups_laid_so_far(monkeypatch):
+    """Ctrl-C while the floor is being laid: the answer is the cover by the groups laid before
+    it (cheaper than the naive operators, equal to the float64 reference), not the naive
+    operators (an interrupt 20 s into the 32-layer 8B-size decoder lost them)."""
+    from test_online_softmax import _run
+    from mirage_py.superopt.part import PartCover
+    comp = decoder_block(layers=2)
+    run = _run()
+    part = PartCover(comp.program, run)
+    real, laid = PartCover._first_verified, []
+
+    def interrupted_after_two(self, st, options, source, *a, **kw):
+        if source == "floor" and len(laid) == 2:
+            raise KeyboardInterrupt
+        res = real(self, st, options, source, *a, **kw)
+        laid.append(res)
+        return res
+    monkeypatch.setattr(PartCover, "_first_verified", interrupted_after_two)
+    with pytest.raises(KeyboardInterrupt):
+        part.lay_floor()
+    run.interrupt()
+    assert part.floor_cover is None and any(r is not None for r in laid)
+    part.keep_verified()
+    out = part.answer()
+    assert any(p.kind == "region" and p.result.source == "floor" for p in out.pieces)
+    assert out.estimated_us < part._predicted(part._naive_cover(), {})
+    inputs = comp.inputs(8)
+    ref = comp.reference(inputs)
+    got = out.graph.run(comp.program.check_inputs(inputs), precision="float64")
+    for k in ref:
+        np.testing.assert_allclose(got[k], ref[k], rtol=1e-9, atol=1e-9 * np.abs(ref[k]).max())

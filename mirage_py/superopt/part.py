@@ -388,6 +388,15 @@ class PartCover:
         options: list[tuple[Cover, dict]] = [(self._naive_cover(), {})]
         if self.floor_cover is not None:
             options.append((self.floor_cover, self.floor_what))
+        elif any(run.structures[self.regions[g].key].floor is not None for g in self.floor_sets):
+            # Ctrl-C in the floor: the groups laid so far (they were lost with it, and an
+            # interrupt 20 s into the 32-layer 8B-size decoder answered with the naive operators)
+            cands, what = self.candidates(floor_only=True)
+            try:
+                options.append((solve_cover(cands, self.outputs, needed=self.inner, exact=False,
+                                            time_limit_s=COVER_LEAST_SECONDS), what))
+            except (MirageError, KeyboardInterrupt):
+                pass  # a cover above stands
         left_out = frozenset(k for k in self.search_keys
                              if run.structures[k].status is not Status.VERIFIED)
         if len(left_out) < len(self.search_keys):
