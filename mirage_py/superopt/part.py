@@ -165,6 +165,8 @@ class PartCover:
         self.what: dict = {}
         self._names: dict | None = None  # digest -> tensor name in the assembled graph
         self._graphs: dict = {}  # id(cover) -> (cover, what _assembled made of it)
+        self._verified_costs: dict = {}  # (structure, verified candidates) -> _verified_cost
+        self._places: dict[str, list] = {}  # structure key -> its search regions' operators
 
     # -- the candidates ---------------------------------------------------------------------
     def _naive_candidates(self) -> None:
@@ -517,13 +519,24 @@ class PartCover:
     def _verified_cost(self, st: Structure, done: list) -> float | None:
         """At each place the structure occurs, the cheapest cover of just that region's
         operators by the verified candidates ``done`` (naive operators, the floor, answered
-        regions); the largest over the places (None: no such cover yet)."""
+        regions); the largest over the places (None: no such cover yet). Kept per structure
+        while the verified candidates stay the same (pricing a dozen structures of 32 layers
+        took a round 3-4 s otherwise)."""
+        # what is verified only grows (a structure verified, a floor group laid)
+        memo = (st.key, len(done), sum((x.status is Status.VERIFIED) + (x.floor is not None)
+                                       for x in self.run.structures.values()))
+        if memo not in self._verified_costs:
+            self._verified_costs[memo] = self._cheapest_verified(st, done)
+        return self._verified_costs[memo]
+
+    def _cheapest_verified(self, st: Structure, done: list) -> float | None:
         worst = 0.0
         solved: dict = {}  # places with the same pieces in the region's own terms cost the same
-        for ops in self.search_sets:
+        if not self._places:
+            for ops in self.search_sets:
+                self._places.setdefault(self.regions[ops].key, []).append(ops)
+        for ops in self._places.get(st.key, []):
             r = self.regions[ops]
-            if r.key != st.key:
-                continue
             inside = [CoverCandidate(c.key, c.reads & ops, c.writes, c.cost, c.computes)
                       for c in done if c.computes and c.computes <= ops]
             loc = r.local
