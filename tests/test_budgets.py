@@ -243,3 +243,33 @@ def test_a_ctrl_c_in_the_floor_keeps_the_groups_laid_so_far(monkeypatch):
     got = out.graph.run(comp.program.check_inputs(inputs), precision="float64")
     for k in ref:
         np.testing.assert_allclose(got[k], ref[k], rtol=1e-9, atol=1e-9 * np.abs(ref[k]).max())
+
+
+def test_check_guesses_follow_this_calls_measured_checks():
+    """A check is guessed from the call's own measurements (``CheckTimes``): seconds per
+    input element from checks of at least ``RATE_ELEMENTS`` (a small check's fixed costs would
+    guess a large one far too long), never below what a smaller measured check took; before
+    any, ``CHECK_S_PER_ELEMENT``. Verification at shrunk and full size are kept apart, and a
+    program with an exp is guessed at full size."""
+    from mirage_py.superopt.run import CHECK_S_PER_ELEMENT, RATE_ELEMENTS, CheckTimes
+    t = CheckTimes()
+    assert t.guess(10 ** 6) == pytest.approx(CHECK_S_PER_ELEMENT * 10 ** 6)
+    t.note(131_072, 0.1)  # fixed costs: no rate from it
+    assert t.rate is None and t.guess(200_000) >= 0.1
+    t.note(16 * RATE_ELEMENTS, 3.2)
+    assert t.guess(48 * RATE_ELEMENTS) == pytest.approx(9.6)
+    assert t.guess(0) == 3.2  # elements unknown: the longest
+
+    from test_online_softmax import _run
+    from mirage_py.lax.program import Program
+    run = _run()
+    plain, soft = Program("plain"), Program("soft")
+    plain.output(plain.input("x", (4, 2048), "float32") * 2.0, "y")
+    soft.output(mp.exp(soft.input("x", (4, 2048), "float32")), "y")
+    n = 4 * 2048
+    run.verify_times.note(RATE_ELEMENTS, 0.01)  # at shrunk sizes: cheap
+    run.verify_full_times.note(RATE_ELEMENTS, 1.0)
+    run.numerics_times.note(RATE_ELEMENTS, 0.5)
+    assert run.check_guess(plain) == pytest.approx((0.5 + 0.01) * n / RATE_ELEMENTS)
+    assert run.check_guess(soft) == pytest.approx((0.5 + 1.0) * n / RATE_ELEMENTS)
+    assert run.check_guess(soft, known=True) == pytest.approx(0.5 * n / RATE_ELEMENTS)
