@@ -123,9 +123,10 @@ class Run:
         """Seconds a candidate's check -- its verification, unless ``known``, and its numerics
         check -- is guessed to take for a structure with this ``program``: by its input
         elements, from this call's checks (:class:`CheckTimes`). A program with an exp is
-        guessed to be verified at full size: the shrunk verification's degree argument refuses
-        some of its candidates (a decode attention's took 12.9 s at full size, 33.5 M input
-        elements, where the others took 0.01-0.1 s)."""
+        guessed as long as a verification at full size: on the 32-layer 8B-size decoder a
+        decode attention candidate's verification took 12.9 s (33.5 M input elements) where
+        the others took 0.01-0.1 s at shrunk sizes (why is not analysed; on one layer its
+        verifications ran at shrunk sizes)."""
         elements = input_elements(program)
         verify = 0.0
         if not known:
