@@ -90,13 +90,14 @@ def markdown(doc: dict) -> str:
     lines = [f"# Budgets on the {doc['layers']}-layer 8B-size decode step",
              "",
              f"`python -m benchmarks.budgets --layers {doc['layers']}` ({doc['cpus']} CPUs, "
-             "shared: the load average before each run is in the json). Unhurried: "
+             "shared: load = the 1-minute load average as each run ended). "
+             "Unhurried: "
              f"{u['seconds']:.1f} s, {u['kernels']} kernels, {u['predicted_us']:.1f} us "
              "predicted.",
              "",
              "| run | budget s | returned after s | limit s | kept | kernels | predicted us "
-             "| vs unhurried |",
-             "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: |"]
+             "| vs unhurried | load |",
+             "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |"]
     for r in doc["runs"]:
         b = r["budget_s"]
         limit = None if b is None else b + max(1.0, 0.1 * b)
@@ -105,7 +106,8 @@ def markdown(doc: dict) -> str:
                      f"{r['seconds']:.1f} | {'' if limit is None else format(limit, '.1f')} | "
                      f"{kept} | {r.get('kernels', '')} | "
                      f"{format(r['predicted_us'], '.1f') if 'predicted_us' in r else 'raised'} | "
-                     f"{format(r['predicted_us'] / u['predicted_us'], '.3f') + 'x' if 'predicted_us' in r else ''} |")
+                     f"{format(r['predicted_us'] / u['predicted_us'], '.3f') + 'x' if 'predicted_us' in r else ''} | "
+                     f"{r['load_before']:.1f} |")
     s = doc["sigint"]
     lines += ["",
               f"SIGINT {SIGINT_AT_S:.0f} s in: answered {s['answered_after_s']:.2f} s after the "

@@ -179,3 +179,97 @@ def test_a_cut_short_part_keeps_the_cover_whose_assembled_graph_is_cheapest():
     got = out.graph.run(comp.program.check_inputs(inputs), precision="float64")
     for k in ref:
         np.testing.assert_allclose(got[k], ref[k], rtol=1e-9, atol=1e-9 * np.abs(ref[k]).max())
+
+
+@pytest.mark.slow  # 6-8 s of CPU (14 s under a load of 7)
+def test_a_budget_ending_after_the_first_searched_answer_replays_it_to_every_layer(monkeypatch):
+    """Good early (issue #29): under a budget the searches go one per worker, the most they can
+    save per second of their check first, and what a round finds is checked before the next
+    round searches. When the budget ends right after the first searched structure is verified,
+    the answer already uses it at every layer (identical layers are one structure), is cheaper
+    than the floor's cover, and equals the float64 reference."""
+    from mirage_py.superopt.part import PartCover
+    layers = 2
+    comp = decoder_block(layers=layers)
+    real = PartCover._first_verified
+    first = []
+
+    def budget_ends_after_the_first(self, st, options, source, *a, **kw):
+        res = real(self, st, options, source, *a, **kw)
+        if res is not None and source == "search" and not first:
+            first.append(st.key)
+            self.run.deadline = self.run.search_deadline = time.perf_counter()
+        return res
+    monkeypatch.setattr(PartCover, "_first_verified", budget_ends_after_the_first)
+    opt = mp.superopt(comp.program, database=False, workers=1, progress=False,
+                      time_budget_s=600)
+    assert first and opt.timed_out
+    (part,) = opt.parts
+    searched = [pc for pc in part.pieces if pc.kind == "region" and
+                pc.result.program.structural_hash() == first[0]]
+    assert len(searched) == layers  # the one verified search answer, at every layer
+    assert opt.estimated_time_us < part.floor_us < opt.naive_estimated_time_us
+    check_answer(opt, comp.reference, comp.inputs(7))
+
+
+def test_a_ctrl_c_in_the_floor_keeps_the_groups_laid_so_far(monkeypatch):
+    """Ctrl-C while the floor is being laid: the answer is the cover by the groups laid before
+    it (cheaper than the naive operators, equal to the float64 reference), not the naive
+    operators (an interrupt 20 s into the 32-layer 8B-size decoder lost them)."""
+    from test_online_softmax import _run
+    from mirage_py.superopt.part import PartCover
+    comp = decoder_block(layers=2)
+    run = _run()
+    part = PartCover(comp.program, run)
+    real, laid = PartCover._first_verified, []
+
+    def interrupted_after_two(self, st, options, source, *a, **kw):
+        if source == "floor" and len(laid) == 2:
+            raise KeyboardInterrupt
+        res = real(self, st, options, source, *a, **kw)
+        laid.append(res)
+        return res
+    monkeypatch.setattr(PartCover, "_first_verified", interrupted_after_two)
+    with pytest.raises(KeyboardInterrupt):
+        part.lay_floor()
+    run.interrupt()
+    assert part.floor_cover is None and any(r is not None for r in laid)
+    part.keep_verified()
+    out = part.answer()
+    assert any(p.kind == "region" and p.result.source == "floor" for p in out.pieces)
+    assert out.estimated_us < part._predicted(part._naive_cover(), {})
+    inputs = comp.inputs(8)
+    ref = comp.reference(inputs)
+    got = out.graph.run(comp.program.check_inputs(inputs), precision="float64")
+    for k in ref:
+        np.testing.assert_allclose(got[k], ref[k], rtol=1e-9, atol=1e-9 * np.abs(ref[k]).max())
+
+
+def test_check_guesses_follow_this_calls_measured_checks():
+    """A check is guessed from the call's own measurements (``CheckTimes``): seconds per
+    input element from checks of at least ``RATE_ELEMENTS`` (a small check's fixed costs would
+    guess a large one far too long), never below what a smaller measured check took; before
+    any, ``CHECK_S_PER_ELEMENT``. Verification at shrunk and full size are kept apart, and a
+    program with an exp is guessed at full size."""
+    from mirage_py.superopt.run import CHECK_S_PER_ELEMENT, RATE_ELEMENTS, CheckTimes
+    t = CheckTimes()
+    assert t.guess(10 ** 6) == pytest.approx(CHECK_S_PER_ELEMENT * 10 ** 6)
+    t.note(131_072, 0.1)  # fixed costs: no rate from it
+    assert t.rate is None and t.guess(200_000) >= 0.1
+    t.note(16 * RATE_ELEMENTS, 3.2)
+    assert t.guess(48 * RATE_ELEMENTS) == pytest.approx(9.6)
+    assert t.guess(0) == 3.2  # elements unknown: the longest
+
+    from test_online_softmax import _run
+    from mirage_py.lax.program import Program
+    run = _run()
+    plain, soft = Program("plain"), Program("soft")
+    plain.output(plain.input("x", (4, 2048), "float32") * 2.0, "y")
+    soft.output(mp.exp(soft.input("x", (4, 2048), "float32")), "y")
+    n = 4 * 2048
+    run.verify_times.note(RATE_ELEMENTS, 0.01)  # at shrunk sizes: cheap
+    run.verify_full_times.note(RATE_ELEMENTS, 1.0)
+    run.numerics_times.note(RATE_ELEMENTS, 0.5)
+    assert run.check_guess(plain) == pytest.approx((0.5 + 0.01) * n / RATE_ELEMENTS)
+    assert run.check_guess(soft) == pytest.approx((0.5 + 1.0) * n / RATE_ELEMENTS)
+    assert run.check_guess(soft, known=True) == pytest.approx(0.5 * n / RATE_ELEMENTS)

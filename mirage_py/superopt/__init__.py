@@ -168,7 +168,7 @@ def superopt(program: Program, *, target: Any = "h100", time_budget_s: float | N
     run = Run(tgt, model, runner, db, settings, workers,
               t0 + 0.8 * time_budget_s if time_budget_s else None,
               t0 + time_budget_s if time_budget_s else None, progress, ex,
-              sizes=dict(sizes or {}))
+              sizes=dict(sizes or {}), budget_s=time_budget_s)
     parts = parts_of(program)
     if replay is not None and len(replay.parts) != len(parts):
         raise OptionError(f"superopt: the answer to replay has {len(replay.parts)} part(s), "

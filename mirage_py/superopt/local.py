@@ -17,26 +17,18 @@ import time
 from typing import Any
 
 from ..lax.program import Program
+from .run import input_elements  # noqa: F401 -- where it was
 from .jobs import Executor, ExploreJob, Measured, MeasureJob, VerifyJob
 from .search import Explored, Settings, _Progress, explore_or_tune, frozen_heap, measure_graphs
 
 
 def verify_here(job: VerifyJob, run: Any):
     """A verification in this process, by the structure's own verifier (kept for the run); the
-    run notes how long the longest took."""
+    run notes how long it took (``Run.verify_times``)."""
     t0 = time.perf_counter()
     v = run.verifier(job.key, job.program).check(job.graph, tests=run.settings.verify_tests)
-    run.verify_s = max(run.verify_s, time.perf_counter() - t0)
+    run.note_verification(job.program, v, time.perf_counter() - t0)
     return v
-
-
-def input_elements(program: Program) -> int:
-    """The elements of a program's inputs (0 for symbolic sizes: no guess from them)."""
-    from ..errors import ShapeError
-    try:
-        return sum(t.size for t in program.inputs)
-    except ShapeError:
-        return 0
 
 
 class LocalExecutor(Executor):
@@ -69,9 +61,9 @@ class LocalExecutor(Executor):
 
     def verify(self, jobs: list[VerifyJob], run: Any) -> dict:
         out = {}
-        for job in jobs:  # one after another, while one can end before the budget does
-            if not run.room_for_check(elements=input_elements(job.program)):
-                break
+        for job in jobs:  # one after another, each where it can end before the budget does
+            if not run.room_for_check(job.program):
+                continue
             out[job.key] = verify_here(job, run)
         return out
 
@@ -114,11 +106,15 @@ def _start(ctx, job: ExploreJob, run: Any, q):
 
 def _run_jobs(jobs: list[ExploreJob], run: Any) -> dict[str, Explored]:
     """Every job in a worker process of its own, ``run.workers`` at a time, the longest first
-    (so that a round does not end on one worker finishing a long job it started last); returns
+    (so that a round does not end on one worker finishing a long job it started last; under a
+    budget in the order given); returns
     what arrived (all of it, unless the budget ran out or Ctrl-C came)."""
     ctx = mproc.get_context("fork" if sys.platform != "win32" else "spawn")
     q = ctx.Queue()
-    pending = sorted(jobs, key=ExploreJob.expected_seconds, reverse=True)
+    # under a budget in the order given (the most a search can save per second of its check
+    # first, PartCover._search): the searches the deadline cuts are the least worth
+    pending = list(jobs) if run.budget_s is not None else \
+        sorted(jobs, key=ExploreJob.expected_seconds, reverse=True)
     running: dict[str, Any] = {}
     out: dict[str, Explored] = {}
     with frozen_heap():  # the workers are forks of this process

@@ -51,10 +51,10 @@ from ..tuning.annotations import AnnotatedGraph
 from ..ugraph.graph import KernelGraph
 from ..ugraph.lower import naive_lowering
 from .jobs import ExploreJob, MeasureJob, VerifyJob, region_label
-from .local import input_elements as _input_elements, verify_here
+from .local import verify_here
 from .option import Option
 from .result import PartResult, Piece, RegionResult, SavedVerification
-from .run import Run
+from .run import Run, input_elements as _input_elements
 from .search import Explored, Settings, explore, measures
 from .store import (Recording, keep_exploration, record, stored_answer,
                     stored_exploration)
@@ -62,6 +62,13 @@ from .structure import Status, Structure, lower_bound
 from .bound import Checked, settled_verification
 
 FLOOR_SECONDS = 1.0  # the floor's quick searches, all groups of a part together
+# under a time budget, the floor's groups are laid while their guessed checks fit in this share
+# of it (past ``FLOOR_SECONDS``, which any budget gets): the groups it leaves save the least
+# per second of check (on the 32-layer 8B-size decoder an output projection with its residual
+# saves 2.5 us a layer for a 2.4-4.5 s numerics check, the down projection 7.5 us for 5-9 s),
+# and the rest of the budget goes to the searched structures the cover wants (a norm and query
+# projection, the attention, the gate and up projections: 2-7 us a layer per second of check)
+FLOOR_BUDGET_SHARE = 0.3
 FLOOR = Settings(max_kernels=1, tune_top=0, tune_rounds=0)
 # a search of a region smaller than its part gives up after visiting this many block-level
 # states without finding one candidate (on the decoder block the successful searches found
@@ -158,6 +165,8 @@ class PartCover:
         self.what: dict = {}
         self._names: dict | None = None  # digest -> tensor name in the assembled graph
         self._graphs: dict = {}  # id(cover) -> (cover, what _assembled made of it)
+        self._verified_costs: dict = {}  # (structure, verified candidates) -> _verified_cost
+        self._places: dict[str, list] = {}  # structure key -> its search regions' operators
 
     # -- the candidates ---------------------------------------------------------------------
     def _naive_candidates(self) -> None:
@@ -254,6 +263,8 @@ class PartCover:
         the cheapest cover by them and the naive operators."""
         run = self.run
         tf = time.perf_counter()
+        budget = run.budget_s
+        spent = 0.0  # guessed seconds of the checks of the groups laid so far
         for i, key in enumerate(self._floor_order()):
             st = run.structures[key]
             self._from_database(st)
@@ -261,18 +272,22 @@ class PartCover:
                 continue
             share = max(0.05, (FLOOR_SECONDS - (time.perf_counter() - tf)) /
                         (len(self.floor_keys) - i))
-            elements = _input_elements(st.program)
+            if run.interrupted or (time.perf_counter() - tf > FLOOR_SECONDS and run.expired()):
+                self.cut_short = True  # the naive operators cover the remaining groups
+                break
             if time.perf_counter() - tf <= FLOOR_SECONDS:  # any budget gets this much floor,
                 # unless the check a search is guessed to need could not end in it or the budget
-                # (at the 8B size a floor group's verification and numerics check took 15 s)
+                # (at the 8B size a floor group's numerics check took 5-9 s)
                 left = run.seconds_left()
-                stop = run.interrupted or 2 * run.check_s_per_element * elements > max(
-                    FLOOR_SECONDS, math.inf if left is None else left)
+                fits = run.check_guess(st.program) <= max(FLOOR_SECONDS,
+                                                        math.inf if left is None else left)
             else:
-                stop = run.expired() or not run.room_for_check(extra_s=share, elements=elements)
-            if stop:  # the naive operators cover the remaining groups
+                fits = run.room_for_check(st.program, extra_s=share)
+            if fits and budget is not None:
+                fits = spent + run.check_guess(st.program) <= FLOOR_BUDGET_SHARE * budget
+            if not fits:  # this group stays naive operators; a cheaper check may still fit
                 self.cut_short = True
-                break
+                continue
             ex = None if run.db is None else \
                 stored_exploration(run.db, st.program, run.target, run.key, FLOOR, floor=True)
             if ex is None:
@@ -285,23 +300,32 @@ class PartCover:
                 if run.db is not None:
                     keep_exploration(run.db, st.program, run.target, run.key, FLOOR, ex,
                                      floor=True)
+            spent += run.check_guess(st.program)
             st.floor = self._first_verified(st, ex.options, "floor", ex, tries=2)
         self.floor_seconds = time.perf_counter() - tf
         cands, self.floor_what = self.candidates(floor_only=True)
         self.floor_cover = self._solve(cands)
 
     def _floor_order(self) -> list[str]:
-        """The floor's structures, the most time they can save first (their naive lowering's
-        cost at every place they occur): when the budget ends in the floor, what it has laid
-        is the best it could have."""
+        """The floor's structures, the most time they can save per second of their check
+        first: what their naive lowering costs above their lower bound at every place they
+        occur, over the check :meth:`Run.check_guess` guesses for them (at the 8B size a
+        numerics check takes 1e-7 s per input element, a gate-and-up group twice what a
+        norm does and saves less). When the budget ends in the floor, what it has laid is
+        the most it could have saved in that time."""
         run = self.run
-        return sorted(self.floor_keys, key=lambda k: -self.uses.get(k, 1) *
-                      run.structures[k].naive(run.model, run.target).us)
+
+        def rate(k: str) -> float:
+            st = run.structures[k]
+            saves = self.uses.get(k, 1) * max(0.0, st.naive(run.model, run.target).us - st.lb)
+            return saves / max(run.check_guess(st.program), 1e-3)
+        return sorted(self.floor_keys, key=lambda k: -rate(k))
 
     # -- 2. the lazy cover ------------------------------------------------------------------
     def settle(self) -> None:
         """Search what the cover wants, tune and verify what it picks, until every piece of
-        the cover is a verified answer (see the module docstring)."""
+        the cover is a verified answer (see the module docstring); under a time budget in
+        rounds of :meth:`_budget_round`."""
         while not self.run.out_of_time():
             if self.run.expired() and not any(self.run.structures[k].status is Status.EXPLORED
                                               for k in self.search_keys):
@@ -312,6 +336,10 @@ class PartCover:
             opened = [st for st in todo if st.status is Status.OPEN]
             for st in opened:
                 self._from_database(st)
+            if self.run.budget_s is not None:
+                if not self._budget_round(todo):
+                    return  # nothing could be done before the budget ends
+                continue
             opened = [st for st in opened if st.status is Status.OPEN]
             if opened:
                 self._search(opened)
@@ -326,6 +354,30 @@ class PartCover:
                 return  # no check could end before the budget does (keep_verified answers)
             self._verify_all([st for st in todo if st.status is Status.EXPLORED])
 
+    def _budget_round(self, todo: list[Structure]) -> bool:
+        """One round of the cover loop under a time budget, where the checks (a numerics check
+        at the 8B size: 1-3e-7 s per input element) are what the time goes to: of the wanted
+        structures, one search per worker (:meth:`_search`: the most they can save per second
+        of their check first, only those whose check can still end in time), one tuning per
+        worker, and the check of every tuned one that can end in time, the most worth per
+        second first -- so what a round finds is checked before the next round searches, and
+        the answer at any moment has the structures worth the most (each verified structure
+        serves every place it occurs: identical layers). False when nothing could be done."""
+        run = self.run
+        opened = [st for st in todo if st.status is Status.OPEN]
+        if opened:
+            self._search(opened)
+        untuned = [st for st in todo if st.status is Status.EXPLORED and st.prior is not None]
+        if untuned:
+            done = self._verified_candidates()
+            self._tune(sorted(untuned, key=lambda st: -self._saving_rate(st, done))[
+                :max(1, run.workers)])
+        ready = [st for st in todo if st.status is Status.EXPLORED and st.prior is None and
+                 run.room_for_check(st.program)]
+        if ready:
+            self._verify_all(ready)
+        return bool(opened or untuned or ready)
+
     def keep_verified(self) -> None:
         """When the budget ended or Ctrl-C came with the cover still wanting unverified
         regions: the cheapest cover by the verified answers alone (a quick solve), or the
@@ -338,6 +390,15 @@ class PartCover:
         options: list[tuple[Cover, dict]] = [(self._naive_cover(), {})]
         if self.floor_cover is not None:
             options.append((self.floor_cover, self.floor_what))
+        elif any(run.structures[self.regions[g].key].floor is not None for g in self.floor_sets):
+            # Ctrl-C in the floor: the groups laid so far (they were lost with it, and an
+            # interrupt 20 s into the 32-layer 8B-size decoder answered with the naive operators)
+            cands, what = self.candidates(floor_only=True)
+            try:
+                options.append((solve_cover(cands, self.outputs, needed=self.inner, exact=False,
+                                            time_limit_s=COVER_LEAST_SECONDS), what))
+            except (MirageError, KeyboardInterrupt):
+                pass  # a cover above stands
         left_out = frozenset(k for k in self.search_keys
                              if run.structures[k].status is not Status.VERIFIED)
         if len(left_out) < len(self.search_keys):
@@ -383,6 +444,19 @@ class PartCover:
             for st in opened:
                 st.skip()
             return
+        if run.budget_s is not None:  # a search only where its answer's check could end in
+            # time, the most it can save per second of that check first
+            for st in opened:
+                if not run.room_for_check(st.program):
+                    st.skip()
+            # one search per worker a round: what they find is checked before the next ones
+            # start, not after every wanted structure has been searched
+            done = self._verified_candidates()
+            opened = sorted((st for st in opened if st.status is Status.OPEN),
+                            key=lambda st: -self._potential_rate(st, done))[
+                                :max(1, run.workers)]
+            if not opened:
+                return
         # regions whose bound is two kernels' (one kernel would load too much in a block) wait
         # while others the cover wants are searched: their answers mostly pass program values
         # between the kernels, which the cover composes from smaller regions, and once those
@@ -391,9 +465,7 @@ class PartCover:
         if first:
             opened = first
         searching = opened + self._speculate(opened)
-        cands, what = self.candidates()
-        verified = [c for c in cands if not c.key.startswith("region:") or
-                    run.structures[what[c.key][0].key].status is Status.VERIFIED]
+        verified = self._verified_candidates()
         for st in searching:
             st.cap = self._break_even(st, verified)
         self._explore_all(searching)
@@ -433,20 +505,38 @@ class PartCover:
     def _break_even(self, st: Structure, done: list) -> float | None:
         """What an answer for a sub-region must beat to be of any use: at each place the
         structure occurs, the cheapest cover of just that region's operators by what is already
-        verified (the naive operators, the floor, answered regions) -- an answer costing more
-        could always be replaced by that cover, which computes the same operators, reads no
-        more and writes at least the region's outputs. The largest over the places, times
-        ``TUNE_SLACK`` (the search ranks untuned kernels, tuning still lowers them); None for
-        the whole part, which is searched to the end as before regions existed. ``done``: the
-        cover candidates that are verified answers."""
+        verified (:meth:`_verified_cost`) -- an answer costing more could always be replaced by
+        that cover, which computes the same operators, reads no more and writes at least the
+        region's outputs. The largest over the places, times ``TUNE_SLACK`` (the search ranks
+        untuned kernels, tuning still lowers them); None for the whole part, which is searched
+        to the end as before regions existed. ``done``: the cover candidates that are verified
+        answers."""
         if st.whole:
             return None
+        worst = self._verified_cost(st, done)
+        return worst * TUNE_SLACK if worst else None
+
+    def _verified_cost(self, st: Structure, done: list) -> float | None:
+        """At each place the structure occurs, the cheapest cover of just that region's
+        operators by the verified candidates ``done`` (naive operators, the floor, answered
+        regions); the largest over the places (None: no such cover yet). Kept per structure
+        while the verified candidates stay the same (pricing a dozen structures of 32 layers
+        took a round 3-4 s otherwise)."""
+        # what is verified only grows (a structure verified, a floor group laid)
+        memo = (st.key, len(done), sum((x.status is Status.VERIFIED) + (x.floor is not None)
+                                       for x in self.run.structures.values()))
+        if memo not in self._verified_costs:
+            self._verified_costs[memo] = self._cheapest_verified(st, done)
+        return self._verified_costs[memo]
+
+    def _cheapest_verified(self, st: Structure, done: list) -> float | None:
         worst = 0.0
         solved: dict = {}  # places with the same pieces in the region's own terms cost the same
-        for ops in self.search_sets:
+        if not self._places:
+            for ops in self.search_sets:
+                self._places.setdefault(self.regions[ops].key, []).append(ops)
+        for ops in self._places.get(st.key, []):
             r = self.regions[ops]
-            if r.key != st.key:
-                continue
             inside = [CoverCandidate(c.key, c.reads & ops, c.writes, c.cost, c.computes)
                       for c in done if c.computes and c.computes <= ops]
             loc = r.local
@@ -461,7 +551,13 @@ class PartCover:
                 except MirageError:
                     return None  # no cover of it from verified pieces yet: search it unbounded
             worst = max(worst, solved[sig])
-        return worst * TUNE_SLACK if worst > 0 else None
+        return worst or None
+
+    def _verified_candidates(self) -> list:
+        """The cover's candidates that are verified answers (all but unverified regions)."""
+        cands, what = self.candidates()
+        return [c for c in cands if not c.key.startswith("region:") or
+                self.run.structures[what[c.key][0].key].status is Status.VERIFIED]
 
     # -- jobs: explore, measure, verify ---------------------------------------------------------
     def _explore_all(self, sts: list[Structure]) -> None:
@@ -516,6 +612,9 @@ class PartCover:
         """Each structure's best remaining option verified (by the executor, all at once); on
         success it is the structure's answer."""
         run = self.run
+        if run.budget_s is not None:  # the most worth per second of check first
+            done = self._verified_candidates()
+            sts = sorted(sts, key=lambda st: -self._saving_rate(st, done))
         jobs = [VerifyJob(st.key, st.program, st.options[0].graph) for st in sts
                 if st.options and st.tried < run.settings.max_verify]
         got = run.executor.verify(jobs, run) if jobs else {}
@@ -523,8 +622,7 @@ class PartCover:
             if not st.options or st.tried >= run.settings.max_verify:
                 st.fail()
                 continue
-            if st.key not in got and not run.room_for_check(
-                    elements=_input_elements(st.program)):
+            if st.key not in got and not run.room_for_check(st.program):
                 continue  # no time to verify it before the budget ends: it stays out
             res = self._first_verified(st, st.options, "search", st.explored, tries=1,
                                        known=got.get(st.key))
@@ -533,14 +631,37 @@ class PartCover:
             elif not st.options or st.tried >= run.settings.max_verify:
                 st.fail()
 
+    def _potential_rate(self, st: Structure, done: list) -> float:
+        """What an unsearched structure can save at most per second of its answer's check:
+        at every place it occurs, what the verified candidates ``done`` cover its operators
+        for (:meth:`_verified_cost`) above its lower bound, over :meth:`Run.check_guess`."""
+        return self._rate(st, done, st.lb)
+
+    def _saving_rate(self, st: Structure, done: list) -> float:
+        """What checking an explored structure's best option can save per second of its
+        check: at every place it occurs, what the verified candidates ``done`` cover its
+        operators for above the option's cost, over :meth:`Run.check_guess`. A budget that
+        cannot check every wanted structure checks the ones worth the most per second first
+        (at the 8B size a norm and query projection saves 20 us a layer over its naive
+        operators for a 3 s check, the gate and up projections 25 us for an 11 s one)."""
+        return self._rate(st, done, st.options[0].predicted_us if st.options else math.inf)
+
+    def _rate(self, st: Structure, done: list, cost: float) -> float:
+        run = self.run
+        base = self._verified_cost(st, done)
+        if base is None:
+            base = st.naive(run.model, run.target).us
+        saves = self.uses.get(st.key, 1) * max(0.0, base - cost)
+        return saves / max(run.check_guess(st.program), 1e-3)
+
     def _first_verified(self, st: Structure, options: list[Option], source: str,
                         ex: Explored | None, tries: int, known: Any = None) -> RegionResult | None:
         """Verify ``options`` in order (popping each tried one) until one is equivalent and
         numerically safe; ``known``: the first one's verification, done already."""
         run = self.run
         while options and tries > 0:
-            if source == "search" and not run.room_for_check(
-                    known=known is not None, elements=_input_elements(st.program)):
+            if source == "search" and not run.room_for_check(st.program,
+                                                             known=known is not None):
                 return None  # no time left to check it: the structure stays unverified
             opt = options.pop(0)
             tries -= 1
@@ -607,7 +728,7 @@ class PartCover:
         """Search, tune and verify one structure to the end (a replay that did not apply)."""
         st.whole = True
         self._explore_all([st])
-        while st.status is Status.EXPLORED:
+        while st.status is Status.EXPLORED and self.run.room_for_check(st.program):
             self._verify_all([st])
 
     # -- 3. the answer ------------------------------------------------------------------------
@@ -824,7 +945,7 @@ def _finite(st: Structure, graph: KernelGraph, run: Run) -> bool:
     t0 = time.perf_counter()
     ok = numerics_verdict(st.program, graph, st.naive(run.model, run.target).graph,
                           seed=run.settings.seed, target=run.target, sizes=run.sizes).ok
-    run.numerics_s = max(run.numerics_s, time.perf_counter() - t0)
+    run.numerics_times.note(_input_elements(st.program), time.perf_counter() - t0)
     return ok
 
 

@@ -13,12 +13,54 @@ from .store import AnswerKey, AnswerSettings
 # after Ctrl-C, candidates already found are still verified for this long (a small program's
 # take milliseconds); the answer then comes from what is verified, within 2 s
 INTERRUPT_GRACE_S = 1.0
-# seconds per input element a full-size check (verification, or numerics check) takes before
-# any has been timed: the 8B-size decoder's first floor group (down projection, 58.75 M input
-# elements) took 4.8-8 s to verify and 5.7-7 s for numerics on a shared 2-core machine (load
-# 5-6). (Timing the part's max-shift checks instead measured their fixed costs: 0.1 s for
-# 131 k elements, a 45 s guess for that group, which kept budgeted runs from laying the floor.)
+# seconds per input element a check (verification, or numerics check) takes before any has
+# been timed in this call: the 8B-size decoder's first floor group (down projection, 58.75 M
+# input elements) took 4.8-8 s to verify at full size and 5.4-8.8 s for numerics on a shared
+# 2-core machine (load 5-8). Verification at shrunk sizes (verifier/shrink.py) takes 0.01-0.1 s
+# for the same groups, so once one check of each kind is timed, each kind is guessed from its
+# own measurements (:class:`CheckTimes`).
 CHECK_S_PER_ELEMENT = 1.4e-7
+# a check of at least this many input elements measures a per-element rate; smaller ones mostly
+# measure fixed costs (0.1 s for 131 k elements would guess 45 s for a 58 M-element group) and
+# only bound the guesses of checks at least as large
+RATE_ELEMENTS = 1 << 20
+
+
+@dataclass
+class CheckTimes:
+    """How long one kind of check (verification, or numerics check) took in this call, by its
+    structure's input elements: what the next one is guessed to take."""
+
+    rate: float | None = None  # seconds per element, the largest from checks >= RATE_ELEMENTS
+    sizes: list[tuple[int, float]] = field(default_factory=list)  # (elements, seconds)
+
+    @property
+    def longest(self) -> float:
+        return max((s for _, s in self.sizes), default=0.0)
+
+    def note(self, elements: int, seconds: float) -> None:
+        self.sizes.append((elements, seconds))
+        if elements >= RATE_ELEMENTS:
+            self.rate = max(self.rate or 0.0, seconds / elements)
+
+    def guess(self, elements: int) -> float:
+        """Seconds a check of a structure with ``elements`` input elements is guessed to take:
+        the measured rate times them (``CHECK_S_PER_ELEMENT`` before any), and at least what a
+        measured check of no more elements took (its fixed costs). Elements unknown (0, a
+        symbolic program): the longest so far."""
+        if elements <= 0:
+            return self.longest
+        rate = CHECK_S_PER_ELEMENT if self.rate is None else self.rate
+        return max([rate * elements] + [s for e, s in self.sizes if e <= elements])
+
+def input_elements(program: Any) -> int:
+    """The elements of a program's inputs (0 for symbolic sizes: no guess from them)."""
+    from ..errors import ShapeError
+    try:
+        return sum(t.size for t in program.inputs)
+    except ShapeError:
+        return 0
+
 
 if TYPE_CHECKING:
     from .jobs import Executor
@@ -40,16 +82,16 @@ class Run:
     structures: dict[str, "Structure"] = field(default_factory=dict)  # by region key
     verifiers: dict[str, Any] = field(default_factory=dict)  # this process's, by region key
     interrupted_at: float | None = None  # when Ctrl-C came (None: it did not)
-    # the longest verification and numerics check of one candidate so far in this call (at the
-    # 8B size 1-4 s each on a shared machine): one is started only where it can end in time
-    verify_s: float = 0.0
-    numerics_s: float = 0.0
-    # before the first of them, a check of a structure is guessed to take this many seconds
-    # per input element (CHECK_S_PER_ELEMENT)
-    check_s_per_element: float = CHECK_S_PER_ELEMENT
+    # how long verifications and numerics checks took in this call, by input elements (at the
+    # 8B size: verification at shrunk sizes 0.01-0.1 s, numerics checks 1-11 s on a shared
+    # machine): a check is started only where it is guessed to end in time
+    verify_times: CheckTimes = field(default_factory=CheckTimes)  # at shrunk sizes
+    verify_full_times: CheckTimes = field(default_factory=CheckTimes)  # at full size
+    numerics_times: CheckTimes = field(default_factory=CheckTimes)
     # the binding of the dims a padded program's masks name (lax/family.py): what its regions
     # are verified and checked for
     sizes: dict = field(default_factory=dict)
+    budget_s: float | None = None  # the call's time_budget_s (None: unhurried)
 
     @cached_property
     def key(self) -> AnswerKey:
@@ -77,18 +119,41 @@ class Run:
         return (self.interrupted and now > self.interrupted_at + INTERRUPT_GRACE_S) or \
             (self.deadline is not None and now > self.deadline)
 
-    def room_for_check(self, known: bool = False, extra_s: float = 0.0,
-                       elements: int = 0) -> bool:
-        """Can a candidate's check (its verification -- unless ``known`` -- and numerics check,
-        after ``extra_s`` of other work) start and, as long as the longest so far, end before
-        the budget (or the grace after Ctrl-C) does? Before any such check: as long as
-        ``check_s_per_element`` times ``elements`` (its structure's input elements) each."""
+    def check_guess(self, program: Any, known: bool = False) -> float:
+        """Seconds a candidate's check -- its verification, unless ``known``, and its numerics
+        check -- is guessed to take for a structure with this ``program``: by its input
+        elements, from this call's checks (:class:`CheckTimes`). A program with an exp is
+        guessed as long as a verification at full size: on the 32-layer 8B-size decoder a
+        decode attention candidate's verification took 12.9 s (33.5 M input elements) where
+        the others took 0.01-0.1 s at shrunk sizes (why is not analysed; on one layer its
+        verifications ran at shrunk sizes)."""
+        elements = input_elements(program)
+        verify = 0.0
+        if not known:
+            verify = self.verify_times.guess(elements)
+            if any(t.op == "exp" for t in program.nodes()):
+                verify = max(verify, self.verify_full_times.guess(elements))
+        return self.numerics_times.guess(elements) + verify
+
+    def note_verification(self, program: Any, result: Any, seconds: float) -> None:
+        """A verification took ``seconds``: at shrunk sizes or at full size (``result``)."""
+        times = self.verify_times if getattr(result, "shrunk", None) else self.verify_full_times
+        times.note(input_elements(program), seconds)
+
+    def room_for_check(self, program: Any = None, known: bool = False,
+                       extra_s: float = 0.0) -> bool:
+        """Can a candidate's check for ``program`` (:meth:`check_guess`; None: as long as the
+        longest so far), after ``extra_s`` of other work, start and end before the budget (or
+        the grace after Ctrl-C) does?"""
         if self.out_of_time():
             return False
         left = self.seconds_left()
-        guess = self.check_s_per_element * elements
-        return left is None or extra_s + (self.numerics_s or guess) + \
-            (0.0 if known else self.verify_s or guess) <= left
+        if left is None:
+            return True
+        guess = self.check_guess(program, known) if program is not None else \
+            self.numerics_times.longest + (0.0 if known else max(
+                self.verify_times.longest, self.verify_full_times.longest))
+        return extra_s + guess <= left
 
     def seconds_left(self, at_least: float = 0.0) -> float | None:
         """Seconds to the whole budget's end or the interrupt's grace (None: neither), at
@@ -114,4 +179,4 @@ class Run:
         return v
 
 
-__all__ = ["Run"]
+__all__ = ["Run", "CheckTimes", "input_elements"]
