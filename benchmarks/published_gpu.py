@@ -321,31 +321,35 @@ def search_ours(repo: Path, budget_s: float, limit_s: float, log=print,
     sizes (or of ``only``), each in a forked child killed after ``limit_s`` and held to
     ``MEMORY_LIMIT``; rows appended to ``OURS``. Problems with a row under the current
     :func:`pricing_key` are skipped (with ``retry``, only those whose row is an answer), so an
-    interrupted run resumes and a stale row is redone."""
+    interrupted run resumes and a stale row is redone; problems never answered go first."""
     key = pricing_key()
     done = {p for p, r in _ours(stale=True).items()
             if r.get("pricing") == key and (not retry or r.get("status") == "ok")}
     captured = {json.loads(x)["problem"] for x in PROGRAMS.read_text().splitlines()
                 if json.loads(x).get("captured")}
     src = next(s for s in SOURCES if s.folder.startswith("H100_PCIe"))
+    answered = {p for p, r in _ours(stale=True).items() if r.get("status") == "ok"}
     with tempfile.TemporaryDirectory(prefix="kb_") as tmp:
         root = _export_problems(repo, src.commit, Path(tmp))
-        for level in ("level1", "level2", "level3"):
-            for f in sorted((root / level).glob("*.py"),
-                            key=lambda f: int(f.stem.split("_")[0])):
-                problem = f"{level}/{f.stem}"
-                if problem in done or problem not in captured or \
-                        (only is not None and problem not in only):
-                    continue
-                t0 = time.perf_counter()
-                row = _in_child(_search, (f, PRIMARY, budget_s), limit_s)
-                row.update(problem=problem, target=PRIMARY, budget_s=budget_s,
-                           limit_s=limit_s, pricing=key,
-                           wall_s=round(time.perf_counter() - t0, 1))
-                with open(OURS, "a") as out:
-                    out.write(json.dumps(row, sort_keys=True) + "\n")
-                log(f"{problem}: {row['status']} {row.get('predicted_ms')} "
-                    f"({row['wall_s']} s)")
+        todo = [(f"{level}/{f.stem}", f) for level in ("level1", "level2", "level3")
+                for f in sorted((root / level).glob("*.py"),
+                                key=lambda f: int(f.stem.split("_")[0]))]
+        # those never answered (under any pricing) first: an interrupted run has spent its
+        # time where the table has no answer rather than on redoing stale ones
+        todo.sort(key=lambda pf: pf[0] in answered)
+        for problem, f in todo:
+            if problem in done or problem not in captured or \
+                    (only is not None and problem not in only):
+                continue
+            t0 = time.perf_counter()
+            row = _in_child(_search, (f, PRIMARY, budget_s), limit_s)
+            row.update(problem=problem, target=PRIMARY, budget_s=budget_s,
+                       limit_s=limit_s, pricing=key,
+                       wall_s=round(time.perf_counter() - t0, 1))
+            with open(OURS, "a") as out:
+                out.write(json.dumps(row, sort_keys=True) + "\n")
+            log(f"{problem}: {row['status']} {row.get('predicted_ms')} "
+                f"({row['wall_s']} s)")
 
 
 # ---- stage 2: records, models, scores --------------------------------------------------------
