@@ -23,7 +23,8 @@ Stages:
    ``results/published_ours.jsonl`` (``--retry``: search again those without an answer).
 2. ``--select``: the learned models' hyper-parameters and feature sets cross-validated on the
    *training* half only (:mod:`mirage_py.learned.select`, the grids ``TREE_GRID`` and
-   ``GRAPH_GRID``), written to ``results/published_cv.json``; the winners are the defaults
+   ``GRAPH_GRIDS``; ``--select gnn``: the graph grid only), written to
+   ``results/published_cv.json``; the winners are the defaults
    of :mod:`mirage_py.learned.gbt` and :mod:`mirage_py.learned.gnn`.
 3. From those committed files (no KernelBench checkout needed): the analytic model, the
    calibrated one and the learned ones scored on the held-out problems, and
@@ -154,6 +155,20 @@ MEMORY_LIMIT = 6 << 30  # bytes of address space a child may take (superopt at f
 # scaling took 21 GB each before this cap)
 
 
+def memory_stage(e: BaseException) -> str:
+    """Where a ``MemoryError`` was raised: the innermost frame of ``mirage_py`` (its module
+    and function, e.g. ``verifier/degree.py _div``), or of the whole traceback."""
+    import traceback
+    frames = traceback.extract_tb(e.__traceback__)
+    ours = [f for f in frames if "/mirage_py/" in f.filename] or frames
+    if not ours:
+        return "unknown"
+    f = ours[-1]
+    path = f.filename.split("/mirage_py/")[-1] if "/mirage_py/" in f.filename else \
+        Path(f.filename).name
+    return f"{path} {f.name}"
+
+
 def _in_child(fn, args: tuple, limit_s: float) -> dict[str, Any]:
     """``fn(*args)`` (a dict) in a forked child killed after ``limit_s`` (torch.export can loop
     for minutes on an LSTM; a search may overrun) and held to ``MEMORY_LIMIT``;
@@ -165,8 +180,9 @@ def _in_child(fn, args: tuple, limit_s: float) -> dict[str, Any]:
         resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
         try:
             row = fn(*args)
-        except MemoryError:
-            row = {"status": f"over the memory limit ({MEMORY_LIMIT >> 30} GiB)"}
+        except MemoryError as e:
+            row = {"status": f"over the memory limit ({MEMORY_LIMIT >> 30} GiB)",
+                   "memory_stage": memory_stage(e)}
         except Exception as e:  # noqa: BLE001 - a row, not the end of the run
             if ("allocate" in str(e) and "memory" in str(e)) or \
                     "can't start new thread" in str(e):  # torch's allocator; a thread's stack
@@ -304,7 +320,7 @@ def _search(path: Path, target: str, budget_s: float) -> dict[str, Any]:
                           progress=False, database=False)
     except MemoryError as e:
         return {"status": f"over the memory limit ({MEMORY_LIMIT >> 30} GiB)",
-                "memory_error": str(e)[:160], **sizes}
+                "memory_error": str(e)[:160], "memory_stage": memory_stage(e), **sizes}
     return {"status": "ok", **sizes, "predicted_ms": round(opt.estimated_time_us / 1000, 5),
             "naive_predicted_ms": round(opt.naive_estimated_time_us / 1000, 5),
             "calibrated_predicted_ms": round(
@@ -321,31 +337,35 @@ def search_ours(repo: Path, budget_s: float, limit_s: float, log=print,
     sizes (or of ``only``), each in a forked child killed after ``limit_s`` and held to
     ``MEMORY_LIMIT``; rows appended to ``OURS``. Problems with a row under the current
     :func:`pricing_key` are skipped (with ``retry``, only those whose row is an answer), so an
-    interrupted run resumes and a stale row is redone."""
+    interrupted run resumes and a stale row is redone; problems never answered go first."""
     key = pricing_key()
     done = {p for p, r in _ours(stale=True).items()
             if r.get("pricing") == key and (not retry or r.get("status") == "ok")}
     captured = {json.loads(x)["problem"] for x in PROGRAMS.read_text().splitlines()
                 if json.loads(x).get("captured")}
     src = next(s for s in SOURCES if s.folder.startswith("H100_PCIe"))
+    answered = {p for p, r in _ours(stale=True).items() if r.get("status") == "ok"}
     with tempfile.TemporaryDirectory(prefix="kb_") as tmp:
         root = _export_problems(repo, src.commit, Path(tmp))
-        for level in ("level1", "level2", "level3"):
-            for f in sorted((root / level).glob("*.py"),
-                            key=lambda f: int(f.stem.split("_")[0])):
-                problem = f"{level}/{f.stem}"
-                if problem in done or problem not in captured or \
-                        (only is not None and problem not in only):
-                    continue
-                t0 = time.perf_counter()
-                row = _in_child(_search, (f, PRIMARY, budget_s), limit_s)
-                row.update(problem=problem, target=PRIMARY, budget_s=budget_s,
-                           limit_s=limit_s, pricing=key,
-                           wall_s=round(time.perf_counter() - t0, 1))
-                with open(OURS, "a") as out:
-                    out.write(json.dumps(row, sort_keys=True) + "\n")
-                log(f"{problem}: {row['status']} {row.get('predicted_ms')} "
-                    f"({row['wall_s']} s)")
+        todo = [(f"{level}/{f.stem}", f) for level in ("level1", "level2", "level3")
+                for f in sorted((root / level).glob("*.py"),
+                                key=lambda f: int(f.stem.split("_")[0]))]
+        # those never answered (under any pricing) first: an interrupted run has spent its
+        # time where the table has no answer rather than on redoing stale ones
+        todo.sort(key=lambda pf: pf[0] in answered)
+        for problem, f in todo:
+            if problem in done or problem not in captured or \
+                    (only is not None and problem not in only):
+                continue
+            t0 = time.perf_counter()
+            row = _in_child(_search, (f, PRIMARY, budget_s), limit_s)
+            row.update(problem=problem, target=PRIMARY, budget_s=budget_s,
+                       limit_s=limit_s, pricing=key,
+                       wall_s=round(time.perf_counter() - t0, 1))
+            with open(OURS, "a") as out:
+                out.write(json.dumps(row, sort_keys=True) + "\n")
+            log(f"{problem}: {row['status']} {row.get('predicted_ms')} "
+                f"({row['wall_s']} s)")
 
 
 # ---- stage 2: records, models, scores --------------------------------------------------------
@@ -403,30 +423,57 @@ TREE_GRID = [  # (LightGBM parameters, round counts, feature columns left out, r
     ([{"num_leaves": nl, "min_data_in_leaf": 40} for nl in (7, 31)],
      [200, 300, 500, 800], [(), OLD_FEATURES], [1.0, 4.0]),
 ]
-GRAPH_GRID = ([100, 200, 400], [1.0])  # epochs, rank weights (one fit per rank weight and
-# fold, 400 epochs ~2 min on two busy cores: the grid is what fitted the time there was)
+# GraphSAGE settings (mirage_py.learned.select.GraphGrid; one fit per setting but the epochs):
+# a fit over the training records takes ~0.6 s an epoch at width 64 on two busy cores, so the
+# grid is scored on three of the five folds of the training half (GRAPH_FOLDS; each fold's
+# models fitted on the other four). Fold 0 alone (30 captured records: 6 on two GPUs, 3 on
+# the others, which the score skips) gave 26 settings only three distinct taus: too few.
+GRAPH_GRIDS = (
+    # the first pass's setting (5-fold cv chose 200 epochs of 100 / 200 / 400)
+    dict(epochs=(100, 200), hidden=(64,), layers=(3,), lr=(3e-3,), margins=(0.0,)),
+    dict(epochs=(100, 200, 300), hidden=(32,), layers=(3,), lr=(3e-3, 1e-2), margins=(0.5,)),
+    dict(epochs=(100, 200, 300), hidden=(32,), layers=(2,), lr=(3e-3,), margins=(0.0,)),
+)
+GRAPH_FOLDS = (0, 1, 2)
 
 
-def select_models(records: list, log=print) -> dict:
-    """Cross-validate ``TREE_GRID`` and ``GRAPH_GRID`` on the training half (5 folds by
-    problem, each calibrated without its fold) and write ``CV``: every candidate's
-    out-of-fold score, best first."""
+def select_models(records: list, which: str = "all", log=print) -> dict:
+    """Cross-validate ``TREE_GRID`` on the training half (5 folds by problem, each calibrated
+    without its fold) and score ``GRAPH_GRIDS`` on its validation folds ``GRAPH_FOLDS``; write
+    ``CV``: every candidate's out-of-fold score, best first. ``which``: "gbt" or "gnn" scores
+    that model's grid only and keeps the other's from ``CV``."""
     from mirage_py.learned import Split
-    from mirage_py.learned.select import (cross_validate, fold_constants, graph_fit_predict,
-                                          select, tree_fit_predict)
+    from mirage_py.learned.calibrate import calibrate
+    from mirage_py.learned.select import (FOLDS, GraphGrid, cross_validate, fold_constants,
+                                          fold_of, graph_fit_predict, select,
+                                          tree_fit_predict)
     train_recs = [r for r in records if r.split() is Split.TRAIN]
-    consts = fold_constants(train_recs)
-    trees: dict = {}
-    for params, rounds, exclude, ranks in TREE_GRID:
-        trees.update(cross_validate(train_recs, tree_fit_predict(params, rounds, exclude, ranks),
-                                    consts))
-        log(f"trees: {len(trees)} candidates scored")
-    graphs = cross_validate(train_recs, graph_fit_predict(*GRAPH_GRID), consts)
-    doc = {"criterion": "mean over GPUs of the Kendall tau of the out-of-fold predictions "
-                        "of each GPU's captured training records (5 folds by problem)",
-           "records": len(train_recs),
-           "gbt": [r.as_dict() for r in select(trees)],
-           "gnn": [r.as_dict() for r in select(graphs)]}
+    doc = json.loads(CV.read_text()) if CV.exists() and which != "all" else {}
+    doc.update(criterion="mean over GPUs of the Kendall tau of the out-of-fold predictions "
+                         "of each GPU's captured training records (5 folds by problem)",
+               records=len(train_recs))
+    if which in ("all", "gbt"):
+        consts = fold_constants(train_recs)
+        trees: dict = {}
+        for params, rounds, exclude, ranks in TREE_GRID:
+            trees.update(cross_validate(train_recs, tree_fit_predict(params, rounds, exclude,
+                                                                     ranks), consts))
+            log(f"trees: {len(trees)} candidates scored")
+        doc["gbt"] = [r.as_dict() for r in select(trees)]
+    if which in ("all", "gnn"):
+        folds = [fold_of(r.problem) for r in train_recs]
+        consts = [calibrate([r for r, f in zip(train_recs, folds) if f != i])
+                  if i in GRAPH_FOLDS else None for i in range(FOLDS)]
+        graphs: dict = {}
+        for grid in GRAPH_GRIDS:
+            t0 = time.perf_counter()
+            graphs.update(cross_validate(train_recs, graph_fit_predict(GraphGrid(**grid)),
+                                         consts, held_folds=GRAPH_FOLDS))
+            log(f"graphs: {len(graphs)} candidates scored ({time.perf_counter() - t0:.0f} s)")
+        doc["gnn_criterion"] = (f"the same tau on the validation fold(s) {list(GRAPH_FOLDS)} "
+                                f"of the training half only ({FOLDS} folds by problem), the "
+                                "models fitted on the other folds")
+        doc["gnn"] = [r.as_dict() for r in select(graphs)]
     CV.write_text(json.dumps(doc, indent=1) + "\n")
     return doc
 
@@ -476,10 +523,11 @@ def write_results(records: list, ev: dict) -> dict:
     from mirage_py.learned import Split
     preds = ev["predictions"]
     ours = _ours()
+    older = _ours(stale=True)  # a row of an older pricing where none of the current one is
     best = _best_learned(ev)
     rows = []
     for i, r in enumerate(records):
-        o = ours.get(r.problem, {}) if r.target == PRIMARY and \
+        o = (ours.get(r.problem) or older.get(r.problem, {})) if r.target == PRIMARY and \
             r.extra.get("commit") == _primary_commit() else {}
         rows.append({
             "problem": r.problem, "gpu": GPU_NAMES.get(r.target, r.target), "target": r.target,
@@ -496,6 +544,7 @@ def write_results(records: list, ev: dict) -> dict:
             "ours_predicted_ms": o.get("predicted_ms"),
             "ours_calibrated_ms": o.get("calibrated_predicted_ms"),
             "ours_status": _ours_status(r, o),
+            "ours_pricing": o.get("pricing"),
         })
     doc = {"source": json.loads(MEASUREMENTS.read_text())["source"],
            "split": {"unit": "problem", "seed": 31, "test": sum(
@@ -503,7 +552,7 @@ def write_results(records: list, ev: dict) -> dict:
            "learned_model": best, "calibrated_constants": ev["constants"],
            "fit_seconds": ev["fit_seconds"], "scores": ev["scores"], "records": rows}
     (RESULTS / "published_gpu.json").write_text(json.dumps(doc, indent=1))
-    (RESULTS / "published_gpu.md").write_text(markdown(doc, ours))
+    (RESULTS / "published_gpu.md").write_text(markdown(doc, {**older, **ours}))
     return doc
 
 
@@ -547,8 +596,14 @@ def _ours_status(r, o: dict) -> str | None:
     if not o:
         return "not searched"
     if o.get("status") != "ok":
-        return o["status"]
-    return "ok" if o.get("verified") else "answer not verified"
+        return o["status"] + (f" in {o['memory_stage']}" if o.get("memory_stage") else "")
+    if not o.get("verified"):
+        return "answer not verified"
+    return "ok" if o.get("pricing") == pricing_key() else OLDER_PRICING
+
+
+OLDER_PRICING = "ok, priced by an older cost model"  # a row of another pricing_key, kept until
+# --ours --retry searches the problem again
 
 
 def _ours_cell(r: dict) -> str:
@@ -557,10 +612,13 @@ def _ours_cell(r: dict) -> str:
         return "-"
     if st == "ok":
         return f"{_f(r['ours_predicted_ms'])}"
+    if st == OLDER_PRICING:
+        return f"{_f(r['ours_predicted_ms'])} (older pricing)"
     if st.startswith("not captured"):
         return "not captured"
     if st.startswith("over the memory"):
-        return f"over {MEMORY_LIMIT >> 30} GiB"
+        return f"over {MEMORY_LIMIT >> 30} GiB" + (
+            f" ({st.split(' in ', 1)[1]})" if " in " in st else "")
     return st.split(":")[0]
 
 
@@ -570,8 +628,9 @@ def ours_summary(doc: dict, ours: dict[str, dict]) -> list[str]:
     rows = [r for r in doc["records"] if r["target"] == PRIMARY and r["ours_status"] is not None]
     held = doc["scores"].get(f"{PRIMARY}/captured/test", {})
     err = held.get("analytic", {}).get("all", {}).get("median_abs_log_ratio")
-    ok = [r for r in rows if r["ours_status"] == "ok"]
-    why = Counter(_ours_cell(r) for r in rows if r["ours_status"] != "ok")
+    ok = [r for r in rows if r["ours_status"] in ("ok", OLDER_PRICING)]
+    n_older = sum(r["ours_status"] == OLDER_PRICING for r in ok)
+    why = Counter(_ours_cell(r) for r in rows if r not in ok)
     ratio = sorted(r["ours_predicted_ms"] / r["measured_compile_ms"] for r in ok
                    if r["measured_compile_ms"])
     budgets = sorted({o.get("budget_s") for o in ours.values()})
@@ -588,7 +647,10 @@ def ours_summary(doc: dict, ours: dict[str, dict]) -> list[str]:
            f"|log(pred / measured)| {_f(err)}, a factor of "
            f"{math.exp(err) if err is not None else float('nan'):.2f}; its ratio on each "
            f"problem's eager program is in the table's *analytic / eager* column.", "",
-           f"{len(rows)} problems: {len(ok)} answered, " +
+           f"{len(rows)} problems: {len(ok)} answered" +
+           (f" ({n_older} of them by a search under an older version of the files that price "
+            f"an answer, `{'`, `'.join(PRICING_FILES)}`, marked *older pricing*; "
+            f"`--ours --retry` searches them again)" if n_older else "") + ", " +
            ", ".join(f"{n} {k}" for k, n in why.most_common()) + "." +
            (f" Answered: predicted / measured compile time median {ratio[len(ratio) // 2]:.2f}"
             f" (range {ratio[0]:.2f} - {ratio[-1]:.2f})." if ratio else ""), ""]
@@ -679,8 +741,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --kernelbench: trace the problems again (else only --ours)")
     ap.add_argument("--ours", action="store_true",
                     help="with --kernelbench: superopt every captured problem at full size")
-    ap.add_argument("--select", action="store_true",
-                    help="cross-validate the learned models' settings on the training half")
+    ap.add_argument("--select", nargs="?", const="all", choices=("all", "gbt", "gnn"),
+                    help="cross-validate the learned models' settings on the training half "
+                         "(gbt / gnn: that model's grid only)")
     ap.add_argument("--retry", action="store_true",
                     help="with --ours: search again the problems whose row is not an answer")
     ap.add_argument("--time-budget", type=float, default=20.0, help="seconds per search")
@@ -694,7 +757,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(records)} records, {len({r.problem for r in records})} problems, "
           f"{sum(r.captured for r in records)} captured")
     if args.select:
-        cv = select_models(records)
+        cv = select_models(records, args.select)
         for kind in ("gbt", "gnn"):
             print(kind, "best:", cv[kind][0])
     ev = evaluate(records)

@@ -438,3 +438,16 @@ def test_last_kernel_tries_only_plans_that_place_its_outputs(make, kernels):
         for h in found_fit:  # h first, then the row's norm in a single block
             g = next(c.graph for c in got if c.graph.structural_hash() == h)
             assert g.graph_kernels()[-1].block.num_blocks == 1
+
+
+def test_divisors_are_every_divisor_ascending():
+    """The kernel search's divisor list (grid and loop part counts) is exactly the divisors of
+    n in ascending order, for small n and KernelBench's 393,216-wide rows alike."""
+    from mirage_py.generator.kernel_search import _divisors
+    for n in list(range(1, 300)) + [1024, 4095, 393216, 2 ** 20 * 3]:
+        got = _divisors(n)
+        assert list(got) == sorted(got) and len(set(got)) == len(got)
+        assert all(n % d == 0 for d in got)
+        if n < 5000:
+            assert list(got) == [d for d in range(1, n + 1) if n % d == 0]
+    assert len(_divisors(393216)) == 36  # 2^17 * 3: 18 powers of two, times 1 or 3

@@ -101,16 +101,19 @@ def _relabelled(sample):
     return out
 
 
-@pytest.mark.parametrize("kind", [ModelKind.GBT, ModelKind.GNN])
-def test_learned_models_learn_a_known_ordering(sample, kind, tmp_path):
+@pytest.mark.parametrize("kind,kw", [
+    (ModelKind.GBT, {"params": {"min_data_in_leaf": 3}, "rounds": 200}),
+    (ModelKind.GNN, {"epochs": 300}),
+    # the other settings the graph model's grid searches: depth, width, rate, ranking margin
+    (ModelKind.GNN, {"epochs": 300, "layers": 2, "hidden": 32, "lr": 5e-3, "margin": 0.2}),
+], ids=["gbt", "gnn", "gnn-2-layers-margin"])
+def test_learned_models_learn_a_known_ordering(sample, kind, kw, tmp_path):
     """Trained on the training half of relabelled records, each learned model orders the held-out
     half better than the analytic model (which cannot know the factors) and comes within 25 %
     of the truth in the median; saved and loaded, it predicts the same."""
     recs = _relabelled(sample)
     tr = [r for r in recs if r.split() is Split.TRAIN]
     te = [r for r in recs if r.split() is Split.TEST]
-    kw = {"params": {"min_data_in_leaf": 3}, "rounds": 200} if kind is ModelKind.GBT else \
-        {"epochs": 300}
     model = train(tr, kind, DEFAULT, **kw)
     pred = model.predict(te)
     meas = [r.measured_us for r in te]
@@ -234,6 +237,25 @@ def test_cross_validation_sees_only_the_records_it_is_given(sample):
     best = select(res)
     assert best[0].candidate == "truth" and best[0].tau == pytest.approx(1.0)
     assert best[-1].tau == pytest.approx(-1.0)
+    # one validation split: fold 0 held out, one fit, only its records scored
+    seen.clear()
+    res = cross_validate(tr, fp, constants=[DEFAULT] * FOLDS, held_folds=(0,))
+    assert len(seen) == 1 and seen[0][1] == {p for p, f in folds.items() if f == 0}
+    assert not (seen[0][0] & seen[0][1])
+    assert select(res)[0].candidate == "truth"
+
+
+def test_graph_grid_fits_once_per_setting_and_scores_every_epoch_count():
+    from mirage_py.learned.select import GraphCandidate, GraphGrid
+    grid = GraphGrid(epochs=(50, 100), hidden=(32, 64), layers=(2, 3), lr=(1e-3,),
+                     margins=(0.0, 0.5))
+    fits = grid.fits()
+    assert len(fits) == 8 and len(set(fits)) == 8
+    assert all(f.epochs == 100 for f in fits)
+    assert GraphCandidate(100, 1.0, 32, 2, 1e-3, 0.5) in fits
+    with pytest.raises(LearnedModelError, match="bad settings"):
+        from mirage_py.learned.gnn import GraphSage
+        GraphSage(DEFAULT, layers=2, margin=-1.0)
 
 
 def test_full_size_searches_run_in_a_child_held_to_the_memory_cap(tmp_path, monkeypatch):
@@ -244,7 +266,15 @@ def test_full_size_searches_run_in_a_child_held_to_the_memory_cap(tmp_path, monk
 
     import benchmarks.published_gpu as pg
     big = lambda: {"n": np.ones(pg.MEMORY_LIMIT // 4, dtype=np.float64).size}  # noqa: E731
-    assert pg._in_child(big, (), 60)["status"].startswith("over the memory limit")
+    row = pg._in_child(big, (), 60)
+    assert row["status"].startswith("over the memory limit") and row["memory_stage"]
+
+    def allocate():
+        raise MemoryError("Unable to allocate 14.0 GiB")
+    try:
+        allocate()
+    except MemoryError as e:
+        assert pg.memory_stage(e) == "test_learned.py allocate"
     assert pg._in_child(lambda: 1 / 0, (), 60)["status"].startswith("error: ZeroDivisionError")
     assert pg._in_child(lambda x: {"status": "ok", "x": x}, (3,), 60) == {"status": "ok", "x": 3}
     ours = tmp_path / "ours.jsonl"
@@ -252,3 +282,22 @@ def test_full_size_searches_run_in_a_child_held_to_the_memory_cap(tmp_path, monk
                     json.dumps({"problem": "b", "status": "ok", "pricing": pg.pricing_key()}))
     monkeypatch.setattr(pg, "OURS", ours)
     assert set(pg._ours()) == {"b"} and set(pg._ours(stale=True)) == {"a", "b"}
+    # the table: an answer of an older pricing is shown, marked; a memory failure names its
+    # stage
+    rec = sample_primary_record()
+    old = {"status": "ok", "verified": True, "pricing": "old", "predicted_ms": 1.5}
+    assert pg._ours_status(rec, old) == pg.OLDER_PRICING
+    assert pg._ours_cell({"ours_status": pg.OLDER_PRICING, "ours_predicted_ms": 1.5}) == \
+        "1.5 (older pricing)"
+    assert pg._ours_status(rec, {**old, "pricing": pg.pricing_key()}) == "ok"
+    mem = {"status": "over the memory limit (6 GiB)", "memory_stage": "verifier/degree.py _div"}
+    st = pg._ours_status(rec, mem)
+    assert pg._ours_cell({"ours_status": st}) == "over 6 GiB (verifier/degree.py _div)"
+
+
+def sample_primary_record():
+    """A captured record of the primary GPU from the H100 PCIe's problem files."""
+    import benchmarks.published_gpu as pg
+    from mirage_py.learned import Record
+    return Record("level1/19_ReLU", "relu", pg.PRIMARY, (), 1, 1.0, "src", "p", True,
+                  {"commit": pg._primary_commit()})

@@ -16,7 +16,8 @@ from mirage_py.ugraph import naive_lowering, run
 from mirage_py.verifier import Verifier
 from mirage_py.verifier import equivalence
 from mirage_py.verifier.mutate import mutants
-from mirage_py.verifier.shrink import LONG, shrink, small_graph, small_program
+from mirage_py.verifier import shrink as shrink_mod
+from mirage_py.verifier.shrink import LONG, SHORT, shrink, small_graph, small_program
 
 
 def _mlp(d: int = 2048, f: int = 4096) -> mp.Program:
@@ -101,6 +102,37 @@ def test_mutants_rejected_at_shrunk_sizes(mlp_answer):
             differing += 1
             assert not r.equivalent, str(m)
     assert differing >= 10 and shrunk_checks >= 10
+
+
+def test_big_program_with_short_extents_is_shrunk(monkeypatch):
+    """A program whose largest tensor is over FULL_SIZE_BYTES as field values (KernelBench's
+    112 x 64 x 512 x 512 RMSNorm: 14 GiB, no extent long) shrinks its extents of at least
+    SHORT too; right graphs accepted, every mutant that computes something else rejected, and
+    the verdicts equal to the full-size check's. Small programs keep their own size."""
+    p = _mlp(256, 512)
+    g = naive_lowering(p)
+    assert not mp.verify(p, g).shrunk  # under the size: checked as it is
+    monkeypatch.setattr(shrink_mod, "FULL_SIZE_BYTES", 0)  # "over the size", without the GiB
+    r = mp.verify(p, g)
+    assert r.equivalent and r.shrunk and set(r.shrunk) <= {256, 512}
+    assert all(SHORT <= e < LONG and n < e for e, n in r.shrunk.items())
+    x = p.random_inputs(2)
+    want = p.evaluate(x)["Y"]
+    v_small, v_full = Verifier(p), Verifier(p, shrink=False)
+    differing = shrunk_checks = 0
+    for m in mutants(g, limit=20):
+        try:
+            got = run(m.graph, x)["Y"]
+        except Exception:  # a mutant the interpreter cannot run: nothing to compare
+            continue
+        r = v_small.check(m.graph, tests=1)
+        shrunk_checks += bool(r.shrunk)
+        if r.shrunk:
+            assert r.equivalent == v_full.check(m.graph, tests=1).equivalent, m.kind
+        if not np.allclose(got, want, rtol=1e-7, atol=1e-7):
+            differing += 1
+            assert not r.equivalent, str(m)
+    assert differing >= 3 and shrunk_checks >= 3
 
 
 def test_positions_read_fall_back_to_full_size():

@@ -13,6 +13,7 @@ Depth is bounded (``max_kernels``); states already seen are skipped.
 from __future__ import annotations
 
 
+import functools
 import itertools
 import math
 import time
@@ -55,8 +56,18 @@ class SearchStats:
         return self
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+@functools.lru_cache(maxsize=1 << 12)
+def _divisors(n: int) -> tuple[int, ...]:
+    """The divisors of ``n``, ascending: pairs ``(d, n // d)`` up to ``sqrt(n)`` (a scan of
+    every ``d <= n`` took 0.14 s a call at KernelBench's 393,216-wide rows, half of a 20 s
+    search)."""
+    small, large = [], []
+    for d in range(1, math.isqrt(n) + 1):
+        if n % d == 0:
+            small.append(d)
+            if d != n // d:
+                large.append(n // d)
+    return tuple(small + large[::-1])
 
 
 def _largest_divisor_at_most(n: int, cap: int) -> int:

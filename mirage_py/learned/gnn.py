@@ -2,11 +2,12 @@
 learned performance model (Kaufman et al., 2021) uses one.
 
 Nodes are a record's kernels and its host node (:mod:`.features`, standardised); edges are the
-data edges between kernels, both ways, and every kernel to the host node. Three SAGE layers
+data edges between kernels, both ways, and every kernel to the host node. ``LAYERS`` SAGE layers
 (``h' = relu(W_self h + W_neigh mean_{j in N(i)} h_j) + h``), then a per-node score added to the
 node's analytic log time; a program's time is ``sum_i exp(s_i)`` (as in :mod:`.gbt`). The loss
 is the squared log error plus a pairwise logistic ranking loss over pairs of records measured
-on the same GPU: ``softplus(-sign(y_a - y_b) (log T_a - log T_b))``.
+on the same GPU: ``softplus(margin - sign(y_a - y_b) (log T_a - log T_b))`` (``margin`` 0: the
+plain logistic loss; above 0, a pair already in order is pushed apart to that log ratio).
 
 Written with plain PyTorch (``index_add_`` for the mean aggregation): torch_geometric's
 ``SAGEConv`` computes the same layer, and adds six dependencies and about 2.7 s of import time
@@ -25,11 +26,14 @@ from .features import edges, node_features
 from .gbt import init_scores
 from .records import Record
 
-HIDDEN = 64
+# chosen on the training half only (--select gnn: three of its five folds; widths 32 / 64,
+# 2 / 3 layers, rates 3e-3 / 1e-2, margins 0 / 0.5, 100-300 epochs; published_cv.json)
+HIDDEN = 32
 LAYERS = 3
-EPOCHS = 200  # chosen by cross-validation on the training half (--select; 100-400 tried)
+EPOCHS = 100
 LR = 3e-3
 RANK_WEIGHT = 1.0
+MARGIN = 0.5
 
 
 def _torch():
@@ -67,7 +71,7 @@ class _Batch:
         self.n = len(records)
 
 
-def _net(width: int, hidden: int = HIDDEN):
+def _net(width: int, hidden: int = HIDDEN, layers: int = LAYERS):
     torch = _torch()
     nn = torch.nn
 
@@ -75,9 +79,9 @@ def _net(width: int, hidden: int = HIDDEN):
         def __init__(self):
             super().__init__()
             self.inp = nn.Linear(width, hidden)
-            self.self_w = nn.ModuleList(nn.Linear(hidden, hidden) for _ in range(LAYERS))
+            self.self_w = nn.ModuleList(nn.Linear(hidden, hidden) for _ in range(layers))
             self.neigh_w = nn.ModuleList(nn.Linear(hidden, hidden, bias=False)
-                                         for _ in range(LAYERS))
+                                         for _ in range(layers))
             self.out = nn.Linear(hidden, 1)
 
         def forward(self, b: _Batch):
@@ -100,12 +104,19 @@ class GraphSage:
 
     def __init__(self, constants: EagerConstants = DEFAULT, epochs: int = EPOCHS,
                  seed: int = 0, rank_weight: float = RANK_WEIGHT, hidden: int = HIDDEN,
-                 snapshots: tuple[int, ...] = ()):
+                 snapshots: tuple[int, ...] = (), layers: int = LAYERS, lr: float = LR,
+                 margin: float = MARGIN):
+        if layers < 0 or hidden < 1 or epochs < 1 or lr <= 0 or margin < 0:
+            raise LearnedModelError(f"graph model: bad settings (layers {layers}, hidden "
+                                    f"{hidden}, epochs {epochs}, lr {lr}, margin {margin})")
         self.constants = constants
         self.epochs = epochs
         self.seed = seed
         self.rank_weight = rank_weight
         self.hidden = hidden
+        self.layers = layers
+        self.lr = lr
+        self.margin = margin
         self.snapshots = tuple(e for e in snapshots if e < epochs)  # epochs whose weights
         self.states: dict[int, dict] = {}  # ... are kept (cross-validation scores them all)
         self.net = None
@@ -142,8 +153,8 @@ class GraphSage:
         same = tgt.unsqueeze(1) == tgt.unsqueeze(0)
         diff = torch.sign(y.unsqueeze(1) - y.unsqueeze(0))
         pair = same & (diff != 0)
-        self.net = _net(b.x.shape[1], self.hidden)
-        opt = torch.optim.Adam(self.net.parameters(), lr=LR, weight_decay=1e-5)
+        self.net = _net(b.x.shape[1], self.hidden, self.layers)
+        opt = torch.optim.Adam(self.net.parameters(), lr=self.lr, weight_decay=1e-5)
         for epoch in range(self.epochs):
             if epoch in self.snapshots:
                 self.states[epoch] = {k: v.clone() for k, v in self.net.state_dict().items()}
@@ -151,7 +162,8 @@ class GraphSage:
             logt = self.net(b)
             mse = ((logt - y) ** 2).mean()
             d = logt.unsqueeze(1) - logt.unsqueeze(0)
-            rank = torch.nn.functional.softplus(-diff * d)[pair].mean() if pair.any() else 0.0
+            rank = torch.nn.functional.softplus(self.margin - diff * d)[pair].mean() \
+                if pair.any() else 0.0
             loss = mse + self.rank_weight * rank
             loss.backward()
             opt.step()
@@ -168,7 +180,7 @@ class GraphSage:
         if epochs is not None and epochs != self.epochs:
             if epochs not in self.states:
                 raise LearnedModelError(f"graph model: no snapshot after {epochs} epochs")
-            net = _net(len(self.mean), self.hidden)
+            net = _net(len(self.mean), self.hidden, self.layers)
             net.load_state_dict(self.states[epochs])
         with torch.no_grad():
             return [math.exp(min(v, 700.0)) for v in net(b).tolist()]  # no overflow
@@ -177,14 +189,16 @@ class GraphSage:
         torch = _torch()
         torch.save({"kind": self.kind, "constants": self.constants.as_dict(),
                     "mean": self.mean, "std": self.std, "state": self.net.state_dict(),
-                    "width": len(self.mean), "hidden": self.hidden}, path)
+                    "width": len(self.mean), "hidden": self.hidden, "layers": self.layers},
+                   path)
 
     @classmethod
     def load(cls, path: str) -> "GraphSage":
         torch = _torch()
         d = torch.load(path, weights_only=False)
-        m = cls(EagerConstants.from_dict(d["constants"]), hidden=int(d.get("hidden", HIDDEN)))
+        m = cls(EagerConstants.from_dict(d["constants"]), hidden=int(d.get("hidden", HIDDEN)),
+                layers=int(d.get("layers", LAYERS)))
         m.mean, m.std = d["mean"], d["std"]
-        m.net = _net(int(d["width"]), m.hidden)
+        m.net = _net(int(d["width"]), m.hidden, m.layers)
         m.net.load_state_dict(d["state"])
         return m

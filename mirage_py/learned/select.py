@@ -18,7 +18,7 @@ import hashlib
 import math
 import statistics
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from ..eager import EagerConstants
@@ -94,13 +94,18 @@ def cross_validate(records: list[Record],
                    fit_predict: Callable[[list[Record], list[Record], EagerConstants],
                                          dict[Any, list[float]]],
                    constants: list[EagerConstants] | None = None, k: int = FOLDS,
-                   seed: int = SPLIT_SEED) -> dict[Any, dict[str, float]]:
+                   seed: int = SPLIT_SEED,
+                   held_folds: tuple[int, ...] | None = None) -> dict[Any, dict[str, float]]:
     """Out-of-fold scores of the candidates ``fit_predict(train, held, constants)`` returns
-    predictions for (a dict: candidate -> predicted times of ``held``)."""
+    predictions for (a dict: candidate -> predicted times of ``held``). ``held_folds``: hold
+    out only these folds (``(0,)``: one validation split of a ``1/k`` of the training
+    problems, a ``k``-th of the fits), scoring their records only."""
     folds = [fold_of(r.problem, k, seed) for r in records]
+    held_folds = tuple(range(k)) if held_folds is None else held_folds
     consts = constants or fold_constants(records, k, seed)
+    scored = [j for j, f in enumerate(folds) if f in held_folds]
     oof: dict[Any, list[float]] = {}
-    for i in range(k):
+    for i in held_folds:
         tr = [r for r, f in zip(records, folds) if f != i]
         idx = [j for j, f in enumerate(folds) if f == i]
         held = [records[j] for j in idx]
@@ -108,7 +113,8 @@ def cross_validate(records: list[Record],
             out = oof.setdefault(cand, [float("nan")] * len(records))
             for j, p in zip(idx, pred):
                 out[j] = p
-    return {c: score_by_target(records, p) for c, p in oof.items()}
+    return {c: score_by_target([records[j] for j in scored], [p[j] for j in scored])
+            for c, p in oof.items()}
 
 
 def tree_fit_predict(params: list[dict[str, Any]], rounds: list[int],
@@ -137,28 +143,52 @@ def select(results: dict[Any, dict[str, float]]) -> list[CvResult]:
 
 @dataclass(frozen=True)
 class GraphCandidate:
-    """One GraphSAGE setting: epochs, the ranking loss's weight, the hidden width."""
+    """One GraphSAGE setting: epochs, the ranking loss's weight and margin, the hidden width,
+    the number of SAGE layers, Adam's learning rate."""
 
     epochs: int = 400
     rank_weight: float = 1.0
     hidden: int = 64
+    layers: int = 3
+    lr: float = 3e-3
+    margin: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
-        return {"epochs": self.epochs, "rank_weight": self.rank_weight, "hidden": self.hidden}
+        return {"epochs": self.epochs, "rank_weight": self.rank_weight, "hidden": self.hidden,
+                "layers": self.layers, "lr": self.lr, "margin": self.margin}
 
 
-def graph_fit_predict(epochs: list[int], rank_weights: list[float], hidden: list[int] = (64,)):
+@dataclass(frozen=True)
+class GraphGrid:
+    """The GraphSAGE candidates to score: every combination of the fields (one fit per
+    combination of all but ``epochs``, whose values are snapshots of that fit)."""
+
+    epochs: tuple[int, ...] = (100, 200, 400)
+    rank_weights: tuple[float, ...] = (1.0,)
+    hidden: tuple[int, ...] = (64,)
+    layers: tuple[int, ...] = (3,)
+    lr: tuple[float, ...] = (3e-3,)
+    margins: tuple[float, ...] = (0.0,)
+
+    def fits(self) -> list[GraphCandidate]:
+        """One candidate per fit, at the most epochs."""
+        return [GraphCandidate(max(self.epochs), rw, hd, ly, lr, m)
+                for rw in self.rank_weights for hd in self.hidden for ly in self.layers
+                for lr in self.lr for m in self.margins]
+
+
+def graph_fit_predict(grid: GraphGrid):
     """``fit_predict`` for :func:`cross_validate` over a grid of GraphSAGE candidates (one fit
-    per rank weight and width scores every epoch count, from its snapshots)."""
+    per :meth:`GraphGrid.fits` scores every epoch count, from its snapshots)."""
     from .gnn import GraphSage
 
     def fp(tr: list[Record], held: list[Record], c: EagerConstants):
         out = {}
-        for rw in rank_weights:
-            for hd in hidden:
-                m = GraphSage(c, epochs=max(epochs), rank_weight=rw, hidden=hd,
-                              snapshots=tuple(epochs)).fit(tr)
-                for e in epochs:
-                    out[GraphCandidate(e, rw, hd)] = m.predict(held, epochs=e)
+        for f in grid.fits():
+            m = GraphSage(c, epochs=f.epochs, rank_weight=f.rank_weight, hidden=f.hidden,
+                          layers=f.layers, lr=f.lr, margin=f.margin,
+                          snapshots=grid.epochs).fit(tr)
+            for e in grid.epochs:
+                out[replace(f, epochs=e)] = m.predict(held, epochs=e)
         return out
     return fp

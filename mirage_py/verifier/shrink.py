@@ -7,8 +7,10 @@ structure, not the extents. :func:`shrink` builds, for a program ``P`` and a can
 smaller pair ``(P', G')`` whose equivalence implies ``G = P``, or says why it cannot
 (:class:`Shrink` with ``why``):
 
-* every long extent ``E`` (at least :data:`LONG` elements) becomes ``E / k_E`` (``k_E`` a power
-  of two, the largest that works); ``P'`` is ``P`` with its dims of extent ``E`` made
+* every long extent ``E`` (at least :data:`LONG` elements; at least :data:`SHORT` when the
+  program's largest tensor as field values is over :data:`FULL_SIZE_BYTES`, e.g. a
+  ``16 x 64 x 256 x 256`` input, 512 MiB, none of whose extents is long) becomes ``E / k_E``
+  (``k_E`` a power of two, the largest that works); ``P'`` is ``P`` with its dims of extent ``E`` made
   ``E / k_E``, every node re-inferred, every constant kept (a mean's ``1/4096`` stays
   ``1/4096``: a coefficient, the same in ``P'`` and ``G'``);
 * ``G'`` is ``G`` with every tensor dim of extent ``E`` made ``E / k_E`` and the same kernels and
@@ -35,6 +37,7 @@ be the same (a bound that grew with the extent -- distinct denominators summed -
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterator
 
@@ -46,6 +49,11 @@ from ..ugraph.graph import GraphKernel, InputIter, KernelGraph, KernelOp, MaskIt
 
 #: extents at least this long are shrunk
 LONG = 1024
+#: ... and extents at least this long too, in a program whose largest tensor takes more than
+#: FULL_SIZE_BYTES as float64 field values (the argument holds for any range of at least
+#: ``max(2, delta)``; LONG only keeps small programs checked at their own size)
+SHORT = 128
+FULL_SIZE_BYTES = 1 << 28
 
 # block and kernel operators that read positions or carry extents of their own
 _POSITIONAL = frozenset({"slice", "concat", "reshape", "mask", "take", "rms_norm"})
@@ -123,11 +131,18 @@ def _iterated(op: GraphKernel, tensors: dict) -> Iterator[tuple[tuple, tuple, in
             yield op.outputs[n.output].shape, n.omap, -1
 
 
-def tiles(graph: KernelGraph) -> dict[int, set[int]]:
-    """Per long extent (at least :data:`LONG`), the tile extents the graph cuts from its dims."""
+def long_extent(program: Program) -> int:
+    """The shortest extent :func:`shrink` shrinks in ``program``: :data:`LONG`, or
+    :data:`SHORT` when its largest tensor is over :data:`FULL_SIZE_BYTES` as float64."""
+    largest = max((math.prod(t.shape) for t in program.nodes()), default=0)
+    return SHORT if 8 * largest > FULL_SIZE_BYTES else LONG
+
+
+def tiles(graph: KernelGraph, long: int = LONG) -> dict[int, set[int]]:
+    """Per long extent (at least ``long``), the tile extents the graph cuts from its dims."""
     out: dict[int, set[int]] = {}
     for e, t in _cuts(graph):
-        if e >= LONG:
+        if e >= long:
             out.setdefault(e, set()).add(t)
     return out
 
@@ -217,7 +232,7 @@ def shrink(program: Program, graph: KernelGraph, delta: int, target: Any = "h100
     least = max(2, int(delta))
     factors: dict[int, int] = {}
     why = "no long extent can be shrunk"
-    for e in sorted(tiles(graph), reverse=True):
+    for e in sorted(tiles(graph, long_extent(program)), reverse=True):
         k = 2 ** max(0, (e // least).bit_length() - 1)
         while k > 1:
             trial = {**factors, e: k}
@@ -261,4 +276,5 @@ def _shrunk_graph(graph: KernelGraph, factors: dict[int, int], least: int,
     return g, ""
 
 
-__all__ = ["shrink", "Shrink", "small_program", "small_graph", "tiles", "LONG"]
+__all__ = ["shrink", "Shrink", "small_program", "small_graph", "tiles", "long_extent", "LONG",
+           "SHORT", "FULL_SIZE_BYTES"]
