@@ -79,28 +79,34 @@ def test_shrunk_pair_keeps_the_structure(mlp_answer):
     assert np.allclose(got, want, rtol=1e-9, atol=1e-9)
 
 
+def _shrunk_verdicts_of_mutants(p, g, x, limit):
+    """Every mutant of ``g`` that computes something else at full size (float64 evaluation) is
+    rejected by the shrunk check, which agrees with the full-size check wherever it shrinks:
+    (mutants that differ, shrunk checks made)."""
+    want = p.evaluate(x)["Y"]
+    v_small, v_full = Verifier(p), Verifier(p, shrink=False)
+    differing = shrunk_checks = 0
+    for m in mutants(g, limit=limit):
+        try:
+            got = run(m.graph, x)["Y"]
+        except Exception:  # a mutant the interpreter cannot run: nothing to compare
+            continue
+        r = v_small.check(m.graph, tests=1)
+        if r.shrunk:
+            shrunk_checks += 1
+            assert r.equivalent == v_full.check(m.graph, tests=1).equivalent, m.kind
+        if not np.allclose(got, want, rtol=1e-7, atol=1e-7):
+            differing += 1
+            assert not r.equivalent, str(m)
+    return differing, shrunk_checks
+
+
 def test_mutants_rejected_at_shrunk_sizes(mlp_answer):
     """Every mutant of the found graph that computes something else (float64 evaluation at full
     size) is rejected by the shrunk check, and the shrunk check agrees with the full-size check
     on every mutant it judges."""
     p, g = mlp_answer
-    x = p.random_inputs(1)
-    want = p.evaluate(x)["Y"]
-    v_small, v_full = Verifier(p), Verifier(p, shrink=False)
-    shrunk_checks = differing = 0
-    for m in mutants(g, limit=40):
-        try:
-            got = run(m.graph, x)["Y"]
-        except Exception:  # a mutant the interpreter cannot run: nothing to compare
-            continue
-        differs = not np.allclose(got, want, rtol=1e-7, atol=1e-7)
-        r = v_small.check(m.graph, tests=1)
-        if r.shrunk:
-            shrunk_checks += 1
-            assert r.equivalent == v_full.check(m.graph, tests=1).equivalent, m.kind
-        if differs:
-            differing += 1
-            assert not r.equivalent, str(m)
+    differing, shrunk_checks = _shrunk_verdicts_of_mutants(p, g, p.random_inputs(1), 40)
     assert differing >= 10 and shrunk_checks >= 10
 
 
@@ -116,22 +122,7 @@ def test_big_program_with_short_extents_is_shrunk(monkeypatch):
     r = mp.verify(p, g)
     assert r.equivalent and r.shrunk and set(r.shrunk) <= {256, 512}
     assert all(SHORT <= e < LONG and n < e for e, n in r.shrunk.items())
-    x = p.random_inputs(2)
-    want = p.evaluate(x)["Y"]
-    v_small, v_full = Verifier(p), Verifier(p, shrink=False)
-    differing = shrunk_checks = 0
-    for m in mutants(g, limit=20):
-        try:
-            got = run(m.graph, x)["Y"]
-        except Exception:  # a mutant the interpreter cannot run: nothing to compare
-            continue
-        r = v_small.check(m.graph, tests=1)
-        shrunk_checks += bool(r.shrunk)
-        if r.shrunk:
-            assert r.equivalent == v_full.check(m.graph, tests=1).equivalent, m.kind
-        if not np.allclose(got, want, rtol=1e-7, atol=1e-7):
-            differing += 1
-            assert not r.equivalent, str(m)
+    differing, shrunk_checks = _shrunk_verdicts_of_mutants(p, g, p.random_inputs(2), 20)
     assert differing >= 3 and shrunk_checks >= 3
 
 
