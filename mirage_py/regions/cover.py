@@ -50,6 +50,13 @@ reduced cost); so when the restricted optimum is within ``LP + min r_j`` it is t
 layers the restricted optimum equalled the optimum in every solve, in 0.02-0.07 s. A caller
 that must be exact (the loop's last solve) asks again with ``exact=True`` when the quick cover
 is not proven.
+
+**Exact covers** where the relaxation is fractional: the restricted program first, as above;
+when the duals do not prove its optimum ``z``, the 0/1 program over the restricted set and every
+candidate with ``LP + r_j < z`` (reduced-cost fixing: the others cannot be in a cheaper cover),
+to a zero gap. The bound comes from the duals clipped at 0 (``_dual_bound``), valid whatever
+their accuracy. On a weak relaxation this keeps most candidates (a one-layer tiny Llama's
+prefill: 25.15 against 26.80, 430 of 438), and HiGHS's time goes to its root cuts (4 s).
 """
 
 from __future__ import annotations
@@ -326,8 +333,8 @@ def _highs(cands, rows, time_limit_s, exact: bool = True) -> tuple[list[int], bo
     if not exact:
         return part.picked, False
     # exact: only the left-out candidates that could come under it can be in a cheaper cover
-    # (the prefill of a one-layer tiny Llama: 720 candidates, the whole 0/1 program 4-7 s a
-    # solve at load 5, restricted to these ...)
+    # (where the relaxation is weak that is most of them: the prefill of a one-layer tiny
+    # Llama, 430 of 438, 4-6 s a solve at load 5 either way)
     keep |= base + reduced < part.value + slack
     whole = _integral(cost, A, lo, np.flatnonzero(keep), time_limit_s)
     if whole is None:  # cannot be: the restricted cover is among these columns
