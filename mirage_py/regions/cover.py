@@ -15,8 +15,7 @@ it writes and reads what it reads).
 
 The 0/1 program: a binary ``x_c`` per candidate; every output written (``sum_w x_w >= 1`` over
 its writers); every value read by a chosen candidate written by another chosen one
-(``sum_w x_w >= x_c``, written as ``sum_w x_w >= a_v >= x_c`` with a column ``a_v`` per
-value: ``_Rows``); every operator computed by some chosen candidate
+(``sum_w x_w >= x_c``); every operator computed by some chosen candidate
 (``sum_{c computes d} x_c >= 1``); minimise ``sum cost_c x_c`` (plus 1e-6 per candidate: among
 equal costs, fewer kernels). The operator rows are implied by the others for every operator the
 outputs depend on (an output's writer computes its operator, and everything that operator reads
@@ -57,9 +56,7 @@ when the duals do not prove its optimum ``z``, the 0/1 program over the restrict
 candidate with ``LP + r_j < z`` (reduced-cost fixing: the others cannot be in a cheaper cover),
 to a zero gap. The bound comes from the duals clipped at 0 (``_dual_bound``), valid whatever
 their accuracy. On a weak relaxation this keeps most candidates (a one-layer tiny Llama's
-prefill: 25.15 against 26.80, 430 of 438), and HiGHS's time goes to its root cuts, whose cost
-is the rows' size: a value read by a chosen candidate is written by a chosen one through a
-column per value (``_Rows``), not a row per reader holding every writer (4-10 s -> 2-3 s).
+prefill: 25.15 against 26.80, 430 of 438), and HiGHS's time goes to its root cuts (4 s).
 """
 
 from __future__ import annotations
