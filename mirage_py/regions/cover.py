@@ -131,23 +131,13 @@ def solve_cover(cands: list[CoverCandidate], outputs: frozenset, *,
     missing = [v for v in outputs if v not in writers]
     if missing:
         raise CoverError(f"cover: no candidate writes output value(s) {sorted(missing)[:3]}")
-    read = sorted({v for c in cands for v in c.reads})
-    rows = _Rows(len(cands) + len(read))
+    rows = _Rows()
     for v in sorted(outputs):
         rows.add(writers[v], [1.0] * len(writers[v]), 1.0)
-    # a value read by a chosen candidate is written by a chosen one, through a column per value
-    # (``_Rows``): ``sum_w x_w >= a_v`` and ``a_v >= x_c`` for each reader ``c``
-    avail = {v: len(cands) + k for k, v in enumerate(read)}
-    for v in read:
-        ws = writers.get(v, [])
-        rows.add(ws + [avail[v]], [1.0] * len(ws) + [-1.0], 0.0)
     for i, c in enumerate(cands):
         for v in sorted(c.reads):
-            if i in writers.get(v, ()):  # it reads what it writes: another writer
-                ws = [w for w in writers[v] if w != i]
-                rows.add(ws + [i], [1.0] * len(ws) + [-1.0], 0.0)
-            else:
-                rows.add([avail[v], i], [1.0, -1.0], 0.0)
+            ws = [w for w in writers.get(v, ()) if w != i]
+            rows.add(ws + [i], [1.0] * len(ws) + [-1.0], 0.0)
     computers: dict = {}
     for i, c in enumerate(cands):
         for d in c.computes:
@@ -246,16 +236,9 @@ def _cycle_cuts(cands, order: list[int], stuck: list[int], writers: dict
 
 class _Rows:
     """The 0/1 program's rows ``sum_j a_j x_j >= b``, kept as coordinate lists (row, column,
-    coefficient) and the right-hand sides, over ``columns`` columns: one per candidate, then
-    one per value some candidate reads (``a_v``, whether a chosen candidate writes it, cost 0:
-    in the 0/1 program it can be taken 0/1, in the relaxation it projects to the rows
-    ``sum_w x_w >= x_c``, the same bound). The rows ``x_c <= sum_w x_w`` for every reader ``c``
-    of ``v`` repeat every writer in every reader's row -- 33.8k of 37.6k nonzeros on a
-    one-layer tiny Llama's prefill, 7.2k in all this way, and HiGHS's exact solve there 4.2 ->
-    2.1 s."""
+    coefficient) and the right-hand sides."""
 
-    def __init__(self, columns: int) -> None:
-        self.columns = columns
+    def __init__(self) -> None:
         self.row: list[int] = []
         self.col: list[int] = []
         self.vals: list[float] = []
@@ -306,13 +289,13 @@ def _highs(cands, rows, time_limit_s, exact: bool = True) -> tuple[list[int], bo
     from scipy.optimize import linprog
     from scipy.sparse import coo_matrix
 
-    n = len(cands)  # the candidates' columns; the values' come after them (``_Rows``)
-    A = coo_matrix((rows.vals, (rows.row, rows.col)), shape=(len(rows.lo), rows.columns)).tocsr()
+    n = len(cands)
+    A = coo_matrix((rows.vals, (rows.row, rows.col)), shape=(len(rows.lo), n)).tocsr()
     lo = np.array(rows.lo)
-    cost = np.concatenate([[c.cost + TIE for c in cands], np.zeros(rows.columns - n)])
+    cost = np.array([c.cost + TIE for c in cands])
 
     def zero_one(x) -> bool:
-        return x is not None and bool(np.all((x[:n] < 1e-9) | (x[:n] > 1 - 1e-9)))
+        return x is not None and bool(np.all((x < 1e-9) | (x > 1 - 1e-9)))
 
     # the relaxation first: an optimum of it that is 0/1 is an optimum of the 0/1 program (the
     # lazy loop's later solves, where most regions are answered: 0.04 -> 0.017 s on four layers)
@@ -322,26 +305,25 @@ def _highs(cands, rows, time_limit_s, exact: bool = True) -> tuple[list[int], bo
                  options={"time_limit": time_limit_s, "presolve": False})
     if lp.status == 0 and zero_one(lp.x):
         return [i for i in range(n) if lp.x[i] > 0.5], True
-    every = np.arange(rows.columns)
+    every = np.arange(n)
     if lp.status != 0:
-        whole = _integral(cost, A, lo, every, n, time_limit_s)
+        whole = _integral(cost, A, lo, every, time_limit_s)
         return whole.picked, whole.optimal
     base, reduced = _dual_bound(cost, A, lo, -lp.ineqlin.marginals)
     # the 0/1 program over the relaxation's support and the candidates of small reduced cost
     support = lp.x > 1e-9
-    support[n:] = True  # the values' columns are always there
-    chosen_mean = float(cost @ lp.x) / max(float(lp.x[:n].sum()), 1e-9)
+    chosen_mean = float(cost @ lp.x) / max(float(lp.x.sum()), 1e-9)
     # beside the support, at most as many again of the smallest reduced costs (32 stacked 8B
     # layers, everything at its lower bound: all 4011 candidates were under the threshold, and
     # the 0/1 program over them took HiGHS 8 s; over the 291 of the support 0.3 s, 0.008 %
     # above the optimum)
     near = np.flatnonzero(~support & (reduced < QUICK_REDUCED * chosen_mean))
-    near = near[np.argsort(reduced[near], kind="stable")[:int(support[:n].sum())]]
+    near = near[np.argsort(reduced[near], kind="stable")[:int(support.sum())]]
     keep = support.copy()
     keep[near] = True
-    part = None if keep.all() else _integral(cost, A, lo, np.flatnonzero(keep), n, time_limit_s)
+    part = None if keep.all() else _integral(cost, A, lo, np.flatnonzero(keep), time_limit_s)
     if part is None:  # every candidate kept, or no cover by the kept ones alone
-        whole = _integral(cost, A, lo, every, n, time_limit_s)
+        whole = _integral(cost, A, lo, every, time_limit_s)
         return whole.picked, whole.optimal
     # a cover using a left-out candidate j costs at least base + reduced[j]: the restricted
     # optimum is proven when none of them can come under it
@@ -354,9 +336,9 @@ def _highs(cands, rows, time_limit_s, exact: bool = True) -> tuple[list[int], bo
     # (where the relaxation is weak that is most of them: the prefill of a one-layer tiny
     # Llama, 430 of 438, 4-6 s a solve at load 5 either way)
     keep |= base + reduced < part.value + slack
-    whole = _integral(cost, A, lo, np.flatnonzero(keep), n, time_limit_s)
+    whole = _integral(cost, A, lo, np.flatnonzero(keep), time_limit_s)
     if whole is None:  # cannot be: the restricted cover is among these columns
-        whole = _integral(cost, A, lo, every, n, time_limit_s)
+        whole = _integral(cost, A, lo, every, time_limit_s)
     return whole.picked, whole.optimal
 
 
@@ -372,21 +354,20 @@ def _dual_bound(cost: np.ndarray, A, lo: np.ndarray, y: np.ndarray
     return float(y @ lo + np.minimum(d, 0.0).sum()), np.maximum(d, 0.0)
 
 
-def _integral(cost: np.ndarray, A, lo: np.ndarray, cols: np.ndarray, n: int,
-              time_limit_s: float) -> _Integral | None:
-    """The 0/1 program over the columns ``cols`` (the others at 0; those from ``n`` on are the
-    values', continuous), solved to a zero gap; None when no cover uses only those columns."""
+def _integral(cost: np.ndarray, A, lo: np.ndarray, cols: np.ndarray, time_limit_s: float
+              ) -> _Integral | None:
+    """The 0/1 program over the columns ``cols`` (the others at 0), solved to a zero gap; None
+    when no cover uses only those columns."""
     from scipy.optimize import Bounds, LinearConstraint, milp
     m = len(cols)
     res = milp(cost[cols], constraints=LinearConstraint(A[:, cols], lo, np.inf),
-               integrality=(cols < n).astype(float), bounds=Bounds(np.zeros(m), np.ones(m)),
+               integrality=np.ones(m), bounds=Bounds(np.zeros(m), np.ones(m)),
                options={"time_limit": time_limit_s, "mip_rel_gap": 0.0})
     if res.x is None:
         if res.status == 2 and m < A.shape[1]:
             return None  # infeasible over these columns: the caller widens them
         raise CoverError(f"cover: HiGHS found no cover ({res.message})")
-    return _Integral([int(cols[i]) for i in range(m) if cols[i] < n and res.x[i] > 0.5],
-                     float(res.fun),
+    return _Integral([int(cols[i]) for i in range(m) if res.x[i] > 0.5], float(res.fun),
                      res.status == 0)
 
 
@@ -410,7 +391,7 @@ def _z3(cands, rows, time_limit_s) -> list[int]:
     n = len(cands)
     opt = z3.Optimize()
     opt.set("timeout", int(time_limit_s * 1000))
-    x = [z3.Bool(f"x{i}") for i in range(rows.columns)]  # the values' columns taken 0/1
+    x = [z3.Bool(f"x{i}") for i in range(n)]
     terms: list[list] = [[] for _ in rows.lo]
     for r, j, a in zip(rows.row, rows.col, rows.vals):
         terms[r].append((x[j], int(a)))
