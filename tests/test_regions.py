@@ -678,3 +678,30 @@ def test_quick_cover_is_a_cover_and_proven_ones_are_cheapest(monkeypatch):
         assert exact.cost == pytest.approx(cost, abs=1e-4) and exact.chosen == ["all"]
         assert quick.proven is proven
         assert quick.cost == pytest.approx(cost if proven else 2.0, abs=1e-4)
+
+
+def test_exact_cover_solves_a_restricted_program_and_is_optimal(monkeypatch):
+    """Where the relaxation is fractional, the exact cover solves the 0/1 program over the
+    relaxation's support and the candidates of small reduced cost, then over every candidate
+    that the duals cannot rule out -- never over all of them on these instances -- and is the
+    optimum z3 finds over every candidate."""
+    import scipy.optimize
+    cover_mod = sys.modules["mirage_py.regions.cover"]
+    real_milp = scipy.optimize.milp
+    columns: list = []
+    monkeypatch.setattr(scipy.optimize, "milp",
+                        lambda c, *a, **k: columns.append(len(c)) or real_milp(c, *a, **k))
+    widened = 0
+    for seed in range(30):
+        cands, outputs, needed = _convex_regions(seed)
+        columns.clear()
+        exact = solve_cover(cands, outputs, needed=needed)
+        if not columns:
+            continue  # the relaxation was 0/1
+        assert exact.proven
+        assert max(columns) < len(cover_mod._undominated(cands))
+        widened += len(columns) > 1
+        best = solve_cover(cands, outputs, needed=needed, solver="z3")
+        assert exact.cost == pytest.approx(best.cost, abs=1e-6)
+    assert widened >= 2
+
