@@ -378,6 +378,15 @@ class PartCover:
             self._verify_all(ready)
         return bool(opened or untuned or ready)
 
+    def _quick_option(self, cands: list, what: dict) -> list[tuple[Cover, dict]]:
+        """A quick cover of ``cands`` as one more option for the answer kept at the end, or
+        none when it cannot be had in time (a cover already among the options stands)."""
+        try:
+            return [(solve_cover(cands, self.outputs, needed=self.inner, exact=False,
+                                 time_limit_s=COVER_LEAST_SECONDS), what)]
+        except (MirageError, KeyboardInterrupt):
+            return []
+
     def keep_verified(self) -> None:
         """When the budget ended or Ctrl-C came with the cover still wanting unverified
         regions: the cheapest cover by the verified answers alone (a quick solve), or the
@@ -393,21 +402,11 @@ class PartCover:
         elif any(run.structures[self.regions[g].key].floor is not None for g in self.floor_sets):
             # Ctrl-C in the floor: the groups laid so far (they were lost with it, and an
             # interrupt 20 s into the 32-layer 8B-size decoder answered with the naive operators)
-            cands, what = self.candidates(floor_only=True)
-            try:
-                options.append((solve_cover(cands, self.outputs, needed=self.inner, exact=False,
-                                            time_limit_s=COVER_LEAST_SECONDS), what))
-            except (MirageError, KeyboardInterrupt):
-                pass  # a cover above stands
+            options += self._quick_option(*self.candidates(floor_only=True))
         left_out = frozenset(k for k in self.search_keys
                              if run.structures[k].status is not Status.VERIFIED)
         if len(left_out) < len(self.search_keys):
-            cands, what = self.candidates(left_out=left_out)
-            try:
-                options.append((solve_cover(cands, self.outputs, needed=self.inner, exact=False,
-                                            time_limit_s=COVER_LEAST_SECONDS), what))
-            except (MirageError, KeyboardInterrupt):
-                pass  # a cover above stands
+            options += self._quick_option(*self.candidates(left_out=left_out))
         # by what the assembled graph is predicted to cost, which is what the answer reports
         # (a cover's summed cost prices each piece alone; assembling can widen statistics to
         # float32, drop a duplicate write, copy an output -- on the 16-layer decoder the two
