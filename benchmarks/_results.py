@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -17,3 +17,11 @@ def write_results(out: str | Path, doc: Any, markdown: Callable[[Any], str]) -> 
     md = markdown(doc)
     out.with_suffix(".md").write_text(md)
     return md
+
+
+def table(columns: list[str], rows: Iterable[Iterable[Any]]) -> list[str]:
+    """A markdown table's lines: the header of ``columns``, its rule, one line per row of
+    cells (each written with ``str``)."""
+    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return lines

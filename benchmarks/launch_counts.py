@@ -20,7 +20,7 @@ import datetime as _dt
 import time
 
 import mirage_py as mp
-from benchmarks._results import RESULTS, write_results
+from benchmarks._results import RESULTS, table, write_results
 from mirage_py.codegen_cuda.extents import KernelCounts, PaddedExtents, kernel_counts
 from mirage_py.examples.programs import ATTENTION, get_program
 from mirage_py.lax.family import bucket_of
@@ -94,18 +94,16 @@ def run(names: tuple[str, ...], lengths: tuple[int, ...], small: bool = True,
 
 
 def markdown(doc: dict) -> str:
+    rows = ([r["program"], f"{r['dim']}={r['length']}", r["bucket"], f"{r['padding']:.0%}",
+             f"{r['blocks']} / {r['bucket_blocks']}",
+             f"{r['block_iterations']} / {r['bucket_block_iterations']}", f"{r['fraction']:.3f}"]
+            for r in doc["rows"])
     lines = ["# Work at a length inside a bucket: counts computed at launch", "",
              "Graph-defined kernels only; blocks launched and loop iterations run (summed over "
              "blocks) at the valid length, against the bucket's whole grid and loop "
-             "(`python -m benchmarks.launch_counts`). Counts, not GPU times.", "",
-             "| program | length | bucket | padding | blocks (run / bucket) | "
-             "block-iterations (run / bucket) | fraction |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
-    for r in doc["rows"]:
-        lines.append(f"| {r['program']} | {r['dim']}={r['length']} | {r['bucket']} | "
-                     f"{r['padding']:.0%} | {r['blocks']} / {r['bucket_blocks']} | "
-                     f"{r['block_iterations']} / {r['bucket_block_iterations']} | "
-                     f"{r['fraction']:.3f} |")
+             "(`python -m benchmarks.launch_counts`). Counts, not GPU times.", ""]
+    lines += table(["program", "length", "bucket", "padding", "blocks (run / bucket)",
+                    "block-iterations (run / bucket)", "fraction"], rows)
     return "\n".join(lines) + "\n"
 
 

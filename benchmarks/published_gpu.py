@@ -56,7 +56,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-RESULTS = ROOT / "benchmarks" / "results"
+from benchmarks._results import RESULTS, table  # noqa: E402 -- after the path is set
+
 PROGRAMS = RESULTS / "published_programs.jsonl"
 MEASUREMENTS = RESULTS / "published_measurements.json"
 
@@ -714,20 +715,19 @@ def markdown(doc: dict, ours: dict[str, dict]) -> str:
             "analytic model's **predicted** time of superopt's answer for the problem at these "
             "sizes, or why there is none (`published_ours.jsonl` has each search's row); "
             "*ours / compile*: that prediction over the measured `torch.compile` time.",
-            "", "| problem | split | captured | eager measured | compile measured | analytic |"
-            " calibrated | learned | analytic / eager | ours (predicted) | ours / compile |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]
-    rows = [r for r in doc["records"] if r["target"] == PRIMARY]
-    for r in sorted(rows, key=lambda r: (r["problem"].split("/")[0],
-                                         int(r["problem"].split("/")[1].split("_")[0]))):
-        vs = "-" if not r["ours_predicted_ms"] or not r["measured_compile_ms"] else \
-            f"{r['ours_predicted_ms'] / r['measured_compile_ms']:.2f}"
-        out.append(f"| {r['problem']} | {r['split']} | {'yes' if r['captured'] else 'no'} | "
-                   f"{_f(r['measured_eager_ms'])} | {_f(r['measured_compile_ms'])} | "
-                   f"{_f(r['analytic_ms'])} | {_f(r['analytic_calibrated_ms'])} | "
-                   f"{_f(r['learned_ms'])} | "
-                   f"{r['analytic_ms'] / r['measured_eager_ms']:.2f} | {_ours_cell(r)} | "
-                   f"{vs} |")
+            ""]
+    rows = sorted((r for r in doc["records"] if r["target"] == PRIMARY),
+                  key=lambda r: (r["problem"].split("/")[0],
+                                 int(r["problem"].split("/")[1].split("_")[0])))
+    out += table(["problem", "split", "captured", "eager measured", "compile measured",
+                  "analytic", "calibrated", "learned", "analytic / eager", "ours (predicted)",
+                  "ours / compile"],
+                 ([r["problem"], r["split"], "yes" if r["captured"] else "no",
+                   _f(r["measured_eager_ms"]), _f(r["measured_compile_ms"]), _f(r["analytic_ms"]),
+                   _f(r["analytic_calibrated_ms"]), _f(r["learned_ms"]),
+                   f"{r['analytic_ms'] / r['measured_eager_ms']:.2f}", _ours_cell(r),
+                   "-" if not r["ours_predicted_ms"] or not r["measured_compile_ms"] else
+                   f"{r['ours_predicted_ms'] / r['measured_compile_ms']:.2f}"] for r in rows))
     return "\n".join(out) + "\n"
 
 

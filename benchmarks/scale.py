@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks._results import RESULTS, write_results
+from benchmarks._results import RESULTS, table, write_results
 
 
 @dataclass(frozen=True)
@@ -107,19 +107,15 @@ def markdown(doc: dict) -> str:
              "`database=False`, `workers=1`, each case in a fresh process on a "
              f"{doc['cpus']}-core machine shared with other work (load average beside the "
              "time). Peak RSS is the search process's max resident memory. The floor moves "
-             "every input and output once at the copy bandwidth.", "",
-             "| width | layers | search s | load before / after | kernels naive -> found | "
-             "predicted us naive -> found | floor us | floor / predicted | peak RSS GB |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for r in doc["rows"]:
-        if "error" in r:
-            lines.append(f"| {r['case']} | | {r['error']} | | | | | | |")
-            continue
-        lines.append(f"| {r['width']} (hidden {r['hidden']}, FFN {r['ffn']}) | {r['layers']} | "
-                     f"{r['search_s']} | {r['load_before']} / {r['load_after']} | "
-                     f"{r['kernels_naive']} -> {r['kernels']} | {r['predicted_naive_us']} -> "
-                     f"{r['predicted_us']} | {r['floor_us']} | {r['floor_ratio']:.1%} | "
-                     f"{r['peak_rss_gb']} |")
+             "every input and output once at the copy bandwidth.", ""]
+    rows = ([r["case"], "", r["error"]] + [""] * 6 if "error" in r else
+            [f"{r['width']} (hidden {r['hidden']}, FFN {r['ffn']})", r["layers"], r["search_s"],
+             f"{r['load_before']} / {r['load_after']}", f"{r['kernels_naive']} -> {r['kernels']}",
+             f"{r['predicted_naive_us']} -> {r['predicted_us']}", r["floor_us"],
+             f"{r['floor_ratio']:.1%}", r["peak_rss_gb"]] for r in doc["rows"])
+    lines += table(["width", "layers", "search s", "load before / after",
+                    "kernels naive -> found", "predicted us naive -> found", "floor us",
+                    "floor / predicted", "peak RSS GB"], rows)
     return "\n".join(lines) + "\n"
 
 

@@ -27,7 +27,7 @@ import sys
 import tempfile
 from datetime import date
 
-from benchmarks._results import RESULTS, write_results
+from benchmarks._results import RESULTS, table, write_results
 
 _TINY_LLAMA = """
 import json, sys, time, warnings
@@ -101,16 +101,15 @@ def markdown(doc: dict) -> str:
              "Each row is a fresh Python process over one results database per workload; the "
              "first searches. Seconds are the compile call alone (imports and model "
              "construction outside it). *capture*: torch.export + decompositions, or the kept "
-             "graph (`frontend_torch/capture_cache.py`).", "",
-             "| workload | process | compile s | capture s | kept graph | superopt s | "
-             "searches / origin | load |",
-             "|---|---:|---:|---:|---|---:|---|---:|"]
-    for r in doc["rows"]:
-        cap = f"{r['capture_s']:.2f}" if "capture_s" in r else "-"
-        kept = ("yes" if r["cached"] else "no") if "cached" in r else "-"
-        src = str(r["searches"]) + " searches" if "searches" in r else r.get("origin", "")
-        lines.append(f"| {r['workload']} | {r['process']} | {r['compile_s']:.2f} | {cap} | "
-                     f"{kept} | {r['superopt_s']:.2f} | {src} | {r['load']} |")
+             "graph (`frontend_torch/capture_cache.py`).", ""]
+    rows = ([r["workload"], r["process"], f"{r['compile_s']:.2f}",
+             f"{r['capture_s']:.2f}" if "capture_s" in r else "-",
+             ("yes" if r["cached"] else "no") if "cached" in r else "-",
+             f"{r['superopt_s']:.2f}",
+             f"{r['searches']} searches" if "searches" in r else r.get("origin", ""), r["load"]]
+            for r in doc["rows"])
+    lines += table(["workload", "process", "compile s", "capture s", "kept graph",
+                    "superopt s", "searches / origin", "load"], rows)
     return "\n".join(lines) + "\n"
 
 
