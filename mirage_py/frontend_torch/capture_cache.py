@@ -33,6 +33,7 @@ as does ``database=False``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.metadata
 import inspect
@@ -206,6 +207,7 @@ def _qualname(obj: Any) -> str:
     return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', type(obj).__name__)}"
 
 
+@functools.cache
 def _module_internals() -> frozenset[str]:
     """The attributes every ``nn.Module`` has (parameters, buffers, submodules, hook tables,
     mode: keyed on their own), and ``forward`` (``CompiledModule.generate``'s routing)."""
