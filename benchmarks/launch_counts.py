@@ -21,7 +21,7 @@ import time
 
 import mirage_py as mp
 from benchmarks._results import RESULTS, table, write_results
-from mirage_py.codegen_cuda.extents import KernelCounts, PaddedExtents, kernel_counts
+from mirage_py.codegen_cuda.extents import PaddedExtents, kernel_counts, launch_work
 from mirage_py.examples.programs import ATTENTION, get_program
 from mirage_py.lax.family import bucket_of
 from mirage_py.ugraph.graph import GraphKernel
@@ -36,13 +36,8 @@ def _opts() -> dict:
 def work(graph, extents: PaddedExtents, sizes: dict | None) -> tuple[int, int]:
     """(blocks, block-iterations) of ``graph``'s graph-defined kernels at ``sizes`` (None: the
     bucket's whole grids and loops)."""
-    counts = kernel_counts(graph, extents)
-    blocks = iters = 0
-    for k, op in enumerate(graph.ops):
-        if isinstance(op, GraphKernel):
-            b, i = counts.get(k, KernelCounts()).work(op.block, sizes)
-            blocks, iters = blocks + b, iters + i
-    return blocks, iters
+    runs = launch_work(graph, extents, sizes).values()
+    return sum(w.blocks for w in runs), sum(w.iterations for w in runs)
 
 
 def family_rows(name: str, program, dim: str, representative: int,

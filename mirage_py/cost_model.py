@@ -87,6 +87,13 @@ latency-bound, so the search's branch and bound would drop looped structures tha
   resident block or stage hides most of what is left. Deeper pipelines also hide the
   per-iteration latency.
 * ``t = launch_us + (B // slots) * t_wave(slots) + t_wave(B % slots)``.
+* **work at launch**: a padded bucket's kernel may launch fewer blocks and run fewer loop
+  iterations than its block graph says (codegen_cuda/extents.py sizes grids and trip counts from
+  the valid sizes). Given the :class:`LaunchWork` of such a kernel -- ``B'`` blocks, ``I'``
+  iterations summed over them -- everything a block does once (its prologue, epilogue, output
+  tiles) counts ``B'`` times, everything its loop body does ``I'`` times, the waves are those of
+  ``B'`` blocks and the latency term's ``F`` is ``I' / B'``. Without it, ``B' = B`` and
+  ``I' = B * F``: the formulas above.
 
 The constants are rough hardware facts, not fitted: they make the model rank the effects the
 tuner controls (grid split, loop chunk, threads, stages) in the right direction. Unit tests check
@@ -101,7 +108,7 @@ import json
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Mapping, Protocol
 
 from .errors import MirageError
 from .lax.cone import cone_bytes
@@ -127,6 +134,16 @@ MMA_TF32 = (16, 8, 8)  # m, n, k of the TF32 tensor-core MMA
 # memory) and the pre-defined kernel alike. An assumption until a GPU measures it.
 FMA_MATMUL_EFFICIENCY = 0.5
 DEFAULT_STAGES = 2  # a graph-defined kernel without a stages annotation is double-buffered
+
+
+@dataclass(frozen=True)
+class LaunchWork:
+    """What of one graph-defined kernel runs when it is launched: ``blocks`` launched and loop
+    ``iterations`` summed over them (a padded bucket's kernel at valid sizes inside the bucket,
+    codegen_cuda/extents.py; without one, ``num_blocks`` and ``num_blocks * forloop``)."""
+
+    blocks: int
+    iterations: int
 
 
 @dataclass(frozen=True)
@@ -169,6 +186,17 @@ class CostModel(Protocol):
     name: str
 
     def predict(self, graph: Any, target: Any) -> float: ...
+
+
+def predict_launched(model: Any, graph: Any, target: Any,
+                     work: Mapping[int, LaunchWork]) -> float:
+    """``model``'s prediction of ``graph`` when its kernels run the ``work`` given (a padded
+    bucket at valid sizes): the analytic models price it (module docstring, "work at launch");
+    a model that cannot (a learned or test model) prices the graph whole, as launched at the
+    bucket's sizes."""
+    if work and isinstance(model, AnalyticModel):
+        return sum(c.us for c in model.kernel_costs(graph, target, work))
+    return model.predict(graph, target)
 
 
 _size = math.prod
@@ -240,7 +268,7 @@ def occupancy(t: Target, threads: int, smem: int, regs: int = REGS_PER_THREAD) -
     return max(r, 0)
 
 
-def _wave_us(t: Target, n: int, threads: int, stages: int, forloop: int, stage_bytes: float,
+def _wave_us(t: Target, n: int, threads: int, stages: int, forloop: float, stage_bytes: float,
              dram_b: float, load_b: float, read_b: float, tc_b: float,
              simt_b: float) -> tuple[float, float, float, float, float]:
     """(time, t_mem, t_tc, t_simt, t_lat) of one wave of ``n`` blocks, microseconds."""
@@ -311,17 +339,24 @@ def sector_factor(src: Any, tile: tuple[int, ...]) -> float:
 
 
 def _graph_kernel_cost(op: GraphKernel, info, tensors: dict, t: Target, stages: int,
-                       inter: set[str], planned: tuple[int, int, int] | None = None
-                       ) -> KernelCost:
+                       inter: set[str], planned: tuple[int, int, int] | None = None,
+                       work: LaunchWork | None = None) -> KernelCost:
     bg = op.block
     B, T, F = bg.num_blocks, bg.threads, bg.forloop
+    # blocks launched and loop iterations run over them (module docstring, "work at launch")
+    launched, iterations = (work.blocks, work.iterations) if work is not None else (B, B * F)
+    if launched < 1 or not launched <= iterations <= launched * F or launched > B:
+        raise MirageError(f"cost model: {launched} blocks running {iterations} iterations for a "
+                          f"kernel of {B} blocks of {F} iterations")
     shapes, phases = info.shapes, info.phases
     tc = simt = 0.0
     body_tiles = all_tiles = 0.0
     iters = []
     mm_outs = set()
     for n in bg.ops:
-        reps = F if phases.get(getattr(n, "out", "")) is Phase.BODY else 1
+        body = phases.get(getattr(n, "out", "")) is Phase.BODY
+        reps = F if body else 1
+        runs = iterations if body else launched  # how often the kernel computes this node
         if isinstance(n, InputIter) and n.gather >= 0:
             # a gather: the tile's rows, each a run of its own (sectors per row), and the
             # indices that pick them
@@ -331,9 +366,9 @@ def _graph_kernel_cost(op: GraphKernel, info, tensors: dict, t: Target, stages: 
             all_tiles += tile
             if reps > 1:
                 body_tiles += tile
-            iters.append((src, tile * reps * B * sector_factor(src, shapes[n.out][-1:]), n.imap))
+            iters.append((src, tile * runs * sector_factor(src, shapes[n.out][-1:]), n.imap))
             k = len(ids.shape)
-            iters.append((ids, _size(shapes[n.out][:k]) * DTYPES[ids.dtype] * reps * B,
+            iters.append((ids, _size(shapes[n.out][:k]) * DTYPES[ids.dtype] * runs,
                           n.imap))
         elif isinstance(n, InputIter):
             src = tensors[op.inputs[n.input]]
@@ -341,29 +376,29 @@ def _graph_kernel_cost(op: GraphKernel, info, tensors: dict, t: Target, stages: 
             all_tiles += tile
             if reps > 1:
                 body_tiles += tile
-            iters.append((src, tile * reps * B * sector_factor(src, shapes[n.out]), n.imap))
+            iters.append((src, tile * runs * sector_factor(src, shapes[n.out]), n.imap))
         elif isinstance(n, BlockOp):
             if n.op == "matmul":
                 a, o = shapes[n.operands[0]], shapes[n.out]
                 mma, fma = matmul_work(op_math(n.attrs, *(info.dtypes[x] for x in n.operands)),
                                        o[-2], o[-1], a[-1], _size(o[:-2]), t, T)
-                tc += mma * reps * B
-                simt += fma * reps * B
+                tc += mma * runs
+                simt += fma * runs
                 mm_outs.add(n.out)
             else:
                 src_shapes = [shapes[x] for x in n.operands if isinstance(x, str)]
                 per = OPS[n.op].cost if n.op in OPS else 1
-                simt += _steps(max(_size(s) for s in src_shapes), T) * per * reps * B
+                simt += _steps(max(_size(s) for s in src_shapes), T) * per * runs
         elif isinstance(n, MaskIter):
-            simt += _steps(_size(shapes[n.out]), T) * 2 * reps * B
+            simt += _steps(_size(shapes[n.out]), T) * 2 * runs
         elif isinstance(n, Fused):
             per = sum(OPS[t.op].cost for t in n.thread.ops)
-            simt += _steps(_size(shapes[n.out]), T) * per * reps * B
+            simt += _steps(_size(shapes[n.out]), T) * per * runs
         elif isinstance(n, Accum):
             if n.input not in mm_outs:  # MMAs accumulate in place
-                simt += _steps(_size(shapes[n.out]), T) * (3 if n.running else 1) * F * B
+                simt += _steps(_size(shapes[n.out]), T) * (3 if n.running else 1) * iterations
             if n.rescale is not None:  # online softmax: acc *= exp(m_old - m_new) per iteration
-                simt += _steps(_size(shapes[n.out]), T) * F * B
+                simt += _steps(_size(shapes[n.out]), T) * iterations
     if planned is not None:  # the layout planner's footprint, pipeline depth, register tiles
         smem, stages, floats = planned
         regs = estimated_registers(floats)
@@ -393,7 +428,7 @@ def _graph_kernel_cost(op: GraphKernel, info, tensors: dict, t: Target, stages: 
         if src.name in inter:
             ib += unique
     for o in op.outputs:
-        ob = o.size * DTYPES[o.dtype]
+        ob = o.size * DTYPES[o.dtype] * launched / B  # each block writes its own tiles
         nbytes += ob
         dram += ob
         loaded += ob
@@ -402,24 +437,31 @@ def _graph_kernel_cost(op: GraphKernel, info, tensors: dict, t: Target, stages: 
     names = ",".join(o.name for o in op.outputs)
     name = f"graph_kernel->{names}"
     if r == 0:
-        return KernelCost(name, math.inf, nbytes, tc, simt, B, T, smem, stages, F, 0, math.inf,
-                          intermediate_bytes=ib, dram_bytes=dram, load_bytes=loaded)
-    full, rem = divmod(B, slots)
+        return KernelCost(name, math.inf, nbytes, tc, simt, launched, T, smem, stages, F, 0,
+                          math.inf, intermediate_bytes=ib, dram_bytes=dram, load_bytes=loaded)
+    full, rem = divmod(launched, slots)
     stage_bytes = body_tiles if body_tiles else all_tiles
-    per = (stage_bytes, dram / B, loaded / B, reads / B, tc / B, simt / B)
+    per = (stage_bytes, dram / launched, loaded / launched, reads / launched, tc / launched,
+           simt / launched)
+    loop = iterations / launched  # a block's iterations, on average
     total = [0.0] * 5
     for count, n in ((full, slots), (1 if rem else 0, rem)):
         if count:
-            w = _wave_us(t, n, T, stages, F, *per)
+            w = _wave_us(t, n, T, stages, loop, *per)
             total = [a + count * b for a, b in zip(total, w)]
     us = t.launch_us + total[0]
-    return KernelCost(name, us, nbytes, tc, simt, B, T, smem, stages, F, r, B / slots,
-                      total[1], total[2], total[3], total[4], ib, "graph", dram, loaded)
+    return KernelCost(name, us, nbytes, tc, simt, launched, T, smem, stages, F, r,
+                      launched / slots, total[1], total[2], total[3], total[4], ib, "graph", dram,
+                      loaded)
 
 
-def kernel_costs(graph: Any, target: Any = "h100",
-                 smem_planner: Any = None) -> list[KernelCost]:
+def kernel_costs(graph: Any, target: Any = "h100", smem_planner: Any = None,
+                 work: Mapping[int, LaunchWork] | None = None) -> list[KernelCost]:
     """Per-kernel predictions, in launch order (see the module docstring for the formulas).
+
+    ``work`` gives, by index in ``graph.ops``, what of a graph-defined kernel runs when fewer
+    blocks or iterations than its block graph's are launched (a padded bucket at valid sizes;
+    ``codegen_cuda.extents.launch_work``); other kernels run whole.
 
     ``smem_planner(graph, target, stages, infos) -> {kernel index: (bytes, pipeline depth,
     register-tile floats)}`` gives graph-defined kernels' shared memory as code generation lays
@@ -450,13 +492,16 @@ def kernel_costs(graph: Any, target: Any = "h100",
             gi += 1
             if s < 1:
                 raise MirageError(f"cost model: {s} pipeline stages for graph kernel {gi - 1}")
-            out.append(_graph_kernel_cost(op, infos[k], tensors, t, s, inter, planned.get(k)))
+            out.append(_graph_kernel_cost(op, infos[k], tensors, t, s, inter, planned.get(k),
+                                          (work or {}).get(k)))
     return out
 
 
-def estimate_us(graph: Any, target: Any = "h100", smem_planner: Any = None) -> float:
-    """Predicted time of the whole kernel graph (kernels run one after another)."""
-    return sum(c.us for c in kernel_costs(graph, target, smem_planner))
+def estimate_us(graph: Any, target: Any = "h100", smem_planner: Any = None,
+                work: Mapping[int, LaunchWork] | None = None) -> float:
+    """Predicted time of the whole kernel graph (kernels run one after another; ``work`` as in
+    :func:`kernel_costs`)."""
+    return sum(c.us for c in kernel_costs(graph, target, smem_planner, work))
 
 
 def bytes_moved(graph: Any, target: Any = "h100") -> float:
@@ -513,8 +558,9 @@ class AnalyticModel:
     def predict(self, graph: Any, target: Any) -> float:
         return estimate_us(graph, target, self.smem_planner)
 
-    def kernel_costs(self, graph: Any, target: Any) -> list[KernelCost]:
-        return kernel_costs(graph, target, self.smem_planner)
+    def kernel_costs(self, graph: Any, target: Any,
+                     work: Mapping[int, LaunchWork] | None = None) -> list[KernelCost]:
+        return kernel_costs(graph, target, self.smem_planner, work)
 
     def lower_bound(self, program: Any, target: Any, kernels: int | None = None) -> float:
         """What any graph-defined kernel graph computing ``program`` (with ``kernels``
@@ -571,8 +617,9 @@ class CalibratedModel(AnalyticModel):
     def predict(self, graph: Any, target: Any) -> float:
         return estimate_us(graph, self.target(target), self.smem_planner)
 
-    def kernel_costs(self, graph: Any, target: Any) -> list[KernelCost]:
-        return kernel_costs(graph, self.target(target), self.smem_planner)
+    def kernel_costs(self, graph: Any, target: Any,
+                     work: Mapping[int, LaunchWork] | None = None) -> list[KernelCost]:
+        return kernel_costs(graph, self.target(target), self.smem_planner, work)
 
     def lower_bound(self, program: Any, target: Any, kernels: int | None = None) -> float:
         return lower_bound_us(program, self.target(target), kernels)

@@ -339,3 +339,65 @@ def test_a_searched_decode_attention_runs_only_the_kv_tiles_it_needs():
         interp = cut_outputs(p, inst.annotated.graph.run(padded_x, precision="gpu",
                                                          sizes={"S": s}), {"S": s})["O"]
         assert _rel(got, interp) <= 2e-3, s
+
+
+# ---- the cost model at a valid size inside the bucket (cost_model "work at launch") ----------
+
+def test_the_cost_model_prices_the_iterations_a_padded_loop_runs():
+    """The masked online attention (2 blocks, 4 iterations of 16 keys) priced at each valid
+    key length: the bytes it loads are the tiles its blocks really load -- each block's Q tile
+    and output tile once, one K and one V tile of 16 x 16 per iteration run -- counted here from
+    the tile arithmetic alone; at the bucket's length the price is the whole-bucket price, and
+    it never falls as the length grows."""
+    from mirage_py.codegen_cuda.extents import launch_work
+    from mirage_py.cost_model import kernel_costs
+    g, ext = _masked_online_attention()
+    whole = kernel_costs(g)[0]
+    tile = 16 * 16 * 2  # float16
+    last = 0.0
+    for s in range(1, 65):
+        work = launch_work(g, ext, {"S": s})
+        (c,) = kernel_costs(g, work=work)
+        iterations = 2 * -(-s // 16)
+        assert (work[0].blocks, work[0].iterations) == (2, iterations), s
+        assert c.load_bytes == 2 * tile + iterations * 2 * tile + 2 * tile, s
+        assert c.us >= last - 1e-12, s
+        last = c.us
+    assert (c.us, c.load_bytes, c.dram_bytes) == (whole.us, whole.load_bytes, whole.dram_bytes)
+    assert kernel_costs(g, work=launch_work(g, ext, None))[0] == whole
+
+
+def test_launch_work_outside_the_kernel_is_a_typed_error():
+    from mirage_py.cost_model import LaunchWork, kernel_costs
+    from mirage_py.errors import MirageError
+    g, _ = _masked_online_attention()
+    for bad in (LaunchWork(0, 0), LaunchWork(3, 3), LaunchWork(2, 9), LaunchWork(2, 1)):
+        with pytest.raises(MirageError, match="blocks running"):
+            kernel_costs(g, work={0: bad})
+
+
+def test_a_family_prices_a_call_by_what_it_launches_there(families):
+    """``FamilyProgram.estimated_time_at``: the bucket's own size is the bucket's price; a
+    token count inside the bucket is priced with the blocks its grid launches there (one per
+    row per column part) and the DRAM bytes they move, fewer for fewer tokens; a size outside
+    the range or a missing dim is a ShapeError. (The time itself need not fall with the count:
+    fewer blocks per SM hide less latency in the model.)"""
+    from mirage_py.codegen_cuda.extents import launch_work
+    from mirage_py.errors import ShapeError
+    p, fam, bucket = families["rms"]
+    inst = fam.instance(bucket)
+    assert fam.estimated_time_at(bucket) == pytest.approx(inst.estimated_time_us, rel=1e-12)
+    (k, gk), = [(k, op) for k, op in enumerate(inst.graph.ops) if hasattr(op, "block")]
+    per_row = gk.block.num_blocks // bucket["T"]
+    dram = []
+    for t in (1, 2, 33, 40, 63, 64):
+        work = launch_work(inst.graph, PaddedExtents.of_program(p), {"T": t})
+        (c,) = inst.model.kernel_costs(inst.annotated, inst.target, work)
+        assert c.blocks == work[k].blocks == t * per_row, t
+        assert fam.estimated_time_at({"T": t}) == pytest.approx(c.us, rel=1e-12)
+        dram.append(c.dram_bytes)
+    assert dram == sorted(set(dram))
+    with pytest.raises(ShapeError, match="outside its range"):
+        fam.estimated_time_at({"T": 129})
+    with pytest.raises(ShapeError, match="needs a size for dim"):
+        fam.estimated_time_at({})

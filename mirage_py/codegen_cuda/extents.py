@@ -36,6 +36,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from ..cost_model import LaunchWork
 from ..lax.ops import OPS
 from ..lax.ops import compute as op_compute
 from ..lax.shapes import Affine, Dim, resolve
@@ -134,19 +135,20 @@ class KernelCounts:
         return tuple(sorted({n for c in (*self.grid, self.loop) if c is not None
                              for n in c.dims}))
 
-    def work(self, block: BlockGraph, sizes: Mapping[str, int] | None) -> tuple[int, int]:
-        """(blocks launched, loop iterations run summed over them) of a kernel with block
+    def work(self, block: BlockGraph, sizes: Mapping[str, int] | None) -> LaunchWork:
+        """The blocks launched and loop iterations run summed over them of a kernel with block
         graph ``block`` at ``sizes`` (None: the bucket's whole grid and loop)."""
         grid = [g if c is None or sizes is None else c.at(sizes)
                 for g, c in zip(block.grid, self.grid)]
         blocks = grid[0] * grid[1] * grid[2]
         loop = self.loop
         if loop is None or sizes is None:
-            return blocks, blocks * block.forloop
+            return LaunchWork(blocks, blocks * block.forloop)
         if loop.start_axis < 0:
-            return blocks, blocks * loop.at(sizes)
+            return LaunchWork(blocks, blocks * loop.at(sizes))
         per = blocks // grid[loop.start_axis]
-        return blocks, per * sum(loop.at(sizes, b) for b in range(grid[loop.start_axis]))
+        return LaunchWork(blocks, per * sum(loop.at(sizes, b)
+                                            for b in range(grid[loop.start_axis])))
 
 
 def kernel_counts(graph: KernelGraph, extents: PaddedExtents | None) -> dict[int, KernelCounts]:
@@ -172,6 +174,16 @@ def kernel_counts(graph: KernelGraph, extents: PaddedExtents | None) -> dict[int
         if counts.dims:
             out[k] = counts
     return out
+
+
+def launch_work(graph: KernelGraph, extents: PaddedExtents | None,
+                sizes: Mapping[str, int] | None) -> dict[int, LaunchWork]:
+    """Per graph-defined kernel (by index in ``graph.ops``) what it runs when launched at the
+    valid ``sizes`` (None: the bucket's whole grids and loops) -- what the cost model prices a
+    call inside a bucket by (``cost_model.predict_launched``)."""
+    counts = kernel_counts(graph, extents)
+    return {k: counts.get(k, KernelCounts()).work(op.block, sizes)
+            for k, op in enumerate(graph.ops) if isinstance(op, GraphKernel)}
 
 
 def _grid_count(gk: GraphKernel, a: int, ext: PaddedExtents, outputs: set[str],

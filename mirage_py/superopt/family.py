@@ -177,6 +177,25 @@ class FamilyProgram:
         """The representative bucket's predicted time."""
         return self.answer.estimated_time_us
 
+    def estimated_time_at(self, sizes: Mapping[str, int]) -> float:
+        """The predicted time of a call at the valid ``sizes``: the bucket's graph (built if
+        new) with each kernel's grid and loop as launched there (codegen_cuda/extents.py: blocks
+        and iterations wholly past the valid sizes left out where the rule allows; other
+        kernels, pre-defined ones included, at the bucket's size) -- what the GPU path runs.
+        A learned cost model prices the bucket's graph whole (``cost_model.predict_launched``)."""
+        from ..codegen_cuda.extents import PaddedExtents, launch_work
+        from ..cost_model import predict_launched
+        missing = sorted(set(self.buckets) - set(sizes))
+        if missing:
+            raise ShapeError(f"FamilyProgram {self.program.name!r}: estimated_time_at needs a "
+                             f"size for dim(s) {missing}, got {dict(sizes)}")
+        sizes = {n: int(sizes[n]) for n in self.buckets}
+        for n, v in sizes.items():
+            self.program.dims[n].check(v, f"FamilyProgram {self.program.name!r}")
+        inst = self.instance(self.bucket(sizes))
+        work = launch_work(inst.graph, PaddedExtents.of_program(self.program), sizes)
+        return predict_launched(inst.model, inst.annotated, inst.target, work)
+
     @property
     def naive_estimated_time_us(self) -> float:
         """The representative bucket's predicted time with one kernel per operator."""
