@@ -25,14 +25,20 @@ Why ``G' = P'`` implies ``G = P`` (docs/verifier.md, "Verification at shrunk siz
 changed. The allowed operators never read an index value: each acts position-wise or reduces a
 whole range (sum, max, min, matmul contraction); iterators hand each block and iteration its
 slice, accumulators fold iterations with the same step, savers write each block's slice; masks,
-slices, concatenations, reshapes, gathers and the pre-defined ``rms_norm`` (a ``1/extent`` of
-its own) are refused (``why``). So the difference ``D = P - G`` is built the same way at every
+gathers, the pre-defined ``rms_norm`` (a ``1/extent`` of its own) and slices and concatenations
+of tiles are refused (``why``); slices, concatenations and reshapes of whole tensors *pin* the
+extents they move data along (:func:`pinned`: never shrunk) and pass every other dim through
+unchanged; a reshape of tiles is kept when the shrunk graph validates (its fixed target shape
+then means its tile kept its length). So the difference ``D = P - G`` is built the same way at every
 length: a monomial of its expansion (exp values and function values as variables, their
 arguments by induction) names at most ``delta`` distinct values of each range, and its
 coefficient depends on which of them coincide (and their order), never on the range's length;
 every such pattern occurs in a range of at least ``delta``. So ``D' == 0`` forces every
 coefficient to vanish, and ``D == 0``. The degree bound is recomputed at the shrunk size and must
 be the same (a bound that grew with the extent -- distinct denominators summed -- refuses).
+A known gap (docs/verifier.md): a summand independent of a summed index contributes once per
+element of the range, so coefficients are polynomials in the range lengths; a candidate right
+only through ``m = S / n`` (a mean's kept ``1/n``) is rejected at the shrunk size.
 """
 
 from __future__ import annotations
