@@ -211,6 +211,26 @@ def test_a_reshape_of_a_long_dim_falls_back():
     assert "reshaped" in r.full_size_why
 
 
+def test_a_big_program_with_pinned_long_dims_shrinks_its_short_ones(monkeypatch):
+    """An average pooling (KernelBench's 16 x 64 x 2048 x 2048: 32 GiB as field values): its
+    window's slice and reshape pin every long extent, so the batch and channel dims shrink
+    instead, until the program fits; right graph accepted, differing mutants rejected, the
+    verdicts equal to the full size's."""
+    p = mp.Program("avg_pool")
+    x = p.input("X", (12, 4, 130))
+    w = mp.reshape(mp.slice(x, axis=2, start=0, stop=128), (12, 4, 16, 8))
+    p.output(mp.sum(w, axis=3) / 8.0, name="Y")
+    g = naive_lowering(p)
+    assert not mp.verify(p, g).shrunk  # under the size: checked as it is
+    monkeypatch.setattr(shrink_mod, "FULL_SIZE_BYTES", 0)
+    assert {130, 128, 16, 8} <= pinned(p, g)
+    r = mp.verify(p, g)
+    assert r.equivalent and set(r.shrunk) == {12, 4}, (r.shrunk, r.full_size_why)
+    assert all(n < e for e, n in r.shrunk.items())
+    differing, shrunk_checks = _shrunk_verdicts_of_mutants(p, g, p.random_inputs(4), 30)
+    assert differing >= 2 and shrunk_checks >= 2
+
+
 def test_small_program_and_graph_shrink_every_long_dim():
     p = _mlp(2048, 4096)
     sizes = {2048: 128, 4096: 256}

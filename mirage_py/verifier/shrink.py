@@ -12,7 +12,9 @@ smaller pair ``(P', G')`` whose equivalence implies ``G = P``, or says why it ca
   ``16 x 64 x 256 x 256`` input, 512 MiB, none of whose extents is long) becomes ``E / k_E``
   (``k_E`` a power of two, the largest that works); ``P'`` is ``P`` with its dims of extent ``E`` made
   ``E / k_E``, every node re-inferred, every constant kept (a mean's ``1/4096`` stays
-  ``1/4096``: a coefficient, the same in ``P'`` and ``G'``);
+  ``1/4096``: a coefficient, the same in ``P'`` and ``G'``); a program still over
+  :data:`FULL_SIZE_BYTES` after that shrinks its shorter extents too, longest first, until it
+  fits (an average pooling whose window pins every long extent);
 * ``G'`` is ``G`` with every tensor dim of extent ``E`` made ``E / k_E`` and the same kernels and
   block programs; each cut of such a dim either keeps its tile, the grid axis or loop that cuts
   it making ``k_E`` times fewer parts (``_fewer_blocks``), or keeps its parts with a ``k_E``
@@ -286,15 +288,14 @@ def shrink(program: Program, graph: KernelGraph, delta: int, target: Any = "h100
     why = "no long extent can be shrunk" if not set(long) & held else \
         f"the long extents {sorted(set(long) & held)} are sliced, joined or reshaped"
     for e in sorted(set(long) - held, reverse=True):
-        k = 2 ** max(0, (e // least).bit_length() - 1)
-        while k > 1:
-            trial = {**factors, e: k}
-            got, why_not = _shrunk_graph(graph, trial, least, target)
-            if got is not None:
-                factors = trial
-                break
-            why = why_not
-            k //= 2
+        factors, why = _shrink_extent(graph, factors, e, least, target, why)
+    # still over the size (the long dims pinned: a pooling window's slice and reshape): the
+    # shorter dims too, longest first, until it fits
+    short = sorted(set(tiles(graph, 2 * least)) - set(long) - held, reverse=True)
+    for e in short:
+        if _largest_bytes(program, {x: x // k for x, k in factors.items()}) <= FULL_SIZE_BYTES:
+            break
+        factors, why = _shrink_extent(graph, factors, e, least, target, why)
     if not factors:
         return Shrink(why=why)
     sizes = {e: e // k for e, k in factors.items()}
@@ -306,6 +307,26 @@ def shrink(program: Program, graph: KernelGraph, delta: int, target: Any = "h100
     except MirageError as e:
         return Shrink(why=f"the shrunk program is not valid: {e}")
     return Shrink(sizes, p, g)
+
+
+def _shrink_extent(graph: KernelGraph, factors: dict[int, int], e: int, least: int,
+                   target: Any, why: str) -> tuple[dict[int, int], str]:
+    """``factors`` with extent ``e`` shrunk by the largest power of two the graph allows
+    (every range left at least ``least``), or unchanged and why not."""
+    k = 2 ** max(0, (e // least).bit_length() - 1)
+    while k > 1:
+        trial = {**factors, e: k}
+        got, why_not = _shrunk_graph(graph, trial, least, target)
+        if got is not None:
+            return trial, why
+        why = why_not
+        k //= 2
+    return factors, why
+
+
+def _largest_bytes(program: Program, sizes: dict[int, int]) -> int:
+    """The largest tensor of ``program`` at ``sizes``, as float64 field values."""
+    return 8 * max((math.prod(_resized(t.shape, sizes)) for t in program.nodes()), default=0)
 
 
 def _shrunk_graph(graph: KernelGraph, factors: dict[int, int], least: int,
