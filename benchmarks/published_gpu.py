@@ -603,6 +603,13 @@ def _ours_status(r, o: dict) -> str | None:
     return "ok" if o.get("pricing") == pricing_key() else OLDER_PRICING
 
 
+def naive_answer(o: dict) -> bool:
+    """An answer that is the naive lowering of a program of several kernels: the search found
+    nothing cheaper within its budget at these sizes."""
+    return o.get("status") == "ok" and o.get("kernels_naive", 1) > 1 and \
+        o["predicted_ms"] >= o["naive_predicted_ms"]
+
+
 OLDER_PRICING = "ok, priced by an older cost model"  # a row of another pricing_key, kept until
 # --ours --retry searches the problem again
 
@@ -631,6 +638,7 @@ def ours_summary(doc: dict, ours: dict[str, dict]) -> list[str]:
     err = held.get("analytic", {}).get("all", {}).get("median_abs_log_ratio")
     ok = [r for r in rows if r["ours_status"] in ("ok", OLDER_PRICING)]
     n_older = sum(r["ours_status"] == OLDER_PRICING for r in ok)
+    n_naive = sum(naive_answer(ours.get(r["problem"], {})) for r in ok)
     why = Counter(_ours_cell(r) for r in rows if r not in ok)
     ratio = sorted(r["ours_predicted_ms"] / r["measured_compile_ms"] for r in ok
                    if r["measured_compile_ms"])
@@ -654,7 +662,10 @@ def ours_summary(doc: dict, ours: dict[str, dict]) -> list[str]:
             f"`--ours --retry` searches them again)" if n_older else "") + ", " +
            ", ".join(f"{n} {k}" for k, n in why.most_common()) + "." +
            (f" Answered: predicted / measured compile time median {ratio[len(ratio) // 2]:.2f}"
-            f" (range {ratio[0]:.2f} - {ratio[-1]:.2f})." if ratio else ""), ""]
+            f" (range {ratio[0]:.2f} - {ratio[-1]:.2f})." if ratio else "") +
+           (f" {n_naive} of the answers are the naive lowering of a program of several "
+            f"kernels (nothing cheaper found within the budget at these sizes)."
+            if n_naive else ""), ""]
     return out
 
 

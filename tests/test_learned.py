@@ -290,6 +290,9 @@ def test_full_size_searches_run_in_a_child_held_to_the_memory_cap(tmp_path, monk
     assert pg._ours_cell({"ours_status": pg.OLDER_PRICING, "ours_predicted_ms": 1.5}) == \
         "1.5 (older pricing)"
     assert pg._ours_status(rec, {**old, "pricing": pg.pricing_key()}) == "ok"
+    naive = {"status": "ok", "kernels_naive": 3, "predicted_ms": 2.0, "naive_predicted_ms": 2.0}
+    assert pg.naive_answer(naive) and not pg.naive_answer({**naive, "predicted_ms": 1.0})
+    assert not pg.naive_answer({**naive, "kernels_naive": 1})  # one kernel: nothing to fuse
     mem = {"status": "over the memory limit (6 GiB)", "memory_stage": "verifier/degree.py _div"}
     st = pg._ours_status(rec, mem)
     assert pg._ours_cell({"ours_status": st}) == "over 6 GiB (verifier/degree.py _div)"

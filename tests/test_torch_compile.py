@@ -646,3 +646,40 @@ def test_cuda_tensors_run_the_generated_kernels():
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+@pytest.mark.parametrize("mode", ["eval", "train"])
+def test_gemm_batchnorm_compiled_equals_eager_in_eval_and_training_mode(mode):
+    """KernelBench level2/41 (Gemm, BatchNorm1d, GELU, ReLU) as KernelBench times it: the module
+    in training mode under ``no_grad`` (batch statistics; the running ones updated), and in eval
+    mode (the running statistics). Compiled output and buffers equal eager's."""
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gemm = nn.Linear(8, 6)
+            self.bn = nn.BatchNorm1d(6)
+
+        def forward(self, x):
+            return torch.relu(F.gelu(self.bn(self.gemm(x))))
+
+    torch.manual_seed(0)
+    ref = Model()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        ref.bn.running_mean.copy_(torch.rand(6, generator=g) - 0.5)
+        ref.bn.running_var.copy_(torch.rand(6, generator=g) + 0.5)
+        ref.bn.weight.copy_(torch.rand(6, generator=g) + 0.5)
+        ref.bn.bias.copy_(torch.rand(6, generator=g) - 0.5)
+    m = Model()
+    m.load_state_dict(ref.state_dict())
+    for mm in (ref, m):
+        getattr(mm, mode)()
+    x = _rand(5, 8, dtype=torch.float32)
+    cm = mp.compile(m, (x,), **{**OPTS, "time_budget_s": 2})
+    with torch.no_grad():
+        got, want = cm(x), ref(x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for name in ("running_mean", "running_var", "num_batches_tracked"):
+        torch.testing.assert_close(getattr(m.bn, name), getattr(ref.bn, name), rtol=1e-5,
+                                   atol=1e-6)
+    assert m.bn.num_batches_tracked.item() == (mode == "train")

@@ -341,3 +341,47 @@ def test_a_convolution_that_is_not_a_patch_projection_is_named():
     conv = nn.Conv2d(3, 4, 3, padding=1).eval()
     with pytest.raises(UnsupportedOperatorError, match=r"convolution.*padding \(1, 1\).*stride"):
         mp.from_torch(conv, (_r(1, 3, 8, 8),))
+
+
+class _GemmBatchNorm(nn.Module):
+    """KernelBench level2/41's shape of model: Gemm, BatchNorm, GELU, ReLU."""
+
+    def __init__(self, n_in, n_out):
+        super().__init__()
+        self.gemm = nn.Linear(n_in, n_out)
+        self.batch_norm = nn.BatchNorm1d(n_out)
+
+    def forward(self, x):
+        return torch.relu(F.gelu(self.batch_norm(self.gemm(x))))
+
+
+def _with_running_stats(m):
+    g = torch.Generator().manual_seed(3)
+    for bn in (x for x in m.modules() if isinstance(x, nn.modules.batchnorm._BatchNorm)):
+        with torch.no_grad():
+            bn.running_mean.copy_(torch.rand(bn.num_features, generator=g) - 0.5)
+            bn.running_var.copy_(torch.rand(bn.num_features, generator=g) + 0.5)
+            bn.weight.copy_(torch.rand(bn.num_features, generator=g) + 0.5)
+            bn.bias.copy_(torch.rand(bn.num_features, generator=g) - 0.5)
+    return m
+
+
+@pytest.mark.parametrize("make, shape", [(lambda: nn.BatchNorm2d(4), (2, 4, 5, 6)),
+                                         (lambda: _GemmBatchNorm(8, 6), (5, 8))],
+                         ids=["batchnorm2d", "gemm_batchnorm_gelu_relu"])
+def test_a_module_built_on_the_meta_device_is_captured(make, shape):
+    """KernelBench's problems are captured from modules built under ``torch.device("meta")``
+    (benchmarks/published_gpu.py): BatchNorm's integer buffer ``num_batches_tracked`` has no
+    values there to fold as an index ("Cannot copy out of meta tensor" before); it stays out of
+    the program, which computes what the module with real weights does in eval mode."""
+    with torch.device("meta"):
+        meta = make().eval()
+        p = mp.from_torch(meta, (torch.empty(*shape),))
+    torch.manual_seed(0)
+    real = _with_running_stats(make()).eval()
+    x = _r(*shape)
+    with torch.no_grad():
+        want = real(x)
+    assert {t.name for t in p.inputs} == {t.name for t in mp.from_torch(real, (x,)).inputs}
+    got = p.evaluate(p.bind(real, x))["out0"]
+    np.testing.assert_allclose(got, want.double().numpy(), rtol=1e-4, atol=1e-4)

@@ -315,6 +315,16 @@ DEGREE_CASES = {
     "rms_norm": (lambda X, W: mp.rms_norm(X) @ W, dict(X=(2, 3), W=(3, 2))),
     "nested divisions": (lambda X, W: (X / (X + 1.0)) / (mp.sum(X, -1, True) + 2.0),
                          dict(X=(2, 3), W=(3, 2))),
+    # the divisor's instance map follows a transpose: element (i, j) of the sum divides by
+    # two different elements, never "the same factor twice"
+    "division plus its transpose, summed": (
+        lambda X, W: mp.sum(X / (X * X + 1.0) + mp.transpose(X / (X * X + 1.0)), -1),
+        dict(X=(3, 3), W=(3, 2))),
+    # a group norm: per-group divisors reshaped back over the channels, then summed
+    "group norm reshapes": (
+        lambda X, W: mp.sum(mp.reshape(mp.reshape(X, (2, 2, 2)) / (mp.sum(
+            mp.reshape(X, (2, 2, 2)), -1, True) + 1.0), (2, 4)) + X / (X + 1.0), -1),
+        dict(X=(2, 4), W=(3, 2))),
 }
 
 
@@ -351,6 +361,32 @@ def test_pair_degree_counts_vanishing_denominators():
                                                              be.scalar(1.0)])])
     s2 = be.sum(full, (1,), False)  # a different divisor per summand: common denominator
     assert s2.dd == 8 * 2 and s2.dn == 1 + 7 * 2
+
+
+def test_degree_records_of_model_size_divisions_stay_small():
+    """KernelBench's Softsign divides a 4096 x 393216 tensor by a tensor of its size, and its
+    GroupNorm reshapes per-group divisors from (112, 8, 2097152) to (112, 64, 512, 512): the
+    instance maps stay one key per axis (a few hundred thousand integers, not 1.6 G), with the
+    degrees of the same programs at a small size."""
+    def softsign(n, d):
+        return prog("softsign", lambda X: X / (mp.abs(X) + 1.0), X=(n, d))
+
+    def group_norm(b, c, g, hw):
+        def build(X):
+            xr = mp.reshape(X, (b, g, c // g * hw))
+            y = (xr - mp.mean(xr, -1, True)) / mp.sqrt(mp.mean(xr * xr, -1, True) + 1e-5)
+            return mp.sum(mp.reshape(y, (b, c, hw)) / (mp.sum(X, -1, True) + 1.0), -1)
+        return prog("group_norm", build, X=(b, c, hw))
+
+    for big, small in ((softsign(4096, 393216), softsign(4, 6)),
+                       (group_norm(112, 64, 8, 512 * 512), group_norm(2, 4, 2, 3))):
+        degs = [p.evaluate({t.name: Shaped(t.shape) for t in p.inputs}, backend=DegreeBackend())
+                for p in (big, small)]
+        for name, d in degs[0].items():
+            keys = sum(k.size for f in d.den + d.risk for k in f.idx)
+            assert keys < 1 << 20, (big.name, keys)
+            e = degs[1][name]
+            assert (d.dn, d.dd, d.risk_deg) == (e.dn, e.dd, e.risk_deg), (big.name, d, e)
 
 
 def test_fixture_degrees_are_small():

@@ -99,8 +99,12 @@ def index_like(t: Any) -> bool:
 
 
 def _masks(roles: list[InputRole], values: dict[str, Any], mutated: set[str]) -> dict[str, Any]:
+    """The buffers folded as constants (``Captured.masks``). A buffer on the meta device has no
+    values to fold (a capture of sizes alone, e.g. BatchNorm's ``num_batches_tracked`` in a
+    module built under ``torch.device("meta")``): it stays an input."""
     return {r.node: values[r.node].detach().to("cpu").clone() for r in roles
             if r.kind == "buffer" and r.node in values and r.name not in mutated
+            and values[r.node] is not None and values[r.node].device.type != "meta"
             and (mask_like(values[r.node]) or index_like(values[r.node]))}
 
 

@@ -8,8 +8,11 @@ field elements). A :class:`Deg` record bounds, for every element of a tensor at 
 
 * ``dn``   -- the total degree of ``N``;
 * ``den``  -- the factors of ``M``: each a :class:`Factor` (a divisor's numerator polynomial),
-  with its degree and an *instance map* ``idx`` (an integer array broadcastable to the tensor's
-  shape: two elements with the same ``(uid, idx)`` have literally the same factor);
+  with its degree and an *instance map* ``idx``: a tuple of integer arrays (*keys*), each
+  broadcastable to the tensor's shape; two elements with the same uid and the same key values
+  have literally the same factor. A factor distinct at every element of a large tensor (the
+  divisor of ``x / (1 + |x|)``) is one key per axis, each varying along its axis only, so the
+  map never takes the tensor's size;
 * ``risk`` -- denominators that no longer show in ``M`` (hidden inside an exp or uninterpreted
   function argument, or moved to the numerator by a division) but whose vanishing would still
   change the value (``0^-1 = 0`` in the field).
@@ -20,10 +23,11 @@ degree ``(2, 1)`` instead of growing a common denominator of degree ``K``. Facto
 vary along a summed axis are combined conservatively: ``n`` distinct instances of a degree-f
 factor give a common denominator of degree ``n f`` and raise the numerator by ``(n-1) f``.
 
-Data movement (tiling, slicing, broadcasting, assembling) is applied to the instance maps with
-the same NumPy functions the interpreter applies to values, on zero-stride views, so it costs
-next to nothing; nothing here allocates arrays the size of the tensors unless a factor really
-varies along every axis.
+Data movement (tiling, slicing, broadcasting, assembling) is applied to the keys with the same
+NumPy functions the interpreter applies to values, on zero-stride views, so it costs next to
+nothing; a reshape is applied run by run (the dims it maps onto each other), so a key is only
+materialised over the run it moves along. Joining values (concat, stacking) encodes each
+factor's keys as one array first: that one is as large as the joined parts.
 """
 
 from __future__ import annotations
@@ -42,10 +46,13 @@ from .errors import UnverifiableOperatorError
 _uids = itertools.count(1)
 
 
+Keys = tuple  # of compact integer arrays, one rank, broadcastable to the value's shape
+
+
 @dataclass(frozen=True)
 class Factor:
     uid: int
-    idx: np.ndarray  # compact instance map, same rank as the value
+    idx: Keys  # compact instance map (module doc), the value's rank
     deg: int
     vanish: bool = True  # False: provably never 0 in the field (e.g. a product of exp values)
 
@@ -57,16 +64,59 @@ def _compact(a: np.ndarray) -> np.ndarray:
     return a[key]
 
 
+def _constant_axes_dropped(a: np.ndarray) -> np.ndarray:
+    """``a`` (a key a reshape copied) reduced to extent 1 along every axis it is constant
+    along, whatever its strides."""
+    a = _compact(a)
+    for ax in range(a.ndim):
+        if a.shape[ax] > 1:
+            first = a[(slice(None),) * ax + (slice(0, 1),)]
+            if np.array_equal(np.broadcast_to(first, a.shape), a):
+                a = first
+    return a
+
+
 def _dummy(shape: tuple[int, ...]) -> np.ndarray:
     return np.broadcast_to(np.zeros((), dtype=np.int8), shape)
 
 
-def _rank(idx: np.ndarray, nd: int) -> np.ndarray:
-    return idx.reshape((1,) * (nd - idx.ndim) + idx.shape) if idx.ndim < nd else idx
+def _rank(idx: Keys, nd: int) -> Keys:
+    return tuple(k.reshape((1,) * (nd - k.ndim) + k.shape) if k.ndim < nd else k for k in idx)
 
 
-def _same(a: np.ndarray, b: np.ndarray) -> bool:
-    return a.shape == b.shape and (a is b or np.array_equal(a, b))
+def _same(a: Keys, b: Keys) -> bool:
+    return a is b or (len(a) == len(b) and all(
+        x.shape == y.shape and (x is y or np.array_equal(x, y)) for x, y in zip(a, b)))
+
+
+def _extent(idx: Keys, axis: int) -> int:
+    """The compact extent of the map along ``axis``: 1 where no key varies along it."""
+    return max(k.shape[axis] for k in idx)
+
+
+def positions(shape: tuple[int, ...]) -> Keys:
+    """A map distinct at every element of ``shape``: one key per axis of extent > 1, the
+    axis's index (an element is named by its coordinates), each the size of its axis."""
+    nd = len(shape)
+    keys = tuple(np.arange(n).reshape((1,) * a + (n,) + (1,) * (nd - a - 1))
+                 for a, n in enumerate(shape) if n > 1)
+    return keys or (np.zeros((1,) * nd, dtype=np.int64),)
+
+
+def _encoded(parts: list[Keys], shapes: list[tuple[int, ...]]) -> list[np.ndarray]:
+    """The maps of several values as one array each (at the values' shapes), equal where the
+    key tuples are equal: the keys in mixed radix over their common range."""
+    lo = [min(int(p[i].min()) for p in parts) for i in range(len(parts[0]))]
+    span = [max(int(p[i].max()) for p in parts) - lo[i] + 1 for i in range(len(parts[0]))]
+    if np.prod([float(x) for x in span]) >= 2.0 ** 62:
+        raise UnverifiableOperatorError("degree: an instance map too large to encode")
+    out = []
+    for p, shape in zip(parts, shapes):
+        code = np.zeros((1,) * len(shape), dtype=np.int64)
+        for k, low, n in zip(p, lo, span):
+            code = code * n + (k.astype(np.int64) - low)
+        out.append(np.broadcast_to(code, shape))
+    return out
 
 
 class Deg:
@@ -176,11 +226,10 @@ class DegreeBackend(Backend):
 
         def moved(f: Factor) -> Factor:
             idx = _rank(f.idx, table.ndim)
-            if idx.shape[0] == 1:
-                return Factor(f.uid, idx.reshape((1,) * len(lead) + idx.shape[1:]), f.deg,
-                              f.vanish)
-            n = int(np.prod(shape, dtype=np.int64))
-            return Factor(next(_uids), np.arange(n).reshape(shape), f.deg, f.vanish)
+            if _extent(idx, 0) == 1:
+                return Factor(f.uid, tuple(k.reshape((1,) * len(lead) + k.shape[1:])
+                                           for k in idx), f.deg, f.vanish)
+            return Factor(next(_uids), positions(shape), f.deg, f.vanish)
 
         return Deg(shape, table.dn, tuple(moved(f) for f in table.den),
                    tuple(moved(f) for f in table.risk), table.nonzero)
@@ -267,8 +316,7 @@ class DegreeBackend(Backend):
         new: tuple[Factor, ...] = ()
         if b.dn > 0:
             # the instance of b's numerator an element divides by: b's own element position
-            pos = np.arange(int(np.prod(b.shape, dtype=np.int64))).reshape(b.shape)
-            new = (Factor(b.serial, _rank(pos, nd), b.dn, not b.nonzero),)
+            new = (Factor(b.serial, _rank(positions(b.shape), nd), b.dn, not b.nonzero),)
         den, _, _ = _merge(a.den, new, nd, True)
         risk = _union(_union(a.risk, b.risk, nd), b.den, nd)
         return Deg(shape, a.dn + b.dd, tuple(den), risk, a.nonzero and b.nonzero)
@@ -282,22 +330,22 @@ class DegreeBackend(Backend):
             out = []
             for f in fs:
                 idx = _rank(f.idx, x.ndim)
-                varying = [a for a in axes if idx.shape[a] > 1]
+                varying = [a for a in axes if _extent(idx, a) > 1]
                 n = int(np.prod([x.shape[a] for a in varying], dtype=np.int64)) if varying else 1
                 if n == 1:
-                    kept = idx[tuple(slice(0, 1) if a in axes else slice(None)
-                                     for a in range(x.ndim))]
+                    kept = tuple(k[tuple(slice(0, 1) if a in axes else slice(None)
+                                         for a in range(x.ndim))] for k in idx)
                     uid, deg = f.uid, f.deg
                 else:
                     # n distinct instances: a new combined factor per remaining position
-                    rest = tuple(1 if a in axes else idx.shape[a] for a in range(x.ndim))
-                    kept = np.arange(int(np.prod(rest, dtype=np.int64))).reshape(rest)
+                    rest = tuple(1 if a in axes else _extent(idx, a) for a in range(x.ndim))
+                    kept = positions(rest)
                     uid, deg = next(_uids), n * f.deg
                     if raise_dn:
                         dn += (n - 1) * f.deg
                 if not keepdims:
-                    kept = kept.reshape(tuple(d for a, d in enumerate(kept.shape)
-                                              if a not in axes))
+                    kept = tuple(k.reshape(tuple(d for a, d in enumerate(k.shape)
+                                                 if a not in axes)) for k in kept)
                 out.append(Factor(uid, kept, deg, f.vanish))
             return tuple(out)
 
@@ -316,8 +364,43 @@ class DegreeBackend(Backend):
     # data movement --------------------------------------------------------------------------
     def _move(self, f: Factor, shape: tuple[int, ...], fn: Callable[[np.ndarray], np.ndarray]
               ) -> Factor:
-        moved = fn(np.broadcast_to(_rank(f.idx, len(shape)), shape))
-        return Factor(f.uid, _compact(np.asarray(moved)), f.deg, f.vanish)
+        return Factor(f.uid, tuple(_compact(np.asarray(fn(np.broadcast_to(k, shape))))
+                                   for k in _rank(f.idx, len(shape))), f.deg, f.vanish)
+
+    def compute(self, op: str, args: Sequence[Any], attrs: dict[str, Any]) -> Any:
+        if op == "reshape":
+            return self.reshape(args[0], tuple(attrs["shape"]))
+        return super().compute(op, args, attrs)
+
+    def reshape(self, x: Deg, shape: tuple[int, ...]) -> Deg:
+        """A row-major reshape, run by run (:func:`reshape_runs`): a key constant along a
+        run's dims is constant along the dims it becomes; one that varies is materialised over
+        that run only (the other dims at their compact extent) and reshaped there -- a group
+        norm's per-group divisor reshaped from ``(112, 8, 2097152)`` to
+        ``(112, 64, 512, 512)`` never takes the tensor's size."""
+        if int(np.prod(shape, dtype=np.int64)) != int(np.prod(x.shape, dtype=np.int64)):
+            return self.layout(x, lambda a: a.reshape(shape))  # NumPy names the error
+        runs = reshape_runs(x.shape, shape)
+
+        def key(k: np.ndarray) -> np.ndarray:
+            k = _rank((k,), x.ndim)[0]
+            parts = []
+            for src, dst in runs:
+                if all(k.shape[a] == 1 for a in src):
+                    parts.append((tuple(1 for _ in src), tuple(1 for _ in dst)))
+                else:
+                    parts.append((tuple(x.shape[a] for a in src),
+                                  tuple(shape[b] for b in dst)))
+            full = tuple(n for src_n, _ in parts for n in src_n)
+            moved = np.broadcast_to(k, full).reshape(tuple(n for _, dst_n in parts
+                                                           for n in dst_n))
+            return _constant_axes_dropped(moved)
+
+        def move(f: Factor) -> Factor:
+            return Factor(f.uid, tuple(key(k) for k in f.idx), f.deg, f.vanish)
+
+        return Deg(shape, x.dn, tuple(move(f) for f in x.den), tuple(move(f) for f in x.risk),
+                   x.nonzero)
 
     def layout(self, x: Deg, fn: Callable[[np.ndarray], np.ndarray]) -> Deg:
         shape = fn(_dummy(x.shape)).shape
@@ -340,19 +423,20 @@ class DegreeBackend(Backend):
             out = []
             offset = 0
             for uid, top in by_uid.items():
+                mine = [[f for f in getattr(x, attr) if f.uid == uid][:1] for x in xs]
+                have = [(_rank(m[0].idx, x.ndim), x.shape) for m, x in zip(mine, xs) if m]
+                codes = iter(_encoded([k for k, _ in have], [s for _, s in have]))
                 parts = []
-                everywhere = True
-                for x in xs:
-                    mine = [f for f in getattr(x, attr) if f.uid == uid]
-                    if mine:
-                        parts.append(np.broadcast_to(_rank(mine[0].idx, x.ndim), x.shape))
+                everywhere = all(mine)
+                for m, x in zip(mine, xs):
+                    if m:
+                        parts.append(next(codes))
                     else:
-                        everywhere = False
                         n = int(np.prod(x.shape, dtype=np.int64))
                         offset += n
                         parts.append(-offset + np.arange(n).reshape(x.shape))
                 out.append(Factor(uid if everywhere else next(_uids),
-                                  _compact(np.asarray(fn(parts))), top.deg, top.vanish))
+                                  (_compact(np.asarray(fn(parts))),), top.deg, top.vanish))
             return out, {u: f.deg for u, f in by_uid.items()}
 
         den, degs = merged("den")
@@ -379,4 +463,37 @@ def pair_degree(ref: Deg, cand: Deg) -> int:
     return d_num + ref.vanishing_dd + cand.vanishing_dd + ref.risk_deg + cand.risk_deg
 
 
-__all__ = ["Deg", "Factor", "DegreeBackend", "DegreeSummary", "Shaped", "pair_degree"]
+def reshape_runs(src: tuple[int, ...], dst: tuple[int, ...]
+                 ) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """The dims a row-major reshape of ``src`` into ``dst`` maps onto each other, as axis
+    numbers: the shortest runs of ``src`` and ``dst`` axes with equal products, in order, every
+    axis in exactly one run (an extent-1 axis joins the run before it, or the first). A run of
+    one axis of extent > 1 on each side passes its elements through unchanged."""
+    runs: list[tuple[list[int], list[int]]] = []
+    i = j = 0
+    while i < len(src) or j < len(dst):
+        ga, gb = [], []
+        pa = pb = 1
+        while True:
+            if i < len(src) and (pa < pb or not ga or (src[i] == 1 and pa == pb)):
+                pa *= src[i]
+                ga.append(i)
+                i += 1
+            elif j < len(dst) and (pb < pa or not gb or (dst[j] == 1 and pa == pb)):
+                pb *= dst[j]
+                gb.append(j)
+                j += 1
+            else:
+                break
+        if not ga and not gb:
+            break
+        runs.append((ga, gb))
+    # trailing extent-1 axes left over join the last run
+    if runs and (i < len(src) or j < len(dst)):
+        runs[-1][0].extend(range(i, len(src)))
+        runs[-1][1].extend(range(j, len(dst)))
+    return [(tuple(a), tuple(b)) for a, b in runs]
+
+
+__all__ = ["Deg", "Factor", "DegreeBackend", "DegreeSummary", "Shaped", "pair_degree",
+           "positions", "reshape_runs"]

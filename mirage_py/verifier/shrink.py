@@ -12,7 +12,9 @@ smaller pair ``(P', G')`` whose equivalence implies ``G = P``, or says why it ca
   ``16 x 64 x 256 x 256`` input, 512 MiB, none of whose extents is long) becomes ``E / k_E``
   (``k_E`` a power of two, the largest that works); ``P'`` is ``P`` with its dims of extent ``E`` made
   ``E / k_E``, every node re-inferred, every constant kept (a mean's ``1/4096`` stays
-  ``1/4096``: a coefficient, the same in ``P'`` and ``G'``);
+  ``1/4096``: a coefficient, the same in ``P'`` and ``G'``); a program still over
+  :data:`FULL_SIZE_BYTES` after that shrinks its shorter extents too, longest first, until it
+  fits (an average pooling whose window pins every long extent);
 * ``G'`` is ``G`` with every tensor dim of extent ``E`` made ``E / k_E`` and the same kernels and
   block programs; each cut of such a dim either keeps its tile, the grid axis or loop that cuts
   it making ``k_E`` times fewer parts (``_fewer_blocks``), or keeps its parts with a ``k_E``
@@ -25,14 +27,20 @@ Why ``G' = P'`` implies ``G = P`` (docs/verifier.md, "Verification at shrunk siz
 changed. The allowed operators never read an index value: each acts position-wise or reduces a
 whole range (sum, max, min, matmul contraction); iterators hand each block and iteration its
 slice, accumulators fold iterations with the same step, savers write each block's slice; masks,
-slices, concatenations, reshapes, gathers and the pre-defined ``rms_norm`` (a ``1/extent`` of
-its own) are refused (``why``). So the difference ``D = P - G`` is built the same way at every
+gathers, the pre-defined ``rms_norm`` (a ``1/extent`` of its own) and slices and concatenations
+of tiles are refused (``why``); slices, concatenations and reshapes of whole tensors *pin* the
+extents they move data along (:func:`pinned`: never shrunk) and pass every other dim through
+unchanged; a reshape of tiles is kept when the shrunk graph validates (its fixed target shape
+then means its tile kept its length). So the difference ``D = P - G`` is built the same way at every
 length: a monomial of its expansion (exp values and function values as variables, their
 arguments by induction) names at most ``delta`` distinct values of each range, and its
 coefficient depends on which of them coincide (and their order), never on the range's length;
 every such pattern occurs in a range of at least ``delta``. So ``D' == 0`` forces every
 coefficient to vanish, and ``D == 0``. The degree bound is recomputed at the shrunk size and must
 be the same (a bound that grew with the extent -- distinct denominators summed -- refuses).
+A known gap (docs/verifier.md): a summand independent of a summed index contributes once per
+element of the range, so coefficients are polynomials in the range lengths; a candidate right
+only through ``m = S / n`` (a mean's kept ``1/n``) is rejected at the shrunk size.
 """
 
 from __future__ import annotations
@@ -44,6 +52,7 @@ from typing import Any, Iterator
 from ..errors import MirageError
 from ..lax.ops import OPS
 from ..lax.program import Program
+from .degree import reshape_runs
 from ..ugraph.graph import GraphKernel, InputIter, KernelGraph, KernelOp, MaskIter, \
     OutputSaver, iter_source
 
@@ -57,6 +66,9 @@ FULL_SIZE_BYTES = 1 << 28
 
 # block and kernel operators that read positions or carry extents of their own
 _POSITIONAL = frozenset({"slice", "concat", "reshape", "mask", "take", "rms_norm"})
+# ... of which these move data along some dims only and pass the others through unchanged: the
+# extents of the dims they move are pinned (never shrunk), the rest may shrink (``pinned``)
+_PINNING = frozenset({"slice", "concat", "reshape"})
 
 
 @dataclass(frozen=True)
@@ -75,15 +87,19 @@ class Shrink:
 
 def _positional_program(program: Program) -> list[str]:
     return sorted({t.op for t in program.nodes()
-                   if t.op in _POSITIONAL or (t.op not in ("input", "const")
-                                              and t.op not in OPS)})
+                   if (t.op in _POSITIONAL and t.op not in _PINNING) or
+                   (t.op not in ("input", "const") and t.op not in OPS)})
 
 
 def _positional_graph(graph: KernelGraph) -> list[str]:
+    """The operators of ``graph`` that refuse the argument: masks, gathers, ``rms_norm``, and
+    tile slices and concatenations (their offsets are positions within a tile, which may
+    shorten). A kernel-level slice, concat or reshape pins extents instead (``pinned``); a
+    tile reshape is checked by the shrunk graph's validation (module doc)."""
     bad = set()
     for op in graph.ops:
         if isinstance(op, KernelOp):
-            if op.op in _POSITIONAL:
+            if op.op in _POSITIONAL and op.op not in _PINNING:
                 bad.add(op.op)
             continue
         for n in op.block.ops:
@@ -91,9 +107,40 @@ def _positional_graph(graph: KernelGraph) -> list[str]:
                 bad.add("mask")
             elif isinstance(n, InputIter) and n.gather >= 0:
                 bad.add("take")
-            elif getattr(n, "op", None) in _POSITIONAL:
+            elif getattr(n, "op", None) in _POSITIONAL and n.op != "reshape":
                 bad.add(n.op)
     return sorted(bad)
+
+
+def _pinned_by(op: str, ins: list[tuple], out: tuple, attrs: dict) -> set[int]:
+    """Extents a slice, concat or reshape moves data along (not passed through unchanged)."""
+    if op == "reshape":  # the runs of several dims (of extent > 1) it maps onto each other
+        held = set()
+        for src, dst in reshape_runs(ins[0], out):
+            ea = [ins[0][a] for a in src if ins[0][a] != 1]
+            eb = [out[b] for b in dst if out[b] != 1]
+            if len(ea) > 1 or len(eb) > 1:
+                held |= set(ea) | set(eb)
+        return held
+    axis = attrs.get("axis", 0)
+    return {s[axis % len(s)] for s in ins + [out] if len(s)}
+
+
+def pinned(program: Program, graph: KernelGraph) -> set[int]:
+    """The extents no dim may shrink by: those that the program's or the graph's kernel-level
+    slices, concatenations and reshapes move data along (the axis sliced or joined; a reshape's
+    runs of several dims, :func:`~mirage_py.verifier.degree.reshape_runs`). Every other dim passes through them
+    unchanged, so they act on it as position-blind operators do."""
+    out: set[int] = set()
+    for t in program.nodes():
+        if t.op in _PINNING:
+            out |= _pinned_by(t.op, [x.shape for x in t.inputs], t.shape, dict(t.attrs))
+    tensors = graph.tensors()
+    for op in graph.ops:
+        if isinstance(op, KernelOp) and op.op in _PINNING:
+            ins = [tensors[o].shape for o in op.operands if isinstance(o, str)]
+            out |= _pinned_by(op.op, ins, op.output.shape, dict(op.attrs))
+    return out
 
 
 def _cuts(graph: KernelGraph) -> list[tuple[int, int]]:
@@ -158,6 +205,8 @@ def small_program(program: Program, sizes: dict[int, int]) -> Program:
     doc = program.to_json()
     for nd in doc["nodes"]:
         nd["shape"] = list(_resized(tuple(nd["shape"]), sizes))
+        if nd.get("op") == "reshape":  # its target shape (its shrunk dims pass through)
+            nd["attrs"]["shape"] = list(_resized(tuple(nd["attrs"]["shape"]), sizes))
     return Program.from_json(doc)
 
 
@@ -210,8 +259,11 @@ def small_graph(graph: KernelGraph, sizes: dict[int, int], least: int | None = N
         if least is not None and isinstance(op, GraphKernel):
             op = _fewer_blocks(op, tensors, factors, least)
         if isinstance(op, KernelOp):
+            attrs = tuple((k, _resized(tuple(v), sizes) if op.op == "reshape" and k == "shape"
+                           else v) for k, v in op.attrs)
             ops.append(replace(op, output=replace(op.output,
-                                                  shape=_resized(op.output.shape, sizes))))
+                                                  shape=_resized(op.output.shape, sizes)),
+                               attrs=attrs))
         else:
             ops.append(replace(op, outputs=tuple(replace(t, shape=_resized(t.shape, sizes))
                                                  for t in op.outputs)))
@@ -231,17 +283,19 @@ def shrink(program: Program, graph: KernelGraph, delta: int, target: Any = "h100
         return Shrink(why=f"operators that read positions or extents: {sorted(set(bad))}")
     least = max(2, int(delta))
     factors: dict[int, int] = {}
-    why = "no long extent can be shrunk"
-    for e in sorted(tiles(graph, long_extent(program)), reverse=True):
-        k = 2 ** max(0, (e // least).bit_length() - 1)
-        while k > 1:
-            trial = {**factors, e: k}
-            got, why_not = _shrunk_graph(graph, trial, least, target)
-            if got is not None:
-                factors = trial
-                break
-            why = why_not
-            k //= 2
+    long = tiles(graph, long_extent(program))
+    held = pinned(program, graph)
+    why = "no long extent can be shrunk" if not set(long) & held else \
+        f"the long extents {sorted(set(long) & held)} are sliced, joined or reshaped"
+    for e in sorted(set(long) - held, reverse=True):
+        factors, why = _shrink_extent(graph, factors, e, least, target, why)
+    # still over the size (the long dims pinned: a pooling window's slice and reshape): the
+    # shorter dims too, longest first, until it fits
+    short = sorted(set(tiles(graph, 2 * least)) - set(long) - held, reverse=True)
+    for e in short:
+        if _largest_bytes(program, {x: x // k for x, k in factors.items()}) <= FULL_SIZE_BYTES:
+            break
+        factors, why = _shrink_extent(graph, factors, e, least, target, why)
     if not factors:
         return Shrink(why=why)
     sizes = {e: e // k for e, k in factors.items()}
@@ -253,6 +307,26 @@ def shrink(program: Program, graph: KernelGraph, delta: int, target: Any = "h100
     except MirageError as e:
         return Shrink(why=f"the shrunk program is not valid: {e}")
     return Shrink(sizes, p, g)
+
+
+def _shrink_extent(graph: KernelGraph, factors: dict[int, int], e: int, least: int,
+                   target: Any, why: str) -> tuple[dict[int, int], str]:
+    """``factors`` with extent ``e`` shrunk by the largest power of two the graph allows
+    (every range left at least ``least``), or unchanged and why not."""
+    k = 2 ** max(0, (e // least).bit_length() - 1)
+    while k > 1:
+        trial = {**factors, e: k}
+        got, why_not = _shrunk_graph(graph, trial, least, target)
+        if got is not None:
+            return trial, why
+        why = why_not
+        k //= 2
+    return factors, why
+
+
+def _largest_bytes(program: Program, sizes: dict[int, int]) -> int:
+    """The largest tensor of ``program`` at ``sizes``, as float64 field values."""
+    return 8 * max((math.prod(_resized(t.shape, sizes)) for t in program.nodes()), default=0)
 
 
 def _shrunk_graph(graph: KernelGraph, factors: dict[int, int], least: int,
@@ -276,5 +350,5 @@ def _shrunk_graph(graph: KernelGraph, factors: dict[int, int], least: int,
     return g, ""
 
 
-__all__ = ["shrink", "Shrink", "small_program", "small_graph", "tiles", "long_extent", "LONG",
-           "SHORT", "FULL_SIZE_BYTES"]
+__all__ = ["shrink", "Shrink", "small_program", "small_graph", "tiles", "long_extent", "pinned",
+           "LONG", "SHORT", "FULL_SIZE_BYTES"]
