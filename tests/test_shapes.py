@@ -364,3 +364,63 @@ def test_a_family_runs_through_the_gpu_runtime(decode_family, monkeypatch):
     with pytest.raises(ShapeError):
         fam({"Q": cp.zeros((4, 1, 32), np.float16), "K": cp.zeros((4, 32, 300), np.float16),
              "V": cp.zeros((4, 300, 32), np.float16)})  # S = 300 is out of its range
+
+
+# ---- a batch of 1 searched, other batches replayed --------------------------------------------
+
+def _batched_norm_proj():
+    """RMSNorm, a projection and a residual over (batch, tokens): a batch of 1 gives the batch
+    dim no label, so the bucket of 1 and the others are labelled differently."""
+    B, S = mp.dim("B", 1, 8), mp.dim("S", 1, 64)
+    p = mp.Program("batched")
+    x = p.input("X", (B, S, 64))
+    g = p.input("G", (64,))
+    w = p.input("W", (64, 64))
+    p.output(mp.rms_norm(x, g) @ w + x, name="Y")
+    return p
+
+
+def test_labels_of_two_buckets_correspond_by_the_dims_they_name():
+    """The tokens and features labels of the batch-1 bucket are the batch-2 bucket's second and
+    third (the batch label comes first there); programs of another outline do not correspond."""
+    from mirage_py.generator.kernel_search import rescale_trace
+    from mirage_py.generator.labels import infer_labels, label_correspondence
+    from mirage_py.generator.block_search import Plan
+    p = _batched_norm_proj()
+    one, two = padded(p, {"B": 1, "S": 16}), padded(p, {"B": 2, "S": 16})
+    l1, l2 = infer_labels(one), infer_labels(two)
+    rename = label_correspondence(one, l1, two, l2)
+    assert rename is not None and len(rename) == 2
+    fresh = set(l2.sizes) - set(rename.values())
+    assert [l2.sizes[f] for f in fresh] == [2]
+    for old, new in rename.items():
+        assert l1.sizes[old] == l2.sizes[new]
+    other = mp.Program("other")
+    x = other.input("X", (2, 16, 64))
+    other.output(mp.exp(x), name="Y")
+    assert label_correspondence(one, l1, other, infer_labels(other)) is None
+    tokens = next(o for o in l1.sizes if l1.sizes[o] == 16)
+    trace = ((Plan(((tokens, 16), (None, 1), (None, 1)), (None, 1)), 0),)
+    (grown,) = rescale_trace(trace, l1.sizes, l2.sizes, 1.0, rename)
+    assert grown[0].grid == ((rename[tokens], 16), (fresh.pop(), 2), (None, 1))
+    (kept,) = rescale_trace(trace, l1.sizes, l2.sizes, 0.0, rename)
+    assert kept[0].grid == ((rename[tokens], 16), (None, 1), (None, 1))
+    assert rescale_trace(trace, l1.sizes, l2.sizes, 1.0) is None  # names alone differ
+
+
+def test_a_family_searched_at_batch_1_replays_its_answer_at_other_batches():
+    """Searched at B = 1 (the size a first compile usually sees); buckets B = 2, 4 and 8 replay
+    that answer with the batch dim grown on the grid -- no search -- equal to float64 at
+    batches 2, 3 and 7 (inside the buckets, padded)."""
+    p = _batched_norm_proj()
+    fam = mp.superopt(p, workers=1, database=False, progress=False,
+                      representative={"B": 1, "S": 16})
+    searched = fam.searches
+    for b, s in ((2, 16), (3, 16), (7, 9)):
+        x = _inputs(p, {"B": b, "S": s}, seed=b)
+        assert _rel(fam.run_numpy(x)["Y"], p.evaluate(x)["Y"]) <= 2e-3, (b, s)
+    assert fam.searches == searched
+    for key, inst in fam.instances.items():
+        if dict(key)["B"] > 1:
+            assert {pc.result.source for part in inst.parts for pc in part.pieces
+                    if pc.kind == "region"} == {"replay"}, key

@@ -288,26 +288,38 @@ def _rescaled_parts(old: int, new: int, parts: int, growth: float = 1.0) -> int:
 
 
 def rescale_trace(trace: tuple, old: dict[str, int], new: dict[str, int],
-                  growth: float = 1.0) -> tuple | None:
+                  growth: float = 1.0, rename: dict[str, str] | None = None) -> tuple | None:
     """``trace`` for the same program at other label sizes (``old`` -> ``new``, a shape family's
     buckets): the same plans, with every grid split's part count and every loop's trip count
     rescaled -- ``growth`` of the size change to the counts, the rest to the tiles and chunks
     (1.0: tiles and chunks kept; 0.0: counts kept) -- also those of a split reduction's parts
     ("l2/16": l2 split in 16 on an earlier kernel's grid, finished by a later one; "l2/4" where
-    the same tiles make 4 parts). None when the labels differ (a dim of size 1 has no label: the
-    bucket of size 1 is a program of its own)."""
-    if set(old) != set(new):
+    the same tiles make 4 parts).
+
+    ``rename`` maps each label of ``old`` to its label in ``new`` (:func:`~mirage_py.generator.
+    labels.label_correspondence`; default: the same names, where both have the same labels). A dim of size 1 has no label, so a
+    bucket of size 1 lacks the labels its dims of size 1 get elsewhere: such a *new* label grows
+    from 1 like any other -- ``growth`` of it to a grid split on a kernel's first free grid axis,
+    the rest to its tiles (whole in the block at 0.0) -- and the plan is checked when it is
+    replayed. None when the labels do not correspond."""
+    if rename is None:  # the same names: only where both have the same labels
+        if set(old) != set(new):
+            return None
+        rename = {lbl: lbl for lbl in old}
+    if set(rename) != set(old) or not set(rename.values()) <= set(new) or \
+            len(set(rename.values())) != len(rename):
         return None
+    fresh = sorted(set(new) - set(rename.values()), key=lambda lbl: (-new[lbl], lbl))
 
     def relabel(lbl: str) -> tuple[str, int, int] | None:
         """A label's name at the new sizes, its old and its new size."""
         if lbl in old:
-            return lbl, old[lbl], new[lbl]
+            return rename[lbl], old[lbl], new[rename[lbl]]
         base, _, k = lbl.rpartition("/")
         if base not in old or not k.isdigit():
             return None
-        k2 = _rescaled_parts(old[base], new[base], int(k), growth)
-        return f"{base}/{k2}", int(k), k2
+        k2 = _rescaled_parts(old[base], new[rename[base]], int(k), growth)
+        return f"{rename[base]}/{k2}", int(k), k2
 
     out = []
     for plan, grp in trace:
@@ -322,6 +334,11 @@ def rescale_trace(trace: tuple, old: dict[str, int], new: dict[str, int],
             name, o, w = got
             parts[lbl] = _rescaled_parts(o, w, n, growth)
             grid.append((name, parts[lbl]))
+        for lbl in fresh:  # grown from size 1: on a free grid axis as far as ``growth`` says
+            k = _rescaled_parts(1, new[lbl], 1, growth)
+            free = next((a for a, (g, _) in enumerate(grid) if g is None), None)
+            if k > 1 and free is not None:
+                grid[free] = (lbl, k)
         lbl, iters = plan.loop
         if lbl is not None:
             got = relabel(lbl)

@@ -90,6 +90,32 @@ class Labels:
         return par, self.reduced_any - par
 
 
+def label_correspondence(old_program, old: Labels, new_program, new: Labels
+                         ) -> dict[str, str] | None:
+    """Each label of ``old`` -> the label of ``new`` that names the same dims, for two programs
+    of one outline (a shape family's buckets: the same operators in the same order, other sizes;
+    ``old``, ``new`` their labels): read off the dims of every node in turn. Labels are numbered
+    in order of appearance, so a dim of size 1 in ``old`` -- which has no label there -- shifts
+    the names of ``new``'s. None when the programs do not correspond (another operator or rank,
+    a labelled dim of ``old`` unlabelled in ``new``, one label meeting two)."""
+    out: dict[str, str] = {}
+    a_nodes, b_nodes = list(old_program.nodes()), list(new_program.nodes())
+    if len(a_nodes) != len(b_nodes):
+        return None
+    for a, b in zip(a_nodes, b_nodes):
+        la, lb = old.node_dims.get(a.digest), new.node_dims.get(b.digest)
+        if a.op != b.op or la is None or lb is None or len(la) != len(lb):
+            return None
+        for x, y in zip(la, lb):
+            if x is None:
+                continue
+            if y is None or out.setdefault(x, y) != y:
+                return None
+    if set(out) != set(old.sizes) or len(set(out.values())) != len(out):
+        return None
+    return out
+
+
 def infer_labels(program) -> Labels:
     uf = _UnionFind()
     dims: dict[str, list[int | None]] = {}  # node digest -> label id per dim (None: size-1)

@@ -905,19 +905,26 @@ def _replayed(st: Structure, rep: RegionResult | None, run: Run) -> RegionResult
     cheapest first under the cost model; the first that verifies for this run's sizes and is
     numerically safe is the answer. None when no replay applies."""
     from ..generator.kernel_search import GROWTHS, Searcher, rescale_trace
+    from ..generator.labels import label_correspondence
     from ..generator.rewrite import forms
     from ..tuning.tuner import replay_schedule
     if rep is None or rep.schedule is None:
         return None
     tried, options = set(), []
-    for old, new in zip(forms(rep.program), forms(st.program)):
-        old_sizes = Searcher(old, run.target).labels.sizes
-        new_sizes = Searcher(new, run.target).labels.sizes
+    for form, (old, new) in enumerate(zip(forms(rep.program), forms(st.program))):
+        old_labels = Searcher(old, run.target).labels
+        new_labels = Searcher(new, run.target).labels
+        rename = label_correspondence(old, old_labels, new, new_labels)
+        if rename is None:
+            continue
         for growth in GROWTHS:
-            trace = rescale_trace(rep.schedule.trace, old_sizes, new_sizes, growth)
-            if trace is None or trace in tried:
+            trace = rescale_trace(rep.schedule.trace, old_labels.sizes, new_labels.sizes,
+                                  growth, rename)
+            # a trace replays the search's steps on one algebraic form: on another form the
+            # same trace is another graph (one that may not compute the program at all)
+            if trace is None or (form, trace) in tried:
                 continue
-            tried.add(trace)
+            tried.add((form, trace))
             sched = replace(rep.schedule, trace=trace)
             try:
                 ag = replay_schedule(new, run.target, sched)
