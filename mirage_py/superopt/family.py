@@ -19,10 +19,13 @@ A symbolic program (``mp.dim``, lax/shapes.py) is a family of programs. Its answ
    program and *replays* each representative's cover: the same pieces at the same places, each
    region's schedule replayed keeping its tiles and loop chunks or its part counts, the cheaper
    under the cost model (``generator.kernel_search.rescale_trace``), verified for that bucket;
-   the cheapest replay is kept. A region whose replay does not apply -- a bucket of size 1,
-   where a dim has no label -- is searched there alone; so a dim whose representatives are all
-   longer than 1 has no bucket of size 1 (unless the caller gives the buckets): size 1 runs
-   padded in the next bucket. Buckets are kept, so a sequence of
+   the cheapest replay is kept. Labels are matched by the dims they name
+   (``generator.labels.label_correspondence``), so a representative of size 1 -- a batch of one,
+   whose dim has no label -- replays to the larger buckets with that dim grown from 1. A region
+   whose replay does not apply -- a bucket of size 1 from a larger representative, where a dim
+   loses its label -- is searched there alone; so a dim whose representatives are all longer
+   than 1 has no bucket of size 1 (unless the caller gives the buckets): size 1 runs padded in
+   the next bucket. Buckets are kept, so a sequence of
    calls searches once per structure.
 5. **Every size that runs is verified.** The first call at a binding of the valid sizes runs
    the finite-field check of its bucket's graph there (``check_sizes``, kept): the stated bound
