@@ -54,7 +54,7 @@ from .jobs import ExploreJob, MeasureJob, VerifyJob, region_label
 from .local import verify_here
 from .option import Option
 from .result import PartResult, Piece, RegionResult, SavedVerification
-from .run import Run, input_elements as _input_elements
+from .run import Run
 from .search import Explored, Settings, explore, measures
 from .store import (Recording, keep_exploration, record, stored_answer,
                     stored_exploration)
@@ -942,10 +942,10 @@ def _finite(st: Structure, graph: KernelGraph, run: Run) -> bool:
     of squares stored in float16)."""
     from ..verifier import numerics_verdict
     t0 = time.perf_counter()
-    ok = numerics_verdict(st.program, graph, st.naive(run.model, run.target).graph,
-                          seed=run.settings.seed, target=run.target, sizes=run.sizes).ok
-    run.numerics_times.note(_input_elements(st.program), time.perf_counter() - t0)
-    return ok
+    v = numerics_verdict(st.program, graph, st.naive(run.model, run.target).graph,
+                         seed=run.settings.seed, target=run.target, sizes=run.sizes)
+    run.numerics_times.note(v.elements, time.perf_counter() - t0)
+    return v.ok
 
 
 def _max_shifted_part(part: Program, run: Run) -> tuple[Program, list[Checked]]:

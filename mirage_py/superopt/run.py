@@ -83,8 +83,9 @@ class Run:
     verifiers: dict[str, Any] = field(default_factory=dict)  # this process's, by region key
     interrupted_at: float | None = None  # when Ctrl-C came (None: it did not)
     # how long verifications and numerics checks took in this call, by input elements (at the
-    # 8B size: verification at shrunk sizes 0.01-0.1 s, numerics checks 1-11 s on a shared
-    # machine): a check is started only where it is guessed to end in time
+    # 8B size: verification at shrunk sizes 0.01-0.1 s, numerics checks on sampled rows 0.1-2 s,
+    # at full size 1-11 s, on a shared machine; a numerics check by the elements it read):
+    # a check is started only where it is guessed to end in time
     verify_times: CheckTimes = field(default_factory=CheckTimes)  # at shrunk sizes
     verify_full_times: CheckTimes = field(default_factory=CheckTimes)  # at full size
     numerics_times: CheckTimes = field(default_factory=CheckTimes)
@@ -92,6 +93,8 @@ class Run:
     # are verified and checked for
     sizes: dict = field(default_factory=dict)
     budget_s: float | None = None  # the call's time_budget_s (None: unhurried)
+    # input elements a numerics check of a program reads, by structural hash (checked_elements)
+    _checked: dict = field(default_factory=dict, repr=False)
 
     @cached_property
     def key(self) -> AnswerKey:
@@ -133,7 +136,18 @@ class Run:
             verify = self.verify_times.guess(elements)
             if any(t.op == "exp" for t in program.nodes()):
                 verify = max(verify, self.verify_full_times.guess(elements))
-        return self.numerics_times.guess(elements) + verify
+        return self.numerics_times.guess(self.checked_elements(program)) + verify
+
+    def checked_elements(self, program: Any) -> int:
+        """Input elements a numerics check of ``program`` reads: its sampled rows' where it can
+        be sampled (verifier/sample.py), noted per program (what ``numerics_times`` is kept
+        by)."""
+        from ..verifier.sample import checked_elements
+        key = program.structural_hash()
+        n = self._checked.get(key)
+        if n is None:
+            n = self._checked[key] = checked_elements(program)
+        return n
 
     def note_verification(self, program: Any, result: Any, seconds: float) -> None:
         """A verification took ``seconds``: at shrunk sizes or at full size (``result``)."""
