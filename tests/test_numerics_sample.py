@@ -118,3 +118,21 @@ def test_positional_operators_and_whole_dims_are_checked_at_full_size():
         "y", "X", "Y", "float16", (ThreadOp("s", "mul", ("in0", "in0")),
                                    ThreadOp("y", "mul", ("s", 1.0 / 4096))), grid=1),), ("Y",))
     assert not sample_rows(_scaled_square(), one_block)
+
+
+def test_labels_of_one_extent_are_sampled_only_when_none_is_reduced():
+    from mirage_py.verifier.sample import checked_elements, sample_extents
+    # gate and up projections: two column labels of 2048, neither reduced
+    p = mp.Program("gate_up")
+    x, a, b = p.input("X", (1, 512), "float16"), p.input("A", (512, 2048), "float16"), \
+        p.input("B", (512, 2048), "float16")
+    p.output(x @ a, name="G")
+    p.output(x @ b, name="U")
+    assert sorted(sampled_labels(p).values()) == [2048, 2048]
+    assert sample_extents(p) == {2048: 512}  # 2 x 512 output elements
+    assert checked_elements(p) == 512 + 2 * 512 * 512
+    # a square projection: its 512 columns share the extent of the reduced 512 rows
+    q = mp.Program("square")
+    x, w = q.input("X", (1, 512), "float16"), q.input("W", (512, 512), "float16")
+    q.output(x @ w, name="Y")
+    assert sampled_labels(q) == {} and checked_elements(q) == 512 + 512 * 512

@@ -11,8 +11,9 @@ computes a sample of ``G``'s output rows exactly as ``G`` computes them, or says
 (a :class:`~mirage_py.verifier.shrink.Shrink` with ``why``):
 
 * a *sampled label* is a parallel dim label of ``P`` (generator/labels.py: a dim of an output)
-  that no operator reduces, whose extent ``E`` no other label of ``P`` has (so every dim of
-  extent ``E`` in ``P`` is that label);
+  that no operator reduces, and every other label of its extent ``E`` is one too (the gate's
+  and the up projection's columns): the dims of extent ``E`` in ``P`` are all such labels, so
+  resizing the extent resizes only dims no operator reduces;
 * ``P'`` is ``P`` with extent ``E`` made ``E' = E / k`` (``shrink.small_program``); ``G'`` is
   ``G`` with every grid axis or loop that cuts a dim of extent ``E`` making ``k`` times fewer
   parts, every tile kept (``shrink.small_graph``): each remaining block runs the very code a
@@ -76,8 +77,9 @@ def sampled_labels(program: Program) -> dict[str, int]:
     for t in program.nodes():
         for e, lab in zip(t.shape, labels.node_dims.get(t.digest, ())):
             extents.setdefault(e, set()).add(lab)
-    return {lab: labels.sizes[lab] for lab in labels.parallel - labels.reduced_any
-            if extents.get(labels.sizes[lab]) == {lab}}
+    free = labels.parallel - labels.reduced_any
+    return {lab: labels.sizes[lab] for lab in free
+            if extents.get(labels.sizes[lab], {None}) <= free}
 
 
 def sample_extents(program: Program, parts: dict[int, int] | None = None) -> dict[int, int]:
