@@ -267,6 +267,11 @@ def test_check_guesses_follow_this_calls_measured_checks():
     plain.output(plain.input("x", (4, 2048), "float32") * 2.0, "y")
     soft.output(mp.exp(soft.input("x", (4, 2048), "float32")), "y")
     n = 4 * 2048
+    # before any check: an exp program's verification is guessed at full size, at the rate a
+    # first full-size verification costs (it computes the field reference at full size)
+    from mirage_py.superopt.run import FULL_VERIFY_S_PER_ELEMENT
+    assert run.check_guess(soft) - run.check_guess(plain) == pytest.approx(
+        (FULL_VERIFY_S_PER_ELEMENT - CHECK_S_PER_ELEMENT) * n)
     run.verify_times.note(RATE_ELEMENTS, 0.01)  # at shrunk sizes: cheap
     run.verify_full_times.note(RATE_ELEMENTS, 1.0)
     run.numerics_times.note(RATE_ELEMENTS, 0.5)

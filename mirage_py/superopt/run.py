@@ -20,6 +20,12 @@ INTERRUPT_GRACE_S = 1.0
 # for the same groups, so once one check of each kind is timed, each kind is guessed from its
 # own measurements (:class:`CheckTimes`).
 CHECK_S_PER_ELEMENT = 1.4e-7
+# ... and a verification at full size before one has been timed: the first full-size check of a
+# structure computes the program's field reference at full size -- the 32-layer decoder's decode
+# attention (33.6 M input elements; its floor's and untuned candidates cannot shrink, see
+# docs/verifier.md) took 9.5-15 s at load 5-8, 3-4.5e-7 s per element. Guessed at 1.4e-7 it was
+# checked before the down projection, whose check it then crowded out of a 100 % budget
+FULL_VERIFY_S_PER_ELEMENT = 3.5e-7
 # under a time budget, searches, tunings and the floor start only before the budget less this
 # share of it, at least ``SEARCH_RESERVE_S`` (what is left is for the checks of what they found,
 # each started only where it is guessed to end in time, and the answer's assembly). 20 % held
@@ -39,6 +45,7 @@ class CheckTimes:
     structure's input elements: what the next one is guessed to take."""
 
     rate: float | None = None  # seconds per element, the largest from checks >= RATE_ELEMENTS
+    default: float = CHECK_S_PER_ELEMENT  # seconds per element before any such check
     sizes: list[tuple[int, float]] = field(default_factory=list)  # (elements, seconds)
 
     @property
@@ -52,12 +59,12 @@ class CheckTimes:
 
     def guess(self, elements: int) -> float:
         """Seconds a check of a structure with ``elements`` input elements is guessed to take:
-        the measured rate times them (``CHECK_S_PER_ELEMENT`` before any), and at least what a
+        the measured rate times them (``default`` before any), and at least what a
         measured check of no more elements took (its fixed costs). Elements unknown (0, a
         symbolic program): the longest so far."""
         if elements <= 0:
             return self.longest
-        rate = CHECK_S_PER_ELEMENT if self.rate is None else self.rate
+        rate = self.default if self.rate is None else self.rate
         return max([rate * elements] + [s for e, s in self.sizes if e <= elements])
 
 def search_share(budget_s: float) -> float:
@@ -99,7 +106,8 @@ class Run:
     # at full size 1-11 s, on a shared machine; a numerics check by the elements it read):
     # a check is started only where it is guessed to end in time
     verify_times: CheckTimes = field(default_factory=CheckTimes)  # at shrunk sizes
-    verify_full_times: CheckTimes = field(default_factory=CheckTimes)  # at full size
+    verify_full_times: CheckTimes = field(  # at full size
+        default_factory=lambda: CheckTimes(default=FULL_VERIFY_S_PER_ELEMENT))
     numerics_times: CheckTimes = field(default_factory=CheckTimes)
     # the binding of the dims a padded program's masks name (lax/family.py): what its regions
     # are verified and checked for
