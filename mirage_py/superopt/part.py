@@ -373,7 +373,7 @@ class PartCover:
             self._tune(sorted(untuned, key=lambda st: -self._saving_rate(st, done))[
                 :max(1, run.workers)])
         ready = [st for st in todo if st.status is Status.EXPLORED and st.prior is None and
-                 run.room_for_check(st.program)]
+                 run.room_for_check(st.program, **self._candidate(st))]
         if ready:
             self._verify_all(ready)
         return bool(opened or untuned or ready)
@@ -624,7 +624,7 @@ class PartCover:
             if not st.options or st.tried >= run.settings.max_verify:
                 st.fail()
                 continue
-            if st.key not in got and not run.room_for_check(st.program):
+            if st.key not in got and not run.room_for_check(st.program, **self._candidate(st)):
                 continue  # no time to verify it before the budget ends: it stays out
             res = self._first_verified(st, st.options, "search", st.explored, tries=1,
                                        known=got.get(st.key))
@@ -646,15 +646,22 @@ class PartCover:
         cannot check every wanted structure checks the ones worth the most per second first
         (at the 8B size a norm and query projection saves 20 us a layer over its naive
         operators for a 3 s check, the gate and up projections 25 us for an 11 s one)."""
-        return self._rate(st, done, st.options[0].predicted_us if st.options else math.inf)
+        return self._rate(st, done, st.options[0].predicted_us if st.options else math.inf,
+                          self._candidate(st))
 
-    def _rate(self, st: Structure, done: list, cost: float) -> float:
+    def _candidate(self, st: Structure) -> dict:
+        """The next option of ``st`` to check, as :meth:`Run.check_guess` takes it (its
+        verification guessed at the size it will run at); none before a search found one."""
+        return dict(key=st.key, graph=st.options[0].graph) if st.options else {}
+
+    def _rate(self, st: Structure, done: list, cost: float, candidate: dict | None = None
+              ) -> float:
         run = self.run
         base = self._verified_cost(st, done)
         if base is None:
             base = st.naive(run.model, run.target).us
         saves = self.uses.get(st.key, 1) * max(0.0, base - cost)
-        return saves / max(run.check_guess(st.program), 1e-3)
+        return saves / max(run.check_guess(st.program, **(candidate or {})), 1e-3)
 
     def _first_verified(self, st: Structure, options: list[Option], source: str,
                         ex: Explored | None, tries: int, known: Any = None) -> RegionResult | None:
@@ -662,8 +669,8 @@ class PartCover:
         numerically safe; ``known``: the first one's verification, done already."""
         run = self.run
         while options and tries > 0:
-            if source == "search" and not run.room_for_check(st.program,
-                                                             known=known is not None):
+            if source == "search" and not run.room_for_check(
+                    st.program, known=known is not None, key=st.key, graph=options[0].graph):
                 return None  # no time left to check it: the structure stays unverified
             opt = options.pop(0)
             tries -= 1

@@ -115,6 +115,8 @@ class Run:
     budget_s: float | None = None  # the call's time_budget_s (None: unhurried)
     # input elements a numerics check of a program reads, by structural hash (checked_elements)
     _checked: dict = field(default_factory=dict, repr=False)
+    # (structure key, candidate hash) -> whether its verification runs at shrunk sizes
+    _shrinks: dict = field(default_factory=dict, repr=False)
 
     @cached_property
     def key(self) -> AnswerKey:
@@ -142,21 +144,36 @@ class Run:
         return (self.interrupted and now > self.interrupted_at + INTERRUPT_GRACE_S) or \
             (self.deadline is not None and now > self.deadline)
 
-    def check_guess(self, program: Any, known: bool = False) -> float:
+    def check_guess(self, program: Any, known: bool = False, key: str | None = None,
+                    graph: Any = None) -> float:
         """Seconds a candidate's check -- its verification, unless ``known``, and its numerics
         check -- is guessed to take for a structure with this ``program``: by its input
         elements, from this call's checks (:class:`CheckTimes`). A program with an exp is
         guessed as long as a verification at full size: on the 32-layer 8B-size decoder a
         decode attention candidate's verification took 12.9 s (33.5 M input elements) where
         the others took 0.01-0.1 s at shrunk sizes (why is not analysed; on one layer its
-        verifications ran at shrunk sizes)."""
+        verifications ran at shrunk sizes). With the candidate ``graph`` of structure ``key``,
+        its verification is guessed at the size it will run at (:meth:`shrinks`)."""
         elements = input_elements(program)
         verify = 0.0
         if not known:
             verify = self.verify_times.guess(elements)
-            if any(t.op == "exp" for t in program.nodes()):
+            full = self.shrinks(key, program, graph) is False if graph is not None else \
+                any(t.op == "exp" for t in program.nodes())
+            if full:
                 verify = max(verify, self.verify_full_times.guess(elements))
         return self.numerics_times.guess(self.checked_elements(program)) + verify
+
+    def shrinks(self, key: str, program: Any, graph: Any) -> bool:
+        """Will the candidate ``graph`` of structure ``key`` be verified at shrunk sizes
+        (``Verifier.shrinks``, noted per candidate)? The decode attention's floor and untuned
+        candidates are not (a first full-size verification: 8-15 s on 32 layers), its tuned
+        ones mostly are (0.1 s)."""
+        k = (key, graph.structural_hash())
+        got = self._shrinks.get(k)
+        if got is None:
+            got = self._shrinks[k] = self.verifier(key, program).shrinks(graph)
+        return got
 
     def checked_elements(self, program: Any) -> int:
         """Input elements a numerics check of ``program`` reads: its sampled rows' where it can
@@ -175,16 +192,16 @@ class Run:
         times.note(input_elements(program), seconds)
 
     def room_for_check(self, program: Any = None, known: bool = False,
-                       extra_s: float = 0.0) -> bool:
-        """Can a candidate's check for ``program`` (:meth:`check_guess`; None: as long as the
-        longest so far), after ``extra_s`` of other work, start and end before the budget (or
-        the grace after Ctrl-C) does?"""
+                       extra_s: float = 0.0, key: str | None = None, graph: Any = None) -> bool:
+        """Can a candidate's check for ``program`` (:meth:`check_guess`, of ``graph`` where
+        given; None: as long as the longest so far), after ``extra_s`` of other work, start and
+        end before the budget (or the grace after Ctrl-C) does?"""
         if self.out_of_time():
             return False
         left = self.seconds_left()
         if left is None:
             return True
-        guess = self.check_guess(program, known) if program is not None else \
+        guess = self.check_guess(program, known, key, graph) if program is not None else \
             self.numerics_times.longest + (0.0 if known else max(
                 self.verify_times.longest, self.verify_full_times.longest))
         return extra_s + guess <= left
