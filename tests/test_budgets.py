@@ -249,8 +249,8 @@ def test_check_guesses_follow_this_calls_measured_checks():
     """A check is guessed from the call's own measurements (``CheckTimes``): seconds per
     input element from checks of at least ``RATE_ELEMENTS`` (a small check's fixed costs would
     guess a large one far too long), never below what a smaller measured check took; before
-    any, ``CHECK_S_PER_ELEMENT``. Verification at shrunk and full size are kept apart, and a
-    program with an exp is guessed at full size."""
+    any, ``CHECK_S_PER_ELEMENT``. Verification at shrunk and full size are kept apart, a
+    program with an exp is guessed at full size, and a numerics check by what its sample reads."""
     from mirage_py.superopt.run import CHECK_S_PER_ELEMENT, RATE_ELEMENTS, CheckTimes
     t = CheckTimes()
     assert t.guess(10 ** 6) == pytest.approx(CHECK_S_PER_ELEMENT * 10 ** 6)
@@ -267,9 +267,18 @@ def test_check_guesses_follow_this_calls_measured_checks():
     plain.output(plain.input("x", (4, 2048), "float32") * 2.0, "y")
     soft.output(mp.exp(soft.input("x", (4, 2048), "float32")), "y")
     n = 4 * 2048
+    # before any check: an exp program's verification is guessed at full size, at the rate a
+    # first full-size verification costs (it computes the field reference at full size)
+    from mirage_py.superopt.run import FULL_VERIFY_S_PER_ELEMENT
+    assert run.check_guess(soft) - run.check_guess(plain) == pytest.approx(
+        (FULL_VERIFY_S_PER_ELEMENT - CHECK_S_PER_ELEMENT) * n)
     run.verify_times.note(RATE_ELEMENTS, 0.01)  # at shrunk sizes: cheap
     run.verify_full_times.note(RATE_ELEMENTS, 1.0)
     run.numerics_times.note(RATE_ELEMENTS, 0.5)
-    assert run.check_guess(plain) == pytest.approx((0.5 + 0.01) * n / RATE_ELEMENTS)
-    assert run.check_guess(soft) == pytest.approx((0.5 + 1.0) * n / RATE_ELEMENTS)
-    assert run.check_guess(soft, known=True) == pytest.approx(0.5 * n / RATE_ELEMENTS)
+    # the numerics check reads a sample of the columns (verifier/sample.py): 1024 output
+    # elements of the 8192, what the guess is by; the verification reads every element
+    m = run.checked_elements(plain)
+    assert m == run.checked_elements(soft) == 4 * 256
+    assert run.check_guess(plain) == pytest.approx((0.5 * m + 0.01 * n) / RATE_ELEMENTS)
+    assert run.check_guess(soft) == pytest.approx((0.5 * m + 1.0 * n) / RATE_ELEMENTS)
+    assert run.check_guess(soft, known=True) == pytest.approx(0.5 * m / RATE_ELEMENTS)

@@ -309,3 +309,20 @@ def test_lean_order_drops_every_value_after_its_last_reader():
     x = p.random_inputs(0)
     run_out = run(naive_lowering(p), x)["Y"]
     assert np.allclose(p.evaluate(x)["Y"], run_out, rtol=1e-10, atol=1e-10)
+
+
+def test_shrinks_says_in_advance_where_the_check_will_run(mlp_answer):
+    """``Verifier.shrinks`` (what a budget guesses a check's time by) agrees with where
+    ``check`` runs: at shrunk sizes for the MLP's graphs, at full size where positions are
+    read."""
+    p, g = mlp_answer
+    v = Verifier(p)
+    for graph in (naive_lowering(p), g):
+        assert v.shrinks(graph) and v.check(graph).shrunk
+    assert not Verifier(p, shrink=False).shrinks(g)
+    q = mp.Program("masked")
+    s = q.input("S", (8, LONG))
+    q.output(mp.sum(mp.where(mp.causal_mask(8, LONG, offset=LONG - 8), s, 0.0), axis=-1),
+             name="Y")
+    w = Verifier(q)
+    assert not w.shrinks(naive_lowering(q)) and not w.check(naive_lowering(q)).shrunk

@@ -45,7 +45,7 @@ from .executors import ClusterError, Executor, LocalExecutor, RayExecutor, resol
 from .part import sigint_deferred, solve_part
 from .result import (Answer, OptimizedProgram, PartResult, Piece, RegionResult,
                      SavedVerification, join_parts, load, parts_of)
-from .run import Run
+from .run import Run, search_share
 from .search import (_parallel_search, _Progress, _rank, _shape, calibrated_model,
                      default_model, tuning_choice)
 from .store import AnswerSettings, keep_program, program_kind, stored_program
@@ -166,7 +166,7 @@ def superopt(program: Program, *, target: Any = "h100", time_budget_s: float | N
                               tune_rounds=tune_rounds, seed=seed, verify_tests=verify_tests,
                               max_verify=max_verify, measure_top=measure_top)
     run = Run(tgt, model, runner, db, settings, workers,
-              t0 + 0.8 * time_budget_s if time_budget_s else None,
+              t0 + search_share(time_budget_s) if time_budget_s else None,
               t0 + time_budget_s if time_budget_s else None, progress, ex,
               sizes=dict(sizes or {}), budget_s=time_budget_s)
     parts = parts_of(program)

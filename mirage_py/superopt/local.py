@@ -62,7 +62,7 @@ class LocalExecutor(Executor):
     def verify(self, jobs: list[VerifyJob], run: Any) -> dict:
         out = {}
         for job in jobs:  # one after another, each where it can end before the budget does
-            if not run.room_for_check(job.program):
+            if not run.room_for_check(job.program, key=job.key, graph=job.graph):
                 continue
             out[job.key] = verify_here(job, run)
         return out

@@ -54,7 +54,7 @@ from .jobs import ExploreJob, MeasureJob, VerifyJob, region_label
 from .local import verify_here
 from .option import Option
 from .result import PartResult, Piece, RegionResult, SavedVerification
-from .run import Run, input_elements as _input_elements
+from .run import Run
 from .search import Explored, Settings, explore, measures
 from .store import (Recording, keep_exploration, record, stored_answer,
                     stored_exploration)
@@ -373,7 +373,7 @@ class PartCover:
             self._tune(sorted(untuned, key=lambda st: -self._saving_rate(st, done))[
                 :max(1, run.workers)])
         ready = [st for st in todo if st.status is Status.EXPLORED and st.prior is None and
-                 run.room_for_check(st.program)]
+                 run.room_for_check(st.program, **self._candidate(st))]
         if ready:
             self._verify_all(ready)
         return bool(opened or untuned or ready)
@@ -439,9 +439,12 @@ class PartCover:
         """Search the opened structures (and what the cover would want next while workers
         idle), each under its break-even cap."""
         run = self.run
-        if run.expired():
-            for st in opened:
-                st.skip()
+        if run.expired():  # no search starts again: every unsearched structure is out at once
+            # (skipping only the wanted ones cost a cover solve per round for each next few the
+            # cover then wanted: 1.1 s after a Ctrl-C on the 32-layer decoder, 2.0 s in all)
+            for st in opened + [run.structures[k] for k in self.search_keys]:
+                if st.status is Status.OPEN:
+                    st.skip()
             return
         if run.budget_s is not None:  # a search only where its answer's check could end in
             # time, the most it can save per second of that check first
@@ -621,7 +624,7 @@ class PartCover:
             if not st.options or st.tried >= run.settings.max_verify:
                 st.fail()
                 continue
-            if st.key not in got and not run.room_for_check(st.program):
+            if st.key not in got and not run.room_for_check(st.program, **self._candidate(st)):
                 continue  # no time to verify it before the budget ends: it stays out
             res = self._first_verified(st, st.options, "search", st.explored, tries=1,
                                        known=got.get(st.key))
@@ -643,15 +646,22 @@ class PartCover:
         cannot check every wanted structure checks the ones worth the most per second first
         (at the 8B size a norm and query projection saves 20 us a layer over its naive
         operators for a 3 s check, the gate and up projections 25 us for an 11 s one)."""
-        return self._rate(st, done, st.options[0].predicted_us if st.options else math.inf)
+        return self._rate(st, done, st.options[0].predicted_us if st.options else math.inf,
+                          self._candidate(st))
 
-    def _rate(self, st: Structure, done: list, cost: float) -> float:
+    def _candidate(self, st: Structure) -> dict:
+        """The next option of ``st`` to check, as :meth:`Run.check_guess` takes it (its
+        verification guessed at the size it will run at); none before a search found one."""
+        return dict(key=st.key, graph=st.options[0].graph) if st.options else {}
+
+    def _rate(self, st: Structure, done: list, cost: float, candidate: dict | None = None
+              ) -> float:
         run = self.run
         base = self._verified_cost(st, done)
         if base is None:
             base = st.naive(run.model, run.target).us
         saves = self.uses.get(st.key, 1) * max(0.0, base - cost)
-        return saves / max(run.check_guess(st.program), 1e-3)
+        return saves / max(run.check_guess(st.program, **(candidate or {})), 1e-3)
 
     def _first_verified(self, st: Structure, options: list[Option], source: str,
                         ex: Explored | None, tries: int, known: Any = None) -> RegionResult | None:
@@ -659,8 +669,8 @@ class PartCover:
         numerically safe; ``known``: the first one's verification, done already."""
         run = self.run
         while options and tries > 0:
-            if source == "search" and not run.room_for_check(st.program,
-                                                             known=known is not None):
+            if source == "search" and not run.room_for_check(
+                    st.program, known=known is not None, key=st.key, graph=options[0].graph):
                 return None  # no time left to check it: the structure stays unverified
             opt = options.pop(0)
             tries -= 1
@@ -949,10 +959,10 @@ def _finite(st: Structure, graph: KernelGraph, run: Run) -> bool:
     of squares stored in float16)."""
     from ..verifier import numerics_verdict
     t0 = time.perf_counter()
-    ok = numerics_verdict(st.program, graph, st.naive(run.model, run.target).graph,
-                          seed=run.settings.seed, target=run.target, sizes=run.sizes).ok
-    run.numerics_times.note(_input_elements(st.program), time.perf_counter() - t0)
-    return ok
+    v = numerics_verdict(st.program, graph, st.naive(run.model, run.target).graph,
+                         seed=run.settings.seed, target=run.target, sizes=run.sizes)
+    run.numerics_times.note(v.elements, time.perf_counter() - t0)
+    return v.ok
 
 
 def _max_shifted_part(part: Program, run: Run) -> tuple[Program, list[Checked]]:

@@ -20,6 +20,19 @@ INTERRUPT_GRACE_S = 1.0
 # for the same groups, so once one check of each kind is timed, each kind is guessed from its
 # own measurements (:class:`CheckTimes`).
 CHECK_S_PER_ELEMENT = 1.4e-7
+# ... and a verification at full size before one has been timed: the first full-size check of a
+# structure computes the program's field reference at full size -- the 32-layer decoder's decode
+# attention (33.6 M input elements; its floor's and untuned candidates cannot shrink, see
+# docs/verifier.md) took 9.5-15 s at load 5-8, 3-4.5e-7 s per element. Guessed at 1.4e-7 it was
+# checked before the down projection, whose check it then crowded out of a 100 % budget
+FULL_VERIFY_S_PER_ELEMENT = 3.5e-7
+# under a time budget, searches, tunings and the floor start only before the budget less this
+# share of it, at least ``SEARCH_RESERVE_S`` (what is left is for the checks of what they found,
+# each started only where it is guessed to end in time, and the answer's assembly). 20 % held
+# back a 100 % budget on the 32-layer 8B-size decoder from the searches the unhurried call made
+# in the same time (1.014x the unhurried answer, 7.5 s of the budget unused)
+SEARCH_RESERVE = 0.1
+SEARCH_RESERVE_S = 1.0
 # a check of at least this many input elements measures a per-element rate; smaller ones mostly
 # measure fixed costs (0.1 s for 131 k elements would guess 45 s for a 58 M-element group) and
 # only bound the guesses of checks at least as large
@@ -32,6 +45,7 @@ class CheckTimes:
     structure's input elements: what the next one is guessed to take."""
 
     rate: float | None = None  # seconds per element, the largest from checks >= RATE_ELEMENTS
+    default: float = CHECK_S_PER_ELEMENT  # seconds per element before any such check
     sizes: list[tuple[int, float]] = field(default_factory=list)  # (elements, seconds)
 
     @property
@@ -45,13 +59,18 @@ class CheckTimes:
 
     def guess(self, elements: int) -> float:
         """Seconds a check of a structure with ``elements`` input elements is guessed to take:
-        the measured rate times them (``CHECK_S_PER_ELEMENT`` before any), and at least what a
+        the measured rate times them (``default`` before any), and at least what a
         measured check of no more elements took (its fixed costs). Elements unknown (0, a
         symbolic program): the longest so far."""
         if elements <= 0:
             return self.longest
-        rate = CHECK_S_PER_ELEMENT if self.rate is None else self.rate
+        rate = self.default if self.rate is None else self.rate
         return max([rate * elements] + [s for e, s in self.sizes if e <= elements])
+
+def search_share(budget_s: float) -> float:
+    """Seconds into a budget of ``budget_s`` that searches may start until."""
+    return max(0.0, budget_s - max(SEARCH_RESERVE_S, SEARCH_RESERVE * budget_s))
+
 
 def input_elements(program: Any) -> int:
     """The elements of a program's inputs (0 for symbolic sizes: no guess from them)."""
@@ -83,15 +102,21 @@ class Run:
     verifiers: dict[str, Any] = field(default_factory=dict)  # this process's, by region key
     interrupted_at: float | None = None  # when Ctrl-C came (None: it did not)
     # how long verifications and numerics checks took in this call, by input elements (at the
-    # 8B size: verification at shrunk sizes 0.01-0.1 s, numerics checks 1-11 s on a shared
-    # machine): a check is started only where it is guessed to end in time
+    # 8B size: verification at shrunk sizes 0.01-0.1 s, numerics checks on sampled rows 0.1-2 s,
+    # at full size 1-11 s, on a shared machine; a numerics check by the elements it read):
+    # a check is started only where it is guessed to end in time
     verify_times: CheckTimes = field(default_factory=CheckTimes)  # at shrunk sizes
-    verify_full_times: CheckTimes = field(default_factory=CheckTimes)  # at full size
+    verify_full_times: CheckTimes = field(  # at full size
+        default_factory=lambda: CheckTimes(default=FULL_VERIFY_S_PER_ELEMENT))
     numerics_times: CheckTimes = field(default_factory=CheckTimes)
     # the binding of the dims a padded program's masks name (lax/family.py): what its regions
     # are verified and checked for
     sizes: dict = field(default_factory=dict)
     budget_s: float | None = None  # the call's time_budget_s (None: unhurried)
+    # input elements a numerics check of a program reads, by structural hash (checked_elements)
+    _checked: dict = field(default_factory=dict, repr=False)
+    # (structure key, candidate hash) -> whether its verification runs at shrunk sizes
+    _shrinks: dict = field(default_factory=dict, repr=False)
 
     @cached_property
     def key(self) -> AnswerKey:
@@ -119,21 +144,47 @@ class Run:
         return (self.interrupted and now > self.interrupted_at + INTERRUPT_GRACE_S) or \
             (self.deadline is not None and now > self.deadline)
 
-    def check_guess(self, program: Any, known: bool = False) -> float:
+    def check_guess(self, program: Any, known: bool = False, key: str | None = None,
+                    graph: Any = None) -> float:
         """Seconds a candidate's check -- its verification, unless ``known``, and its numerics
         check -- is guessed to take for a structure with this ``program``: by its input
         elements, from this call's checks (:class:`CheckTimes`). A program with an exp is
         guessed as long as a verification at full size: on the 32-layer 8B-size decoder a
         decode attention candidate's verification took 12.9 s (33.5 M input elements) where
         the others took 0.01-0.1 s at shrunk sizes (why is not analysed; on one layer its
-        verifications ran at shrunk sizes)."""
+        verifications ran at shrunk sizes). With the candidate ``graph`` of structure ``key``,
+        its verification is guessed at the size it will run at (:meth:`shrinks`)."""
         elements = input_elements(program)
         verify = 0.0
         if not known:
             verify = self.verify_times.guess(elements)
-            if any(t.op == "exp" for t in program.nodes()):
+            full = self.shrinks(key, program, graph) is False if graph is not None else \
+                any(t.op == "exp" for t in program.nodes())
+            if full:
                 verify = max(verify, self.verify_full_times.guess(elements))
-        return self.numerics_times.guess(elements) + verify
+        return self.numerics_times.guess(self.checked_elements(program)) + verify
+
+    def shrinks(self, key: str, program: Any, graph: Any) -> bool:
+        """Will the candidate ``graph`` of structure ``key`` be verified at shrunk sizes
+        (``Verifier.shrinks``, noted per candidate)? The decode attention's floor and untuned
+        candidates are not (a first full-size verification: 8-15 s on 32 layers), its tuned
+        ones mostly are (0.1 s)."""
+        k = (key, graph.structural_hash())
+        got = self._shrinks.get(k)
+        if got is None:
+            got = self._shrinks[k] = self.verifier(key, program).shrinks(graph)
+        return got
+
+    def checked_elements(self, program: Any) -> int:
+        """Input elements a numerics check of ``program`` reads: its sampled rows' where it can
+        be sampled (verifier/sample.py), noted per program (what ``numerics_times`` is kept
+        by)."""
+        from ..verifier.sample import checked_elements
+        key = program.structural_hash()
+        n = self._checked.get(key)
+        if n is None:
+            n = self._checked[key] = checked_elements(program)
+        return n
 
     def note_verification(self, program: Any, result: Any, seconds: float) -> None:
         """A verification took ``seconds``: at shrunk sizes or at full size (``result``)."""
@@ -141,16 +192,16 @@ class Run:
         times.note(input_elements(program), seconds)
 
     def room_for_check(self, program: Any = None, known: bool = False,
-                       extra_s: float = 0.0) -> bool:
-        """Can a candidate's check for ``program`` (:meth:`check_guess`; None: as long as the
-        longest so far), after ``extra_s`` of other work, start and end before the budget (or
-        the grace after Ctrl-C) does?"""
+                       extra_s: float = 0.0, key: str | None = None, graph: Any = None) -> bool:
+        """Can a candidate's check for ``program`` (:meth:`check_guess`, of ``graph`` where
+        given; None: as long as the longest so far), after ``extra_s`` of other work, start and
+        end before the budget (or the grace after Ctrl-C) does?"""
         if self.out_of_time():
             return False
         left = self.seconds_left()
         if left is None:
             return True
-        guess = self.check_guess(program, known) if program is not None else \
+        guess = self.check_guess(program, known, key, graph) if program is not None else \
             self.numerics_times.longest + (0.0 if known else max(
                 self.verify_times.longest, self.verify_full_times.longest))
         return extra_s + guess <= left
@@ -179,4 +230,4 @@ class Run:
         return v
 
 
-__all__ = ["Run", "CheckTimes", "input_elements"]
+__all__ = ["Run", "CheckTimes", "input_elements", "search_share"]

@@ -33,6 +33,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from ..errors import MirageError
 from ..lax.ops import OPS
 from ..lax.program import Program
 from ..ugraph.bind import bind
@@ -318,11 +319,9 @@ class Verifier:
                 entry[4].clear()
 
     # -- the check ------------------------------------------------------------------------------
-    def check(self, graph: KernelGraph, tests: int | None = None) -> VerifyResult:
-        start = time.perf_counter()
-        graph = bind(graph, self.sizes)
-        check_interface(self.program, graph)
-        validate(graph, self.target)
+    def _degrees(self, graph: KernelGraph) -> tuple[int, int, bool, int]:
+        """The check's degree bounds for a bound, valid ``graph``: the difference's, the exp
+        arguments' (0 without exp), whether exp is used, the function arguments'."""
         deg = DegreeBackend(_MODULI)
         cand = run(graph, {t.name: Shaped(t.shape) for t in graph.inputs}, target=self.target,
                    backend=deg)
@@ -330,6 +329,31 @@ class Verifier:
         uses_exp = self.ref_exp or deg.exp_count > 0
         # E1 - E2 for two exp arguments of degree <= a has a numerator of degree <= 2a
         d_exp = 2 * max(self.ref_exp_arg, deg.max_exp_arg) if uses_exp else 0
+        return d, d_exp, uses_exp, max(self.ref_uf_arg, deg.max_uf_arg)
+
+    def shrinks(self, graph: KernelGraph) -> bool:
+        """Will :meth:`check` try ``graph`` at shrunk sizes (shrink.py)? Its degree bounds and
+        the shrunk pair, without a test: milliseconds, where a full-size check of a model-size
+        structure can take seconds. (The shrunk check still falls back to full size where the
+        degree bound differs at the shrunk size.)"""
+        if not self.shrink:
+            return False
+        from .shrink import shrink
+        graph = bind(graph, self.sizes)
+        try:
+            check_interface(self.program, graph)
+            validate(graph, self.target)
+            d, d_exp, _, d_uf = self._degrees(graph)
+        except MirageError:
+            return False
+        return bool(shrink(self.program, graph, max(d, d_exp, d_uf), self.target))
+
+    def check(self, graph: KernelGraph, tests: int | None = None) -> VerifyResult:
+        start = time.perf_counter()
+        graph = bind(graph, self.sizes)
+        check_interface(self.program, graph)
+        validate(graph, self.target)
+        d, d_exp, uses_exp, d_uf = self._degrees(graph)
         # smallest variable domain: the order-q subgroup (exp values), nonzero residues mod q
         # (function values' q parts), F_p; without exp only the p parts matter
         q_min = min((p - 1) // 2 for p in SAFE_PRIMES) - 1
@@ -341,8 +365,7 @@ class Verifier:
             raise VerifierArgumentError(f"verify: tests must be >= 1, got {tests!r}")
         why = ""
         if self.shrink:
-            small, why = self._check_shrunk(graph, n_tests, d, d_exp,
-                                            max(self.ref_uf_arg, deg.max_uf_arg))
+            small, why = self._check_shrunk(graph, n_tests, d, d_exp, d_uf)
             if small is not None:
                 small.seconds = time.perf_counter() - start
                 return small

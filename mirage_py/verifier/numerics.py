@@ -22,7 +22,7 @@ does not (or where it is ten times less accurate than that).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 import numpy as np
@@ -363,13 +363,20 @@ class NumericsVerdict:
     probe: str = ""
     candidate: NumericsReport | None = None
     naive: NumericsReport | None = None
+    # extent -> sampled extent where the verdict came from sampled rows (sample.py; a
+    # rejection is always decided at full size), empty where every row was checked
+    sampled: dict[int, int] = field(default_factory=dict)
+    # input elements the check read (the sampled program's where sampled, then also the full)
+    elements: int = 0
 
     def __bool__(self) -> bool:
         return self.ok
 
     def __str__(self) -> str:
         if self.ok:
-            return "numerics ok on every probe"
+            return "numerics ok on every probe" + (
+                " (sampled rows: " + ", ".join(f"{e}->{n}" for e, n in sorted(
+                    self.sampled.items())) + ")" if self.sampled else "")
         return (f"numerics rejected on {self.probe}: candidate {self.candidate.norm_rel:.3g}"
                 f"{' ' + str(self.candidate.events[0]) if self.candidate.events else ''}, "
                 f"program in its own dtype {self.naive.norm_rel:.3g}")
@@ -411,15 +418,39 @@ def _reference(program: Program, probe: Probe, seed: int, x: Mapping[str, Any]
 def numerics_verdict(program: Program, candidate: KernelGraph, naive: KernelGraph, *,
                      seed: int = 0, target: Any = "h100",
                      probes: tuple[Probe, ...] = PROBES,
-                     sizes: Mapping[str, int] | None = None) -> NumericsVerdict:
+                     sizes: Mapping[str, int] | None = None,
+                     sample: bool = True) -> NumericsVerdict:
     """Accept ``candidate`` unless on some probe's inputs it overflows, makes a NaN or misses
     the tolerance while ``naive`` (the program in its own dtype) does not -- or is ten times
     less accurate than it (module doc). Probes that cannot tell (:meth:`Probe.tells`) are
     skipped; each probe's float64 reference is computed once for both graphs. ``sizes`` binds
-    the dims a padded program's masks name."""
+    the dims a padded program's masks name. With ``sample``, a candidate whose rows can be
+    sampled (sample.py) is accepted when on its sampled rows it passes every probe or fails no
+    worse than the naive lowering at the sampled extents; where it does not, or cannot be
+    sampled, every row is checked (so a rejection always comes from the full size)."""
     if sizes:
         program = program.at(sizes)
         candidate, naive = bind(candidate, sizes), bind(naive, sizes)
+    elements = _elements(program)
+    if sample:
+        from .sample import sample_rows, sampled_like
+        s = sample_rows(program, candidate, target)
+        small_naive = sampled_like(naive, s.sizes, target) if s else None
+        if small_naive is not None:
+            v = _verdict(s.program, s.graph, small_naive, seed, target, probes)
+            if v.ok:
+                return replace(v, sampled=dict(s.sizes), elements=_elements(s.program))
+            elements += _elements(s.program)
+    return replace(_verdict(program, candidate, naive, seed, target, probes), elements=elements)
+
+
+def _elements(program: Program) -> int:
+    return sum(int(np.prod(t.shape, dtype=np.int64)) for t in program.inputs)
+
+
+def _verdict(program: Program, candidate: KernelGraph, naive: KernelGraph, seed: int,
+             target: Any, probes: tuple[Probe, ...]) -> NumericsVerdict:
+    """The verdict at the program's own sizes."""
     stored = stored_inputs(program, seed)
     for probe in probes:
         if not probe.tells(program):
