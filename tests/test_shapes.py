@@ -382,29 +382,41 @@ def _batched_norm_proj():
 
 def test_labels_of_two_buckets_correspond_by_the_dims_they_name():
     """The tokens and features labels of the batch-1 bucket are the batch-2 bucket's second and
-    third (the batch label comes first there); programs of another outline do not correspond."""
-    from mirage_py.generator.kernel_search import rescale_trace
-    from mirage_py.generator.labels import infer_labels, label_correspondence
+    third (the batch label, fresh, comes first there), found whatever order the second
+    program lists its outputs in; programs of another outline do not correspond; a trace
+    rescaled through the map grows the fresh batch label on a free grid axis (tiles kept) or
+    keeps it whole in the block (part counts kept)."""
     from mirage_py.generator.block_search import Plan
+    from mirage_py.generator.kernel_search import rescale_trace
+    from mirage_py.generator.labels import LabelMap, infer_labels, label_correspondences
     p = _batched_norm_proj()
     one, two = padded(p, {"B": 1, "S": 16}), padded(p, {"B": 2, "S": 16})
     l1, l2 = infer_labels(one), infer_labels(two)
-    rename = label_correspondence(one, l1, two, l2)
-    assert rename is not None and len(rename) == 2
-    fresh = set(l2.sizes) - set(rename.values())
-    assert [l2.sizes[f] for f in fresh] == [2]
-    for old, new in rename.items():
+    (m,) = label_correspondences(one, l1, two, l2)
+    assert isinstance(m, LabelMap) and len(m.rename) == 2 and len(m.fresh) == 1
+    assert l2.sizes[m.fresh[0]] == 2
+    for old, new in m.rename.items():
         assert l1.sizes[old] == l2.sizes[new]
+    # two outputs listed the other way round in the second program: the same map
+    q1, q2 = mp.Program("two_out"), mp.Program("two_out")
+    for q, b, order in ((q1, 1, (0, 1)), (q2, 2, (1, 0))):
+        x = q.input("X", (b, 16, 64))
+        w = q.input("W", (64, 32))
+        outs = [mp.exp(x), x @ w]
+        for i in order:
+            q.output(outs[i], name=f"Y{i}")
+    (m2,) = label_correspondences(q1, infer_labels(q1), q2, infer_labels(q2))
+    assert len(m2.rename) == 3 and len(m2.fresh) == 1
     other = mp.Program("other")
     x = other.input("X", (2, 16, 64))
     other.output(mp.exp(x), name="Y")
-    assert label_correspondence(one, l1, other, infer_labels(other)) is None
+    assert label_correspondences(one, l1, other, infer_labels(other)) == []
     tokens = next(o for o in l1.sizes if l1.sizes[o] == 16)
     trace = ((Plan(((tokens, 16), (None, 1), (None, 1)), (None, 1)), 0),)
-    (grown,) = rescale_trace(trace, l1.sizes, l2.sizes, 1.0, rename)
-    assert grown[0].grid == ((rename[tokens], 16), (fresh.pop(), 2), (None, 1))
-    (kept,) = rescale_trace(trace, l1.sizes, l2.sizes, 0.0, rename)
-    assert kept[0].grid == ((rename[tokens], 16), (None, 1), (None, 1))
+    (grown,) = rescale_trace(trace, l1.sizes, l2.sizes, 1.0, m)
+    assert grown[0].grid == ((m.rename[tokens], 16), (m.fresh[0], 2), (None, 1))
+    (kept,) = rescale_trace(trace, l1.sizes, l2.sizes, 0.0, m)
+    assert kept[0].grid == ((m.rename[tokens], 16), (None, 1), (None, 1))
     assert rescale_trace(trace, l1.sizes, l2.sizes, 1.0) is None  # names alone differ
 
 

@@ -26,7 +26,7 @@ from ..targets import Target
 from ..ugraph.graph import DTensor, GraphKernel, KernelGraph
 from . import absexpr as ae
 from .block_search import Avail, Context, Plan, dim_size, kernels_for_plan
-from .labels import infer_labels
+from .labels import LabelMap, infer_labels
 from .templates import templates_of
 
 
@@ -288,7 +288,7 @@ def _rescaled_parts(old: int, new: int, parts: int, growth: float = 1.0) -> int:
 
 
 def rescale_trace(trace: tuple, old: dict[str, int], new: dict[str, int],
-                  growth: float = 1.0, rename: dict[str, str] | None = None) -> tuple | None:
+                  growth: float = 1.0, labels: LabelMap | None = None) -> tuple | None:
     """``trace`` for the same program at other label sizes (``old`` -> ``new``, a shape family's
     buckets): the same plans, with every grid split's part count and every loop's trip count
     rescaled -- ``growth`` of the size change to the counts, the rest to the tiles and chunks
@@ -296,27 +296,27 @@ def rescale_trace(trace: tuple, old: dict[str, int], new: dict[str, int],
     ("l2/16": l2 split in 16 on an earlier kernel's grid, finished by a later one; "l2/4" where
     the same tiles make 4 parts).
 
-    ``rename`` maps each label of ``old`` to its label in ``new`` (:func:`~mirage_py.generator.
-    labels.label_correspondence`; default: the same names, where both have the same labels). A dim of size 1 has no label, so a
-    bucket of size 1 lacks the labels its dims of size 1 get elsewhere: such a *new* label grows
-    from 1 like any other -- ``growth`` of it to a grid split on a kernel's first free grid axis,
-    the rest to its tiles (whole in the block at 0.0) -- and the plan is checked when it is
-    replayed. None when the labels do not correspond."""
-    if rename is None:  # the same names: only where both have the same labels
+    ``labels`` says which label of ``new`` each label of ``old`` is
+    (:func:`~mirage_py.generator.labels.label_correspondences`; default: the same names, where
+    both have the same labels). A dim of size 1 has no label, so a bucket of size 1 lacks the
+    labels its dims of size 1 get elsewhere: such a *fresh* label grows from 1 like any other --
+    ``growth`` of it to a grid split on a kernel's first free grid axis, the rest to its tiles
+    (whole in the block at 0.0) -- and the plan is checked when it is replayed. None when a
+    label of the trace has no counterpart."""
+    if labels is None:  # the same names: only where both have the same labels
         if set(old) != set(new):
             return None
-        rename = {lbl: lbl for lbl in old}
-    if set(rename) != set(old) or not set(rename.values()) <= set(new) or \
-            len(set(rename.values())) != len(rename):
+        labels = LabelMap({lbl: lbl for lbl in old})
+    rename, fresh = labels.rename, labels.fresh
+    if not set(rename.values()) <= set(new) or not set(fresh) <= set(new):
         return None
-    fresh = sorted(set(new) - set(rename.values()), key=lambda lbl: (-new[lbl], lbl))
 
     def relabel(lbl: str) -> tuple[str, int, int] | None:
         """A label's name at the new sizes, its old and its new size."""
-        if lbl in old:
+        if lbl in rename:
             return rename[lbl], old[lbl], new[rename[lbl]]
         base, _, k = lbl.rpartition("/")
-        if base not in old or not k.isdigit():
+        if base not in rename or not k.isdigit():
             return None
         k2 = _rescaled_parts(old[base], new[rename[base]], int(k), growth)
         return f"{rename[base]}/{k2}", int(k), k2

@@ -27,6 +27,7 @@ partial results of a split reduction are concatenated along a dim ``((split_labe
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 class _UnionFind:
@@ -90,30 +91,84 @@ class Labels:
         return par, self.reduced_any - par
 
 
-def label_correspondence(old_program, old: Labels, new_program, new: Labels
-                         ) -> dict[str, str] | None:
-    """Each label of ``old`` -> the label of ``new`` that names the same dims, for two programs
-    of one outline (a shape family's buckets: the same operators in the same order, other sizes;
-    ``old``, ``new`` their labels): read off the dims of every node in turn. Labels are numbered
-    in order of appearance, so a dim of size 1 in ``old`` -- which has no label there -- shifts
-    the names of ``new``'s. None when the programs do not correspond (another operator or rank,
-    a labelled dim of ``old`` unlabelled in ``new``, one label meeting two)."""
-    out: dict[str, str] = {}
-    a_nodes, b_nodes = list(old_program.nodes()), list(new_program.nodes())
-    if len(a_nodes) != len(b_nodes):
-        return None
-    for a, b in zip(a_nodes, b_nodes):
-        la, lb = old.node_dims.get(a.digest), new.node_dims.get(b.digest)
-        if a.op != b.op or la is None or lb is None or len(la) != len(lb):
-            return None
-        for x, y in zip(la, lb):
-            if x is None:
-                continue
-            if y is None or out.setdefault(x, y) != y:
+@dataclass(frozen=True)
+class LabelMap:
+    """How the labels of one program name the dims of another of the same outline (a shape
+    family's two buckets): ``rename`` each label of the first that names a dim -> the second's
+    label of that dim; ``fresh`` the second's labels of dims that have none in the first (size
+    1 there)."""
+
+    rename: dict
+    fresh: tuple[str, ...] = ()
+
+
+#: the most output orders :func:`label_correspondences` walks (regions have a few outputs)
+MAX_OUTPUT_ORDERS = 24
+
+
+def label_correspondences(old_program, old: Labels, new_program, new: Labels) -> list[LabelMap]:
+    """The ways the labels of ``old_program`` (labels ``old``) name the dims of ``new_program``
+    (labels ``new``), two programs of one outline (a shape family's buckets: the same
+    operators, other sizes). A region's canonical program orders its inputs, nodes and outputs
+    by a hash that sees sizes, so nothing is paired by position: for each order of the
+    outputs (at most ``MAX_OUTPUT_ORDERS``) both programs are walked from their outputs in step,
+    operator by operator and operand by operand, each pair of nodes pairing the labels of their
+    dims (compound dims component by component); an order that pairs another operator, rank or
+    number of operands, or one label with two, is no correspondence. A dim of size 1 has no
+    label, and labels are numbered in order of appearance, so the names shift between buckets.
+    Distinct maps, in the order found; empty when there is none. What a map is used for (a
+    schedule replayed at the other bucket) is verified there, so a map that pairs two twin
+    outputs the wrong way round costs a rejected candidate, not a wrong answer."""
+    from itertools import islice, permutations
+    outs_a = [o.tensor for o in old_program.outputs]
+    outs_b = [o.tensor for o in new_program.outputs]
+    if len(outs_a) != len(outs_b):
+        return []
+    found: list[LabelMap] = []
+    for order in islice(permutations(outs_b), MAX_OUTPUT_ORDERS):
+        m = _walk_pairs(old, new, list(zip(outs_a, order)))
+        if m is not None and m not in found:
+            found.append(m)
+    return found
+
+
+def _walk_pairs(old: Labels, new: Labels, todo: list) -> LabelMap | None:
+    pairs: dict[str, Any] = {}  # old node digest -> new node
+    while todo:
+        a, b = todo.pop()
+        if a.digest in pairs:
+            if pairs[a.digest].digest != b.digest:
                 return None
-    if set(out) != set(old.sizes) or len(set(out.values())) != len(out):
+            continue
+        if a.op != b.op or len(a.shape) != len(b.shape) or len(a.inputs) != len(b.inputs):
+            return None
+        pairs[a.digest] = b
+        todo += list(zip(a.inputs, b.inputs))
+    out: dict[str, str] = {}
+    named: set[str] = set()  # the new labels of paired dims
+
+    def pair(x: str | None, y: str | None) -> bool:
+        if y is not None:
+            named.add(y)
+        if x is None:
+            return True
+        return y is not None and out.setdefault(x, y) == y
+
+    for d, b in pairs.items():
+        la, lb = old.node_dims.get(d), new.node_dims.get(b.digest)
+        if la is None or lb is None or len(la) != len(lb):
+            return None
+        if not all(pair(x, y) for x, y in zip(la, lb)):
+            return None
+        for xs, ys in zip(old.node_components.get(d) or (), new.node_components.get(b.digest)
+                          or ()):
+            xs, ys = [c for c, _ in xs if c], [c for c, _ in ys if c]
+            if len(xs) == len(ys) and not all(pair(x, y) for x, y in zip(xs, ys)):
+                return None
+    if len(set(out.values())) != len(out):
         return None
-    return out
+    fresh = tuple(sorted(named - set(out.values()), key=lambda lbl: (-new.sizes[lbl], lbl)))
+    return LabelMap(out, fresh)
 
 
 def infer_labels(program) -> Labels:

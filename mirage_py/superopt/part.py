@@ -915,7 +915,7 @@ def _replayed(st: Structure, rep: RegionResult | None, run: Run) -> RegionResult
     cheapest first under the cost model; the first that verifies for this run's sizes and is
     numerically safe is the answer. None when no replay applies."""
     from ..generator.kernel_search import GROWTHS, Searcher, rescale_trace
-    from ..generator.labels import label_correspondence
+    from ..generator.labels import label_correspondences
     from ..generator.rewrite import forms
     from ..tuning.tuner import replay_schedule
     if rep is None or rep.schedule is None:
@@ -924,12 +924,11 @@ def _replayed(st: Structure, rep: RegionResult | None, run: Run) -> RegionResult
     for form, (old, new) in enumerate(zip(forms(rep.program), forms(st.program))):
         old_labels = Searcher(old, run.target).labels
         new_labels = Searcher(new, run.target).labels
-        rename = label_correspondence(old, old_labels, new, new_labels)
-        if rename is None:
-            continue
-        for growth in GROWTHS:
+        # the labels' names where they match, then every way the two name the same dims
+        maps = [None, *label_correspondences(old, old_labels, new, new_labels)]
+        for labels, growth in ((m, g) for m in maps for g in GROWTHS):
             trace = rescale_trace(rep.schedule.trace, old_labels.sizes, new_labels.sizes,
-                                  growth, rename)
+                                  growth, labels)
             # a trace replays the search's steps on one algebraic form: on another form the
             # same trace is another graph (one that may not compute the program at all)
             if trace is None or (form, trace) in tried:
