@@ -282,3 +282,35 @@ def test_check_guesses_follow_this_calls_measured_checks():
     assert run.check_guess(plain) == pytest.approx((0.5 * m + 0.01 * n) / RATE_ELEMENTS)
     assert run.check_guess(soft) == pytest.approx((0.5 * m + 1.0 * n) / RATE_ELEMENTS)
     assert run.check_guess(soft, known=True) == pytest.approx(0.5 * m / RATE_ELEMENTS)
+
+
+def test_a_candidate_that_shrinks_is_guessed_at_its_shrunk_size_and_products_weigh_in():
+    """A candidate whose verification runs shrunk (``Verifier.shrunk_sizes``) is guessed by the
+    elements it verifies there, not by the full program's (KernelBench's Matmul_Mish_Mish
+    guessed 10.6 s for a 0.4 s check and never searched in a 20 s budget); one that cannot
+    shrink, at full size; and a numerics check's guess counts its products' multiply-adds
+    (``MAC_ELEMENTS`` each: that program's check took 25 s where its elements said 9.4 s)."""
+    from test_online_softmax import _run
+    from mirage_py.lax.program import Program
+    from mirage_py.superopt.run import (CHECK_S_PER_ELEMENT, FULL_VERIFY_S_PER_ELEMENT,
+                                        MAC_ELEMENTS, input_elements, multiply_adds)
+    from mirage_py.superopt.structure import naive_lowering
+    run = _run()
+    p = Program("mm_mish")
+    x = p.input("x", (512, 2048), "float32")
+    w = p.input("w", (2048, 2048), "float32")
+    y = x @ w
+    p.output(y * mp.tanh(mp.log(1.0 + mp.exp(y))), "y")
+    assert multiply_adds(p) == 512 * 2048 * 2048
+    naive = naive_lowering(p)
+    sizes = run.shrunk_sizes("k", p, naive)
+    assert sizes and all(v < k for k, v in sizes.items())
+    small = input_elements(p, sizes)
+    assert small < input_elements(p) // 16
+    numerics = run.numerics_times.guess(run.checked_elements(p))
+    assert run.checked_elements(p) >= MAC_ELEMENTS * multiply_adds(p)
+    assert run.check_guess(p, key="k", graph=naive) == pytest.approx(
+        numerics + CHECK_S_PER_ELEMENT * small)
+    run._shrinks[("k", naive.structural_hash())] = None  # as if it could not shrink
+    assert run.check_guess(p, key="k", graph=naive) == pytest.approx(
+        numerics + FULL_VERIFY_S_PER_ELEMENT * input_elements(p))

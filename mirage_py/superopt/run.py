@@ -3,6 +3,7 @@ executor, the deadlines -- and every region structure met so far, by key."""
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -37,6 +38,12 @@ SEARCH_RESERVE_S = 1.0
 # measure fixed costs (0.1 s for 131 k elements would guess 45 s for a 58 M-element group) and
 # only bound the guesses of checks at least as large
 RATE_ELEMENTS = 1 << 20
+# a numerics check computes its program's products in float64 (and the candidate's at GPU
+# precision) on every probe: a multiply-add costs about this many input elements' worth of the
+# rest of the check. KernelBench's Matmul_Mish_Mish (1024 x 8192 @ 8192 x 8192, 67 M elements
+# read) took 25 s where its elements alone guessed 9.4 s, and its search overran a 20 s budget
+# by 50 %: 0.0016 element per multiply-add accounts for the rest
+MAC_ELEMENTS = 0.0016
 
 
 @dataclass
@@ -72,11 +79,24 @@ def search_share(budget_s: float) -> float:
     return max(0.0, budget_s - max(SEARCH_RESERVE_S, SEARCH_RESERVE * budget_s))
 
 
-def input_elements(program: Any) -> int:
-    """The elements of a program's inputs (0 for symbolic sizes: no guess from them)."""
+def multiply_adds(program: Any) -> int:
+    """The multiply-adds of a program's matrix products (0 for symbolic sizes)."""
     from ..errors import ShapeError
     try:
-        return sum(t.size for t in program.inputs)
+        return sum(int(math.prod(t.shape) * t.inputs[0].shape[-1]) for t in program.nodes()
+                   if t.op == "matmul")
+    except (ShapeError, TypeError):  # a symbolic size
+        return 0
+
+
+def input_elements(program: Any, shrunk: dict[int, int] | None = None) -> int:
+    """The elements of a program's inputs (0 for symbolic sizes: no guess from them); with
+    ``shrunk`` (extent -> shrunk extent, verifier/shrink.py) at the sizes a shrunk check runs."""
+    from ..errors import ShapeError
+    try:
+        if not shrunk:
+            return sum(t.size for t in program.inputs)
+        return sum(math.prod(shrunk.get(d, d) for d in t.shape) for t in program.inputs)
     except ShapeError:
         return 0
 
@@ -154,42 +174,52 @@ class Run:
         the others took 0.01-0.1 s at shrunk sizes (why is not analysed; on one layer its
         verifications ran at shrunk sizes). With the candidate ``graph`` of structure ``key``,
         its verification is guessed at the size it will run at (:meth:`shrinks`)."""
-        elements = input_elements(program)
         verify = 0.0
         if not known:
-            verify = self.verify_times.guess(elements)
-            full = self.shrinks(key, program, graph) is False if graph is not None else \
-                any(t.op == "exp" for t in program.nodes())
-            if full:
-                verify = max(verify, self.verify_full_times.guess(elements))
+            sizes = self.shrunk_sizes(key, program, graph) if graph is not None else None
+            if sizes is not None:  # at shrunk sizes: by the elements it verifies there
+                verify = self.verify_times.guess(input_elements(program, sizes))
+            else:
+                elements = input_elements(program)
+                verify = self.verify_times.guess(elements)
+                if graph is not None or any(t.op == "exp" for t in program.nodes()):
+                    verify = max(verify, self.verify_full_times.guess(elements))
         return self.numerics_times.guess(self.checked_elements(program)) + verify
 
-    def shrinks(self, key: str, program: Any, graph: Any) -> bool:
-        """Will the candidate ``graph`` of structure ``key`` be verified at shrunk sizes
-        (``Verifier.shrinks``, noted per candidate)? The decode attention's floor and untuned
-        candidates are not (a first full-size verification: 8-15 s on 32 layers), its tuned
-        ones mostly are (0.1 s)."""
+    def shrunk_sizes(self, key: str, program: Any, graph: Any) -> dict[int, int] | None:
+        """The extents the candidate ``graph`` of structure ``key`` will be verified at
+        (``Verifier.shrunk_sizes``, noted per candidate; None: full size). The decode
+        attention's floor and untuned candidates run at full size (a first full-size
+        verification: 8-15 s on 32 layers), its tuned ones mostly shrunk (0.1 s)."""
         k = (key, graph.structural_hash())
-        got = self._shrinks.get(k)
-        if got is None:
-            got = self._shrinks[k] = self.verifier(key, program).shrinks(graph)
-        return got
+        if k not in self._shrinks:
+            self._shrinks[k] = self.verifier(key, program).shrunk_sizes(graph)
+        return self._shrinks[k]
 
     def checked_elements(self, program: Any) -> int:
-        """Input elements a numerics check of ``program`` reads: its sampled rows' where it can
-        be sampled (verifier/sample.py), noted per program (what ``numerics_times`` is kept
-        by)."""
+        """The work of a numerics check of ``program`` in input elements (what
+        ``numerics_times`` is kept by): the elements it reads -- its sampled rows' where it can
+        be sampled (verifier/sample.py) -- and its products' multiply-adds at ``MAC_ELEMENTS``
+        each, in the same share; noted per program."""
         from ..verifier.sample import checked_elements
         key = program.structural_hash()
         n = self._checked.get(key)
         if n is None:
-            n = self._checked[key] = checked_elements(program)
+            n = checked_elements(program)
+            whole = input_elements(program)
+            if whole > 0:
+                n += int(MAC_ELEMENTS * multiply_adds(program) * n / whole)
+            self._checked[key] = n
         return n
 
     def note_verification(self, program: Any, result: Any, seconds: float) -> None:
-        """A verification took ``seconds``: at shrunk sizes or at full size (``result``)."""
-        times = self.verify_times if getattr(result, "shrunk", None) else self.verify_full_times
-        times.note(input_elements(program), seconds)
+        """A verification took ``seconds``: at shrunk sizes (kept by the elements it verified
+        there) or at full size (``result``)."""
+        shrunk = getattr(result, "shrunk", None)
+        if shrunk:
+            self.verify_times.note(input_elements(program, shrunk), seconds)
+        else:
+            self.verify_full_times.note(input_elements(program), seconds)
 
     def room_for_check(self, program: Any = None, known: bool = False,
                        extra_s: float = 0.0, key: str | None = None, graph: Any = None) -> bool:

@@ -336,8 +336,13 @@ class Verifier:
         the shrunk pair, without a test: milliseconds, where a full-size check of a model-size
         structure can take seconds. (The shrunk check still falls back to full size where the
         degree bound differs at the shrunk size.)"""
+        return self.shrunk_sizes(graph) is not None
+
+    def shrunk_sizes(self, graph: KernelGraph) -> dict[int, int] | None:
+        """The extents :meth:`check` will shrink ``graph``'s check to (long extent -> shrunk
+        extent, shrink.py), or None when it runs at full size (see :meth:`shrinks`)."""
         if not self.shrink:
-            return False
+            return None
         from .shrink import shrink
         graph = bind(graph, self.sizes)
         try:
@@ -345,8 +350,9 @@ class Verifier:
             validate(graph, self.target)
             d, d_exp, _, d_uf = self._degrees(graph)
         except MirageError:
-            return False
-        return bool(shrink(self.program, graph, max(d, d_exp, d_uf), self.target))
+            return None
+        got = shrink(self.program, graph, max(d, d_exp, d_uf), self.target)
+        return dict(got.sizes) if got else None
 
     def check(self, graph: KernelGraph, tests: int | None = None) -> VerifyResult:
         start = time.perf_counter()
