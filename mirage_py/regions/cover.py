@@ -63,7 +63,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -111,12 +111,14 @@ class Cover:
 
 def solve_cover(cands: list[CoverCandidate], outputs: frozenset, *,
                 needed: frozenset = frozenset(), solver: str = "highs", time_limit_s: float = 60.0,
-                max_cuts: int = 1000, exact: bool = True) -> Cover:
+                max_cuts: int = 1000, exact: bool = True, hint: frozenset = frozenset()) -> Cover:
     """The cheapest cover (see the module docstring). Candidates of infinite cost are left out;
     keys must be unique. ``needed``: operators every cover computes (those the outputs depend
     on), which tightens the program without changing its answer. ``solver``: ``"highs"`` or
     ``"z3"``. ``exact=False``: a quick cover, the cheapest one where that is proven cheaply
-    (``Cover.proven``), otherwise a good one (HiGHS only; z3 is always exact)."""
+    (``Cover.proven``), otherwise a good one (HiGHS only; z3 is always exact). ``hint``: keys
+    of candidates the restricted program of a quick or exact HiGHS solve always holds (an
+    earlier optimum's: :class:`LazyCovers`)."""
     t0 = time.perf_counter()
     cands = [c for c in cands if math.isfinite(c.cost)]
     if len({c.key for c in cands}) != len(cands):
@@ -150,7 +152,8 @@ def solve_cover(cands: list[CoverCandidate], outputs: frozenset, *,
         if solver == "z3":
             picked, proven = _z3(cands, rows, time_limit_s), True
         else:
-            picked, proven = _highs(cands, rows, time_limit_s, exact)
+            picked, proven = _highs(cands, rows, time_limit_s, exact,
+                                    [i for i, c in enumerate(cands) if c.key in hint])
         order, stuck = _place(cands, picked, writers)
         if not stuck:
             out = _cover(cands, order, writers, time.perf_counter() - t0, solver)
@@ -281,11 +284,13 @@ def _cover(cands, order: list[int], writers: dict, seconds: float, solver: str) 
                  solver, writer)
 
 
-def _highs(cands, rows, time_limit_s, exact: bool = True) -> tuple[list[int], bool]:
+def _highs(cands, rows, time_limit_s, exact: bool = True, hint: list[int] = ()
+           ) -> tuple[list[int], bool]:
     """HiGHS on the 0/1 program: (the picked candidates, whether they are proven cheapest).
     The relaxation first; where it is fractional, the 0/1 program over a restricted set of
-    candidates, and where the relaxation's duals cannot prove that optimal, again over every
-    candidate that could still lower it (:func:`_dual_bound`; module docstring)."""
+    candidates (and the ``hint`` columns), and where the relaxation's duals cannot prove that
+    optimal, again over every candidate that could still lower it (:func:`_dual_bound`; module
+    docstring)."""
     from scipy.optimize import linprog
     from scipy.sparse import coo_matrix
 
@@ -321,6 +326,7 @@ def _highs(cands, rows, time_limit_s, exact: bool = True) -> tuple[list[int], bo
     near = near[np.argsort(reduced[near], kind="stable")[:int(support.sum())]]
     keep = support.copy()
     keep[near] = True
+    keep[list(hint)] = True
     part = None if keep.all() else _integral(cost, A, lo, np.flatnonzero(keep), time_limit_s)
     if part is None:  # every candidate kept, or no cover by the kept ones alone
         whole = _integral(cost, A, lo, every, time_limit_s)
@@ -403,3 +409,126 @@ def _z3(cands, rows, time_limit_s) -> list[int]:
         raise CoverError("cover: z3 found no cover")
     mdl = opt.model()
     return [i for i in range(n) if z3.is_true(mdl.eval(x[i], model_completion=True))]
+
+
+def objective(cover: Cover) -> float:
+    """What the 0/1 program minimises for a cover: its cost plus ``TIE`` per chosen candidate."""
+    return cover.cost + TIE * len(cover.chosen)
+
+
+def _same(a: float, b: float) -> bool:
+    """``a`` is no more than ``b`` but for the solver's rounding."""
+    return a <= b + 1e-9 * max(1.0, abs(b))
+
+
+@dataclass(frozen=True)
+class _Proof:
+    """A proven optimum of an earlier solve: its objective, and the cost of every candidate
+    it was solved over, by what the candidate is (key, reads, writes, operators)."""
+
+    value: float
+    costs: dict
+
+
+def _what(c: CoverCandidate) -> tuple:
+    return c.key, c.reads, c.writes, c.computes
+
+
+class LazyCovers:
+    """The cover solves of a lazy loop over one part (``superopt/part.py``,
+    ``PartCover.settle``): candidates that are not *settled* (an unsearched region at its lower
+    bound, an untuned or unverified one) enter at what they can cost at least, and settling one
+    only makes it dearer. :meth:`next` answers with a cover the loop works on -- one that uses
+    unsettled candidates -- or a settled one, proven the cheapest whenever it is.
+
+    A quick cover decides (``solve_cover(exact=False)``); when it uses only settled candidates
+    and the duals do not prove it, an exact solve does. Where the relaxation is weak (a
+    one-layer tiny Llama's prefill: 25.15 against 26.80, docs/generator.md) the quick cover
+    is often far above the optimum (28.4 against 27.2 there) and every round of the loop took
+    an exact solve (4-7 s idle) to find the optimum again -- which was most often the same
+    cover as the round before, or one next to it. So:
+
+    * **Earlier proofs** (:meth:`bound`). The optimum of an earlier proven solve stays a lower
+      bound on today's while every candidate is one it was solved over at no lower cost (they
+      only get dearer as they settle; each one is compared, so one that did not is caught, not
+      assumed). The last proven optimum, at today's costs, still within that bound is still an
+      optimum: it is the answer again, no solve (a search or check that left its regions' costs
+      as they were).
+    * **Hints.** The quick and exact solves keep the last proven optimum's candidates in their
+      restricted program (``solve_cover(hint=...)``), so the quick cover starts from it rather
+      than from the weak relaxation's support.
+    * **Ties go to the settled cover.** An exact optimum that costs no less than the settled
+      quick cover (objectives compared, ``TIE`` per kernel included) proves the quick cover
+      instead of sending the loop to search an unsettled region of an equal-cost optimum, whose
+      answer -- at its lower bound at best -- could not lower the cost; a settled cover within
+      a proof's bound is proven without a solve.
+
+    ``solves``, ``exact_solves`` and ``seconds`` count what it did."""
+
+    KEEP = 8  # the latest proofs kept (each a cost per candidate)
+
+    def __init__(self, outputs: frozenset, needed: frozenset = frozenset()):
+        self.outputs, self.needed = outputs, needed
+        self.proofs: list[_Proof] = []
+        self.last: tuple[Cover, list[tuple]] | None = None  # the last proven optimum, its pieces
+        self.solves, self.exact_solves, self.seconds = 0, 0, 0.0
+
+    def next(self, cands: list[CoverCandidate], unsettled: frozenset,
+             time_limit_s: float = 60.0) -> Cover:
+        """The quick cover when it uses a candidate of ``unsettled`` (keys); otherwise the
+        cheapest cover, proven (``Cover.proven``; False only when a solve was cut short by
+        ``time_limit_s``). The last proven optimum when it still is one."""
+        again = self._again(cands)
+        if again is not None and _same(objective(again), self.bound(cands)):
+            return again
+        quick = self.solve(cands, exact=False, time_limit_s=time_limit_s)
+        if not unsettled.isdisjoint(quick.chosen) or quick.proven:
+            return quick
+        if _same(objective(quick), self.bound(cands)):
+            quick.proven = True
+            return quick
+        exact = self.solve(cands, exact=True, time_limit_s=time_limit_s)
+        if exact.proven and _same(objective(quick), objective(exact)):
+            quick.proven = True  # a tie: the settled one
+            return quick
+        return exact
+
+    def solve(self, cands: list[CoverCandidate], exact: bool = True,
+              time_limit_s: float = 60.0) -> Cover:
+        """One solve (:func:`solve_cover`, hinted by the last proven optimum), counted; a
+        proven optimum is kept as a proof."""
+        hint = self._again(cands)
+        cover = solve_cover(cands, self.outputs, needed=self.needed, exact=exact,
+                            time_limit_s=time_limit_s,
+                            hint=frozenset(() if hint is None else hint.chosen))
+        self.solves += 1
+        self.exact_solves += exact
+        self.seconds += cover.seconds
+        if cover.proven:
+            self.proofs = self.proofs[-(self.KEEP - 1):] + [_Proof(objective(cover), {
+                _what(c): c.cost for c in cands if math.isfinite(c.cost)})]
+            by_key = {c.key: c for c in cands}
+            self.last = cover, [_what(by_key[k]) for k in cover.chosen]
+        return cover
+
+    def bound(self, cands: list[CoverCandidate]) -> float:
+        """The best lower bound the kept proofs give on the cheapest cover by ``cands`` (its
+        objective): a proof holds while every candidate is one it was solved over, at no lower
+        cost (then every cover costs at least what it did then). -inf when none holds."""
+        now = [(_what(c), c.cost) for c in cands if math.isfinite(c.cost)]
+        best = -math.inf
+        for p in self.proofs:
+            if p.value > best and all(w in p.costs and cost >= p.costs[w] for w, cost in now):
+                best = p.value
+        return best
+
+    def _again(self, cands: list[CoverCandidate]) -> Cover | None:
+        """The last proven optimum at today's costs (same order and readers' writers: the
+        pieces read and write what they did), or None when one of its pieces is gone."""
+        if self.last is None:
+            return None
+        cover, pieces = self.last
+        now = {_what(c): c.cost for c in cands if math.isfinite(c.cost)}
+        if not all(w in now for w in pieces):
+            return None
+        return replace(cover, cost=sum(now[w] for w in pieces), seconds=0.0, proven=True)
