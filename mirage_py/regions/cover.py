@@ -111,14 +111,16 @@ class Cover:
 
 def solve_cover(cands: list[CoverCandidate], outputs: frozenset, *,
                 needed: frozenset = frozenset(), solver: str = "highs", time_limit_s: float = 60.0,
-                max_cuts: int = 1000, exact: bool = True, hint: frozenset = frozenset()) -> Cover:
+                max_cuts: int = 1000, exact: bool = True, hint: frozenset = frozenset(),
+                fixed: frozenset = frozenset()) -> Cover:
     """The cheapest cover (see the module docstring). Candidates of infinite cost are left out;
     keys must be unique. ``needed``: operators every cover computes (those the outputs depend
     on), which tightens the program without changing its answer. ``solver``: ``"highs"`` or
     ``"z3"``. ``exact=False``: a quick cover, the cheapest one where that is proven cheaply
     (``Cover.proven``), otherwise a good one (HiGHS only; z3 is always exact). ``hint``: keys
     of candidates the restricted program of a quick or exact HiGHS solve always holds (an
-    earlier optimum's: :class:`LazyCovers`)."""
+    earlier optimum's: :class:`LazyCovers`). ``fixed``: keys of candidates every cover must
+    use -- the cheapest cover among those (HiGHS, never ``proven``: others may be cheaper)."""
     t0 = time.perf_counter()
     cands = [c for c in cands if math.isfinite(c.cost)]
     if len({c.key for c in cands}) != len(cands):
@@ -153,7 +155,8 @@ def solve_cover(cands: list[CoverCandidate], outputs: frozenset, *,
             picked, proven = _z3(cands, rows, time_limit_s), True
         else:
             picked, proven = _highs(cands, rows, time_limit_s, exact,
-                                    [i for i, c in enumerate(cands) if c.key in hint])
+                                    [i for i, c in enumerate(cands) if c.key in hint],
+                                    [i for i, c in enumerate(cands) if c.key in fixed])
         order, stuck = _place(cands, picked, writers)
         if not stuck:
             out = _cover(cands, order, writers, time.perf_counter() - t0, solver)
@@ -284,13 +287,13 @@ def _cover(cands, order: list[int], writers: dict, seconds: float, solver: str) 
                  solver, writer)
 
 
-def _highs(cands, rows, time_limit_s, exact: bool = True, hint: list[int] = ()
-           ) -> tuple[list[int], bool]:
+def _highs(cands, rows, time_limit_s, exact: bool = True, hint: list[int] = (),
+           fixed: list[int] = ()) -> tuple[list[int], bool]:
     """HiGHS on the 0/1 program: (the picked candidates, whether they are proven cheapest).
     The relaxation first; where it is fractional, the 0/1 program over a restricted set of
     candidates (and the ``hint`` columns), and where the relaxation's duals cannot prove that
     optimal, again over every candidate that could still lower it (:func:`_dual_bound`; module
-    docstring)."""
+    docstring). With ``fixed`` columns (at 1): the 0/1 program over every column, not proven."""
     from scipy.optimize import linprog
     from scipy.sparse import coo_matrix
 
@@ -301,6 +304,9 @@ def _highs(cands, rows, time_limit_s, exact: bool = True, hint: list[int] = ()
 
     def zero_one(x) -> bool:
         return x is not None and bool(np.all((x < 1e-9) | (x > 1 - 1e-9)))
+
+    if len(fixed):
+        return _integral(cost, A, lo, np.arange(n), time_limit_s, fixed).picked, False
 
     # the relaxation first: an optimum of it that is 0/1 is an optimum of the 0/1 program (the
     # lazy loop's later solves, where most regions are answered: 0.04 -> 0.017 s on four layers)
@@ -360,14 +366,15 @@ def _dual_bound(cost: np.ndarray, A, lo: np.ndarray, y: np.ndarray
     return float(y @ lo + np.minimum(d, 0.0).sum()), np.maximum(d, 0.0)
 
 
-def _integral(cost: np.ndarray, A, lo: np.ndarray, cols: np.ndarray, time_limit_s: float
-              ) -> _Integral | None:
-    """The 0/1 program over the columns ``cols`` (the others at 0), solved to a zero gap; None
-    when no cover uses only those columns."""
+def _integral(cost: np.ndarray, A, lo: np.ndarray, cols: np.ndarray, time_limit_s: float,
+              fixed: list[int] = ()) -> _Integral | None:
+    """The 0/1 program over the columns ``cols`` (the others at 0; the ``fixed`` ones of them
+    at 1), solved to a zero gap; None when no cover uses only those columns."""
     from scipy.optimize import Bounds, LinearConstraint, milp
     m = len(cols)
+    low = np.isin(cols, np.asarray(fixed, dtype=int)).astype(float)
     res = milp(cost[cols], constraints=LinearConstraint(A[:, cols], lo, np.inf),
-               integrality=np.ones(m), bounds=Bounds(np.zeros(m), np.ones(m)),
+               integrality=np.ones(m), bounds=Bounds(low, np.ones(m)),
                options={"time_limit": time_limit_s, "mip_rel_gap": 0.0})
     if res.x is None:
         if res.status == 2 and m < A.shape[1]:
@@ -470,7 +477,8 @@ class LazyCovers:
     def __init__(self, outputs: frozenset, needed: frozenset = frozenset()):
         self.outputs, self.needed = outputs, needed
         self.proofs: list[_Proof] = []
-        self.last: tuple[Cover, list[tuple]] | None = None  # the last proven optimum, its pieces
+        # the last proven optimum, its pieces and their costs then
+        self.last: tuple[Cover, list[tuple], list[float]] | None = None
         self.solves, self.exact_solves, self.seconds = 0, 0, 0.0
 
     def next(self, cands: list[CoverCandidate], unsettled: frozenset,
@@ -478,38 +486,73 @@ class LazyCovers:
         """The quick cover when it uses a candidate of ``unsettled`` (keys); otherwise the
         cheapest cover, proven (``Cover.proven``; False only when a solve was cut short by
         ``time_limit_s``). The last proven optimum when it still is one."""
+        bound = self.bound(cands)
         again = self._again(cands)
-        if again is not None and _same(objective(again), self.bound(cands)):
+        if again is not None and _same(objective(again), bound):
             return again
         quick = self.solve(cands, exact=False, time_limit_s=time_limit_s)
         if not unsettled.isdisjoint(quick.chosen) or quick.proven:
             return quick
-        if _same(objective(quick), self.bound(cands)):
+        if _same(objective(quick), bound):
             quick.proven = True
+            self._keep(cands, quick)
             return quick
+        near = self._nearby(cands, bound, time_limit_s)
+        if near is not None:
+            return near
         exact = self.solve(cands, exact=True, time_limit_s=time_limit_s)
         if exact.proven and _same(objective(quick), objective(exact)):
             quick.proven = True  # a tie: the settled one
+            self._keep(cands, quick)
             return quick
         return exact
 
     def solve(self, cands: list[CoverCandidate], exact: bool = True,
-              time_limit_s: float = 60.0) -> Cover:
+              time_limit_s: float = 60.0, fixed: frozenset = frozenset()) -> Cover:
         """One solve (:func:`solve_cover`, hinted by the last proven optimum), counted; a
         proven optimum is kept as a proof."""
         hint = self._again(cands)
         cover = solve_cover(cands, self.outputs, needed=self.needed, exact=exact,
-                            time_limit_s=time_limit_s,
+                            time_limit_s=time_limit_s, fixed=fixed,
                             hint=frozenset(() if hint is None else hint.chosen))
         self.solves += 1
-        self.exact_solves += exact
+        self.exact_solves += exact and not fixed
         self.seconds += cover.seconds
         if cover.proven:
-            self.proofs = self.proofs[-(self.KEEP - 1):] + [_Proof(objective(cover), {
-                _what(c): c.cost for c in cands if math.isfinite(c.cost)})]
-            by_key = {c.key: c for c in cands}
-            self.last = cover, [_what(by_key[k]) for k in cover.chosen]
+            self._keep(cands, cover)
         return cover
+
+    def _keep(self, cands: list[CoverCandidate], cover: Cover) -> None:
+        """A proven optimum: kept as a proof and as the last optimum."""
+        costs = {_what(c): c.cost for c in cands if math.isfinite(c.cost)}
+        self.proofs = self.proofs[-(self.KEEP - 1):] + [_Proof(objective(cover), costs)]
+        by_key = {c.key: c for c in cands}
+        pieces = [_what(by_key[k]) for k in cover.chosen]
+        self.last = cover, pieces, [costs[w] for w in pieces]
+
+    def _nearby(self, cands: list[CoverCandidate], bound: float, time_limit_s: float
+                ) -> Cover | None:
+        """A cover at the proofs' ``bound`` next to the last optimum: the cheapest that keeps
+        its pieces whose cost has not changed (``solve_cover(fixed=...)``: on the tiny Llama's
+        prefill, where hundreds of regions enter at the same lower bound, the optimum after
+        some of them got dearer most often costs the same, swapping them for others); it is
+        an optimum, by the bound. None when there is none such."""
+        if self.last is None or not math.isfinite(bound):
+            return None
+        cover, pieces, then = self.last
+        now = {_what(c): c.cost for c in cands}
+        steady = frozenset(w[0] for w, cost in zip(pieces, then) if now.get(w) == cost)
+        if not steady or len(steady) == len(pieces):
+            return None
+        try:
+            near = self.solve(cands, time_limit_s=time_limit_s, fixed=steady)
+        except CoverError:  # no cover keeps them all (cannot be: the last optimum did)
+            return None
+        if not _same(objective(near), bound):
+            return None
+        near.proven = True
+        self._keep(cands, near)
+        return near
 
     def bound(self, cands: list[CoverCandidate]) -> float:
         """The best lower bound the kept proofs give on the cheapest cover by ``cands`` (its
@@ -527,7 +570,7 @@ class LazyCovers:
         pieces read and write what they did), or None when one of its pieces is gone."""
         if self.last is None:
             return None
-        cover, pieces = self.last
+        cover, pieces, _ = self.last
         now = {_what(c): c.cost for c in cands if math.isfinite(c.cost)}
         if not all(w in now for w in pieces):
             return None
