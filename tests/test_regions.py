@@ -811,3 +811,43 @@ def test_lazy_covers_skip_solves_whose_optimum_stands():
     assert fresh.exact_solves == 1
     exact = solve_cover(pairs + ops + tied, outputs, needed=outputs)
     assert objective(exact) == pytest.approx(objective(got), abs=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_cover_with_fixed_candidates_is_the_cheapest_that_uses_them(seed):
+    """``solve_cover(fixed=...)`` (``LazyCovers`` tries it next to its last optimum): the
+    cheapest cover among those that use the fixed candidates (brute force over every subset),
+    never marked proven."""
+    cands, outputs, needed = _cyclic_instance(seed)
+    rng = random.Random(seed)
+    fixed = rng.sample([c for c in cands if c.key.startswith("r")], 2)
+    rest = [c for c in cands if c not in fixed]
+
+    def covers(pick) -> bool:
+        if not outputs <= {v for c in pick for v in c.writes} or \
+                not needed <= {d for c in pick for d in c.computes}:
+            return False
+        done, left = set(), list(pick)
+        while left:
+            ready = [c for c in left if c.reads <= done]
+            if not ready:
+                return False
+            for c in ready:
+                done |= c.writes
+                left.remove(c)
+        return True
+
+    best = math.inf
+    for r in range(len(rest) + 1):
+        for combo in itertools.combinations(rest, r):
+            cost = sum(c.cost for c in combo) + sum(c.cost for c in fixed)
+            if cost < best and covers(list(combo) + fixed):
+                best = cost
+    keys = frozenset(c.key for c in fixed)
+    if not math.isfinite(best):
+        with pytest.raises(CoverError):
+            solve_cover(cands, outputs, needed=needed, fixed=keys)
+        return
+    got = solve_cover(cands, outputs, needed=needed, fixed=keys)
+    assert not got.proven and got.cost == pytest.approx(best, abs=1e-4)
+    assert keys <= set(got.chosen)

@@ -57,6 +57,12 @@ candidate with ``LP + r_j < z`` (reduced-cost fixing: the others cannot be in a 
 to a zero gap. The bound comes from the duals clipped at 0 (``_dual_bound``), valid whatever
 their accuracy. On a weak relaxation this keeps most candidates (a one-layer tiny Llama's
 prefill: 25.15 against 26.80, 430 of 438), and HiGHS's time goes to its root cuts (4 s).
+
+**The lazy loop's solves** (:class:`LazyCovers`): each proven optimum is kept as a lower bound
+for the later solves of the same part (valid while no candidate got cheaper), so the last
+optimum, or a cover next to it (``fixed``: its unchanged pieces kept, the rest solved), at that
+bound is an optimum without an exact solve; restricted programs are ``hint``-ed with the last
+optimum; a settled cover that ties an exact optimum is the answer.
 """
 
 from __future__ import annotations
@@ -125,7 +131,7 @@ def solve_cover(cands: list[CoverCandidate], outputs: frozenset, *,
     cands = [c for c in cands if math.isfinite(c.cost)]
     if len({c.key for c in cands}) != len(cands):
         raise CoverError("cover: candidate keys are not unique")
-    cands = _undominated(cands)
+    cands = _undominated(cands, keep=fixed)
     if solver not in ("highs", "z3"):
         raise MirageError(f"cover: unknown solver {solver!r}; choose 'highs' or 'z3'")
     writers: dict = {}
@@ -167,8 +173,9 @@ def solve_cover(cands: list[CoverCandidate], outputs: frozenset, *,
     raise CoverError(f"cover: no orderable cover after {max_cuts} cuts")
 
 
-def _undominated(cands: list[CoverCandidate]) -> list[CoverCandidate]:
-    """The candidates no other one dominates. ``d`` dominates ``c`` when it costs no more, reads
+def _undominated(cands: list[CoverCandidate], keep: frozenset = frozenset()
+                 ) -> list[CoverCandidate]:
+    """The candidates no other one dominates (and those keyed in ``keep``). ``d`` dominates ``c`` when it costs no more, reads
     no more, writes and computes at least as much: in any orderable cover ``d`` can stand in
     ``c``'s place (what it reads is there when ``c``'s was) for no more, so some cheapest cover
     uses none of the dominated ones. Of equals, the first stays. Stacked layers repeat every
@@ -188,12 +195,12 @@ def _undominated(cands: list[CoverCandidate]) -> list[CoverCandidate]:
             d.writes > c.writes
         return strictly or j < i
 
-    keep = []
+    out = []
     for i, c in enumerate(cands):
         pool = set.intersection(*(writers[v] for v in c.writes)) if c.writes else set()
-        if not any(j != i and dominates(j, i) for j in pool):
-            keep.append(c)
-    return keep
+        if c.key in keep or not any(j != i and dominates(j, i) for j in pool):
+            out.append(c)
+    return out
 
 
 def _cycle_cuts(cands, order: list[int], stuck: list[int], writers: dict
