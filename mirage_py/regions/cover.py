@@ -504,7 +504,7 @@ class LazyCovers:
             quick.proven = True
             self._keep(cands, quick)
             return quick
-        near = self._nearby(cands, bound, time_limit_s)
+        near = self._nearby(cands, bound, unsettled, time_limit_s)
         if near is not None:
             return near
         exact = self.solve(cands, exact=True, time_limit_s=time_limit_s)
@@ -537,29 +537,30 @@ class LazyCovers:
         pieces = [_what(by_key[k]) for k in cover.chosen]
         self.last = cover, pieces, [costs[w] for w in pieces]
 
-    def _nearby(self, cands: list[CoverCandidate], bound: float, time_limit_s: float
-                ) -> Cover | None:
+    def _nearby(self, cands: list[CoverCandidate], bound: float, unsettled: frozenset,
+                time_limit_s: float) -> Cover | None:
         """A cover at the proofs' ``bound`` next to the last optimum: the cheapest that keeps
-        its pieces whose cost has not changed (``solve_cover(fixed=...)``: on the tiny Llama's
-        prefill, where hundreds of regions enter at the same lower bound, the optimum after
-        some of them got dearer most often costs the same, swapping them for others); it is
-        an optimum, by the bound. None when there is none such."""
+        its pieces whose cost has not changed (``solve_cover(fixed=...)``), and failing that
+        the cheapest that keeps those of them that are settled (on the tiny Llama's prefill,
+        where hundreds of regions enter at the same lower bound, the optimum after some of
+        them got dearer most often costs the same, swapping them for others); it is an
+        optimum, by the bound. None when there is none such."""
         if self.last is None or not math.isfinite(bound):
             return None
         cover, pieces, then = self.last
         now = {_what(c): c.cost for c in cands}
         steady = frozenset(w[0] for w, cost in zip(pieces, then) if now.get(w) == cost)
-        if not steady or len(steady) == len(pieces):
-            return None
-        try:
-            near = self.solve(cands, time_limit_s=time_limit_s, fixed=steady)
-        except CoverError:  # no cover keeps them all (cannot be: the last optimum did)
-            return None
-        if not _same(objective(near), bound):
-            return None
-        near.proven = True
-        self._keep(cands, near)
-        return near
+        tries = [steady, steady - unsettled]
+        for fixed in dict.fromkeys(f for f in tries if f and len(f) < len(pieces)):
+            try:
+                near = self.solve(cands, time_limit_s=time_limit_s, fixed=fixed)
+            except CoverError:  # no cover keeps them all (cannot be: the last optimum did)
+                continue
+            if _same(objective(near), bound):
+                near.proven = True
+                self._keep(cands, near)
+                return near
+        return None
 
     def bound(self, cands: list[CoverCandidate]) -> float:
         """The best lower bound the kept proofs give on the cheapest cover by ``cands`` (its
