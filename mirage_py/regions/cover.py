@@ -81,6 +81,10 @@ TIE = 1e-6  # us added per chosen candidate: among equal costs, fewer kernels
 # layers it kept 200-260 of 559 and 400-500 of 1139 candidates, and the restricted optimum
 # was the optimum in every solve)
 QUICK_REDUCED = 0.3
+# HiGHS's MILP presolve is off: on a one-layer tiny Llama's prefill (420 columns, 1173 rows) it
+# reported 29.21 optimal where covers of 27.21 and 28.14 were feasible (scipy 1.17.1's HiGHS;
+# without presolve 27.21, in the same 3.1 s)
+MILP_PRESOLVE = False
 
 
 class CoverError(MirageError):
@@ -382,7 +386,8 @@ def _integral(cost: np.ndarray, A, lo: np.ndarray, cols: np.ndarray, time_limit_
     low = np.isin(cols, np.asarray(fixed, dtype=int)).astype(float)
     res = milp(cost[cols], constraints=LinearConstraint(A[:, cols], lo, np.inf),
                integrality=np.ones(m), bounds=Bounds(low, np.ones(m)),
-               options={"time_limit": time_limit_s, "mip_rel_gap": 0.0})
+               options={"time_limit": time_limit_s, "mip_rel_gap": 0.0,
+                        "presolve": MILP_PRESOLVE})
     if res.x is None:
         if res.status == 2 and m < A.shape[1]:
             return None  # infeasible over these columns: the caller widens them
