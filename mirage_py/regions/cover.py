@@ -57,13 +57,19 @@ candidate with ``LP + r_j < z`` (reduced-cost fixing: the others cannot be in a 
 to a zero gap. The bound comes from the duals clipped at 0 (``_dual_bound``), valid whatever
 their accuracy. On a weak relaxation this keeps most candidates (a one-layer tiny Llama's
 prefill: 25.15 against 26.80, 430 of 438), and HiGHS's time goes to its root cuts (4 s).
+
+**The lazy loop's solves** (:class:`LazyCovers`): each proven optimum is kept as a lower bound
+for the later solves of the same part (valid while no candidate got cheaper), so the last
+optimum, or a cover next to it (``fixed``: its unchanged pieces kept, the rest solved), at that
+bound is an optimum without an exact solve; restricted programs are ``hint``-ed with the last
+optimum; a settled cover that ties an exact optimum is the answer.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -75,6 +81,10 @@ TIE = 1e-6  # us added per chosen candidate: among equal costs, fewer kernels
 # layers it kept 200-260 of 559 and 400-500 of 1139 candidates, and the restricted optimum
 # was the optimum in every solve)
 QUICK_REDUCED = 0.3
+# HiGHS's MILP presolve is off: on a one-layer tiny Llama's prefill (420 columns, 1173 rows) it
+# reported 29.21 optimal where covers of 27.21 and 28.14 were feasible (scipy 1.17.1's HiGHS;
+# without presolve 27.21, in the same 3.1 s)
+MILP_PRESOLVE = False
 
 
 class CoverError(MirageError):
@@ -111,17 +121,21 @@ class Cover:
 
 def solve_cover(cands: list[CoverCandidate], outputs: frozenset, *,
                 needed: frozenset = frozenset(), solver: str = "highs", time_limit_s: float = 60.0,
-                max_cuts: int = 1000, exact: bool = True) -> Cover:
+                max_cuts: int = 1000, exact: bool = True, hint: frozenset = frozenset(),
+                fixed: frozenset = frozenset()) -> Cover:
     """The cheapest cover (see the module docstring). Candidates of infinite cost are left out;
     keys must be unique. ``needed``: operators every cover computes (those the outputs depend
     on), which tightens the program without changing its answer. ``solver``: ``"highs"`` or
     ``"z3"``. ``exact=False``: a quick cover, the cheapest one where that is proven cheaply
-    (``Cover.proven``), otherwise a good one (HiGHS only; z3 is always exact)."""
+    (``Cover.proven``), otherwise a good one (HiGHS only; z3 is always exact). ``hint``: keys
+    of candidates the restricted program of a quick or exact HiGHS solve always holds (an
+    earlier optimum's: :class:`LazyCovers`). ``fixed``: keys of candidates every cover must
+    use -- the cheapest cover among those (HiGHS, never ``proven``: others may be cheaper)."""
     t0 = time.perf_counter()
     cands = [c for c in cands if math.isfinite(c.cost)]
     if len({c.key for c in cands}) != len(cands):
         raise CoverError("cover: candidate keys are not unique")
-    cands = _undominated(cands)
+    cands = _undominated(cands, keep=fixed)
     if solver not in ("highs", "z3"):
         raise MirageError(f"cover: unknown solver {solver!r}; choose 'highs' or 'z3'")
     writers: dict = {}
@@ -150,7 +164,9 @@ def solve_cover(cands: list[CoverCandidate], outputs: frozenset, *,
         if solver == "z3":
             picked, proven = _z3(cands, rows, time_limit_s), True
         else:
-            picked, proven = _highs(cands, rows, time_limit_s, exact)
+            picked, proven = _highs(cands, rows, time_limit_s, exact,
+                                    [i for i, c in enumerate(cands) if c.key in hint],
+                                    [i for i, c in enumerate(cands) if c.key in fixed])
         order, stuck = _place(cands, picked, writers)
         if not stuck:
             out = _cover(cands, order, writers, time.perf_counter() - t0, solver)
@@ -161,8 +177,9 @@ def solve_cover(cands: list[CoverCandidate], outputs: frozenset, *,
     raise CoverError(f"cover: no orderable cover after {max_cuts} cuts")
 
 
-def _undominated(cands: list[CoverCandidate]) -> list[CoverCandidate]:
-    """The candidates no other one dominates. ``d`` dominates ``c`` when it costs no more, reads
+def _undominated(cands: list[CoverCandidate], keep: frozenset = frozenset()
+                 ) -> list[CoverCandidate]:
+    """The candidates no other one dominates (and those keyed in ``keep``). ``d`` dominates ``c`` when it costs no more, reads
     no more, writes and computes at least as much: in any orderable cover ``d`` can stand in
     ``c``'s place (what it reads is there when ``c``'s was) for no more, so some cheapest cover
     uses none of the dominated ones. Of equals, the first stays. Stacked layers repeat every
@@ -182,12 +199,12 @@ def _undominated(cands: list[CoverCandidate]) -> list[CoverCandidate]:
             d.writes > c.writes
         return strictly or j < i
 
-    keep = []
+    out = []
     for i, c in enumerate(cands):
         pool = set.intersection(*(writers[v] for v in c.writes)) if c.writes else set()
-        if not any(j != i and dominates(j, i) for j in pool):
-            keep.append(c)
-    return keep
+        if c.key in keep or not any(j != i and dominates(j, i) for j in pool):
+            out.append(c)
+    return out
 
 
 def _cycle_cuts(cands, order: list[int], stuck: list[int], writers: dict
@@ -281,11 +298,13 @@ def _cover(cands, order: list[int], writers: dict, seconds: float, solver: str) 
                  solver, writer)
 
 
-def _highs(cands, rows, time_limit_s, exact: bool = True) -> tuple[list[int], bool]:
+def _highs(cands, rows, time_limit_s, exact: bool = True, hint: list[int] = (),
+           fixed: list[int] = ()) -> tuple[list[int], bool]:
     """HiGHS on the 0/1 program: (the picked candidates, whether they are proven cheapest).
     The relaxation first; where it is fractional, the 0/1 program over a restricted set of
-    candidates, and where the relaxation's duals cannot prove that optimal, again over every
-    candidate that could still lower it (:func:`_dual_bound`; module docstring)."""
+    candidates (and the ``hint`` columns), and where the relaxation's duals cannot prove that
+    optimal, again over every candidate that could still lower it (:func:`_dual_bound`; module
+    docstring). With ``fixed`` columns (at 1): the 0/1 program over every column, not proven."""
     from scipy.optimize import linprog
     from scipy.sparse import coo_matrix
 
@@ -296,6 +315,9 @@ def _highs(cands, rows, time_limit_s, exact: bool = True) -> tuple[list[int], bo
 
     def zero_one(x) -> bool:
         return x is not None and bool(np.all((x < 1e-9) | (x > 1 - 1e-9)))
+
+    if len(fixed):
+        return _integral(cost, A, lo, np.arange(n), time_limit_s, fixed).picked, False
 
     # the relaxation first: an optimum of it that is 0/1 is an optimum of the 0/1 program (the
     # lazy loop's later solves, where most regions are answered: 0.04 -> 0.017 s on four layers)
@@ -321,6 +343,7 @@ def _highs(cands, rows, time_limit_s, exact: bool = True) -> tuple[list[int], bo
     near = near[np.argsort(reduced[near], kind="stable")[:int(support.sum())]]
     keep = support.copy()
     keep[near] = True
+    keep[list(hint)] = True
     part = None if keep.all() else _integral(cost, A, lo, np.flatnonzero(keep), time_limit_s)
     if part is None:  # every candidate kept, or no cover by the kept ones alone
         whole = _integral(cost, A, lo, every, time_limit_s)
@@ -354,15 +377,17 @@ def _dual_bound(cost: np.ndarray, A, lo: np.ndarray, y: np.ndarray
     return float(y @ lo + np.minimum(d, 0.0).sum()), np.maximum(d, 0.0)
 
 
-def _integral(cost: np.ndarray, A, lo: np.ndarray, cols: np.ndarray, time_limit_s: float
-              ) -> _Integral | None:
-    """The 0/1 program over the columns ``cols`` (the others at 0), solved to a zero gap; None
-    when no cover uses only those columns."""
+def _integral(cost: np.ndarray, A, lo: np.ndarray, cols: np.ndarray, time_limit_s: float,
+              fixed: list[int] = ()) -> _Integral | None:
+    """The 0/1 program over the columns ``cols`` (the others at 0; the ``fixed`` ones of them
+    at 1), solved to a zero gap; None when no cover uses only those columns."""
     from scipy.optimize import Bounds, LinearConstraint, milp
     m = len(cols)
+    low = np.isin(cols, np.asarray(fixed, dtype=int)).astype(float)
     res = milp(cost[cols], constraints=LinearConstraint(A[:, cols], lo, np.inf),
-               integrality=np.ones(m), bounds=Bounds(np.zeros(m), np.ones(m)),
-               options={"time_limit": time_limit_s, "mip_rel_gap": 0.0})
+               integrality=np.ones(m), bounds=Bounds(low, np.ones(m)),
+               options={"time_limit": time_limit_s, "mip_rel_gap": 0.0,
+                        "presolve": MILP_PRESOLVE})
     if res.x is None:
         if res.status == 2 and m < A.shape[1]:
             return None  # infeasible over these columns: the caller widens them
@@ -403,3 +428,163 @@ def _z3(cands, rows, time_limit_s) -> list[int]:
         raise CoverError("cover: z3 found no cover")
     mdl = opt.model()
     return [i for i in range(n) if z3.is_true(mdl.eval(x[i], model_completion=True))]
+
+
+def objective(cover: Cover) -> float:
+    """What the 0/1 program minimises for a cover: its cost plus ``TIE`` per chosen candidate."""
+    return cover.cost + TIE * len(cover.chosen)
+
+
+def _same(a: float, b: float) -> bool:
+    """``a`` is no more than ``b`` but for the solver's rounding."""
+    return a <= b + 1e-9 * max(1.0, abs(b))
+
+
+@dataclass(frozen=True)
+class _Proof:
+    """A proven optimum of an earlier solve: its objective, and the cost of every candidate
+    it was solved over, by what the candidate is (key, reads, writes, operators)."""
+
+    value: float
+    costs: dict
+
+
+def _what(c: CoverCandidate) -> tuple:
+    return c.key, c.reads, c.writes, c.computes
+
+
+class LazyCovers:
+    """The cover solves of a lazy loop over one part (``superopt/part.py``,
+    ``PartCover.settle``): candidates that are not *settled* (an unsearched region at its lower
+    bound, an untuned or unverified one) enter at what they can cost at least, and settling one
+    only makes it dearer. :meth:`next` answers with a cover the loop works on -- one that uses
+    unsettled candidates -- or a settled one, proven the cheapest whenever it is.
+
+    A quick cover decides (``solve_cover(exact=False)``); when it uses only settled candidates
+    and the duals do not prove it, an exact solve does. Where the relaxation is weak (a
+    one-layer tiny Llama's prefill: 25.15 against 26.80, docs/generator.md) the quick cover
+    is often far above the optimum (28.4 against 27.2 there) and every round of the loop took
+    an exact solve (4-7 s idle) to find the optimum again -- which was most often the same
+    cover as the round before, or one next to it. So:
+
+    * **Earlier proofs** (:meth:`bound`). The optimum of an earlier proven solve stays a lower
+      bound on today's while every candidate is one it was solved over at no lower cost (they
+      only get dearer as they settle; each one is compared, so one that did not is caught, not
+      assumed). The last proven optimum, at today's costs, still within that bound is still an
+      optimum: it is the answer again, no solve (a search or check that left its regions' costs
+      as they were).
+    * **Hints.** The quick and exact solves keep the last proven optimum's candidates in their
+      restricted program (``solve_cover(hint=...)``), so the quick cover starts from it rather
+      than from the weak relaxation's support.
+    * **Ties go to the settled cover.** An exact optimum that costs no less than the settled
+      quick cover (objectives compared, ``TIE`` per kernel included) proves the quick cover
+      instead of sending the loop to search an unsettled region of an equal-cost optimum, whose
+      answer -- at its lower bound at best -- could not lower the cost; a settled cover within
+      a proof's bound is proven without a solve.
+
+    ``solves``, ``exact_solves`` and ``seconds`` count what it did."""
+
+    KEEP = 8  # the latest proofs kept (each a cost per candidate)
+
+    def __init__(self, outputs: frozenset, needed: frozenset = frozenset()):
+        self.outputs, self.needed = outputs, needed
+        self.proofs: list[_Proof] = []
+        # the last proven optimum, its pieces and their costs then
+        self.last: tuple[Cover, list[tuple], list[float]] | None = None
+        self.solves, self.exact_solves, self.seconds = 0, 0, 0.0
+
+    def next(self, cands: list[CoverCandidate], unsettled: frozenset,
+             time_limit_s: float = 60.0) -> Cover:
+        """The quick cover when it uses a candidate of ``unsettled`` (keys); otherwise the
+        cheapest cover, proven (``Cover.proven``; False only when a solve was cut short by
+        ``time_limit_s``). The last proven optimum when it still is one."""
+        bound = self.bound(cands)
+        again = self._again(cands)
+        if again is not None and _same(objective(again), bound):
+            return again
+        quick = self.solve(cands, exact=False, time_limit_s=time_limit_s)
+        if not unsettled.isdisjoint(quick.chosen) or quick.proven:
+            return quick
+        if _same(objective(quick), bound):
+            quick.proven = True
+            self._keep(cands, quick)
+            return quick
+        near = self._nearby(cands, bound, unsettled, time_limit_s)
+        if near is not None:
+            return near
+        exact = self.solve(cands, exact=True, time_limit_s=time_limit_s)
+        if exact.proven and _same(objective(quick), objective(exact)):
+            quick.proven = True  # a tie: the settled one
+            self._keep(cands, quick)
+            return quick
+        return exact
+
+    def solve(self, cands: list[CoverCandidate], exact: bool = True,
+              time_limit_s: float = 60.0, fixed: frozenset = frozenset()) -> Cover:
+        """One solve (:func:`solve_cover`, hinted by the last proven optimum), counted; a
+        proven optimum is kept as a proof."""
+        hint = self._again(cands)
+        cover = solve_cover(cands, self.outputs, needed=self.needed, exact=exact,
+                            time_limit_s=time_limit_s, fixed=fixed,
+                            hint=frozenset(() if hint is None else hint.chosen))
+        self.solves += 1
+        self.exact_solves += exact and not fixed
+        self.seconds += cover.seconds
+        if cover.proven:
+            self._keep(cands, cover)
+        return cover
+
+    def _keep(self, cands: list[CoverCandidate], cover: Cover) -> None:
+        """A proven optimum: kept as a proof and as the last optimum."""
+        costs = {_what(c): c.cost for c in cands if math.isfinite(c.cost)}
+        self.proofs = self.proofs[-(self.KEEP - 1):] + [_Proof(objective(cover), costs)]
+        by_key = {c.key: c for c in cands}
+        pieces = [_what(by_key[k]) for k in cover.chosen]
+        self.last = cover, pieces, [costs[w] for w in pieces]
+
+    def _nearby(self, cands: list[CoverCandidate], bound: float, unsettled: frozenset,
+                time_limit_s: float) -> Cover | None:
+        """A cover at the proofs' ``bound`` next to the last optimum: the cheapest that keeps
+        its pieces whose cost has not changed (``solve_cover(fixed=...)``), and failing that
+        the cheapest that keeps those of them that are settled (on the tiny Llama's prefill,
+        where hundreds of regions enter at the same lower bound, the optimum after some of
+        them got dearer most often costs the same, swapping them for others); it is an
+        optimum, by the bound. None when there is none such."""
+        if self.last is None or not math.isfinite(bound):
+            return None
+        cover, pieces, then = self.last
+        now = {_what(c): c.cost for c in cands}
+        steady = frozenset(w[0] for w, cost in zip(pieces, then) if now.get(w) == cost)
+        tries = [steady, steady - unsettled]
+        for fixed in dict.fromkeys(f for f in tries if f and len(f) < len(pieces)):
+            try:
+                near = self.solve(cands, time_limit_s=time_limit_s, fixed=fixed)
+            except CoverError:  # no cover keeps them all (cannot be: the last optimum did)
+                continue
+            if _same(objective(near), bound):
+                near.proven = True
+                self._keep(cands, near)
+                return near
+        return None
+
+    def bound(self, cands: list[CoverCandidate]) -> float:
+        """The best lower bound the kept proofs give on the cheapest cover by ``cands`` (its
+        objective): a proof holds while every candidate is one it was solved over, at no lower
+        cost (then every cover costs at least what it did then). -inf when none holds."""
+        now = [(_what(c), c.cost) for c in cands if math.isfinite(c.cost)]
+        best = -math.inf
+        for p in self.proofs:
+            if p.value > best and all(w in p.costs and cost >= p.costs[w] for w, cost in now):
+                best = p.value
+        return best
+
+    def _again(self, cands: list[CoverCandidate]) -> Cover | None:
+        """The last proven optimum at today's costs (same order and readers' writers: the
+        pieces read and write what they did), or None when one of its pieces is gone."""
+        if self.last is None:
+            return None
+        cover, pieces, _ = self.last
+        now = {_what(c): c.cost for c in cands if math.isfinite(c.cost)}
+        if not all(w in now for w in pieces):
+            return None
+        return replace(cover, cost=sum(now[w] for w in pieces), seconds=0.0, proven=True)

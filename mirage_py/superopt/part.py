@@ -46,7 +46,7 @@ from ..generator.kernel_search import SearchStats
 from ..lax.program import Program
 from ..regions import PartDag, Region, extract, floor_groups, search_regions
 from ..regions.assemble import assemble, value_names
-from ..regions.cover import Cover, CoverCandidate, CoverError, solve_cover
+from ..regions.cover import Cover, CoverCandidate, CoverError, LazyCovers, solve_cover
 from ..tuning.annotations import AnnotatedGraph
 from ..ugraph.graph import KernelGraph
 from ..ugraph.lower import naive_lowering
@@ -157,7 +157,8 @@ class PartCover:
             self.regions, self.uses = {}, {}
             self.floor_sets, self.search_sets, self.floor_keys, self.search_keys = [], [], [], []
         self.bar = _RegionBar(self.part.name, run.progress, len(self.search_keys))
-        self.solves, self.solve_s, self.floor_seconds = 0, 0.0, 0.0
+        self.covers = LazyCovers(self.outputs, self.inner)  # the cover solves, counted
+        self.floor_seconds = 0.0
         self.floor_cover: Cover | None = None
         self.floor_what: dict = {}
         self.cut_short = False  # the budget (or Ctrl-C) ended the floor or the cover early
@@ -250,12 +251,11 @@ class PartCover:
         return frozenset(v for v in r.inputs if v in self.inner)
 
     def _solve(self, cands: list, exact: bool = True) -> Cover:
+        return self.covers.solve(cands, exact=exact, time_limit_s=self._solve_limit())
+
+    def _solve_limit(self) -> float:
         limit = self.run.seconds_left(at_least=COVER_LEAST_SECONDS)
-        cover = solve_cover(cands, self.outputs, needed=self.inner, exact=exact,
-                            **({} if limit is None else {"time_limit_s": min(60.0, limit)}))
-        self.solves += 1
-        self.solve_s += cover.seconds
-        return cover
+        return 60.0 if limit is None else min(60.0, limit)
 
     # -- 1. the floor -----------------------------------------------------------------------
     def lay_floor(self) -> None:
@@ -424,13 +424,13 @@ class PartCover:
 
     def _wanted_now(self) -> list[Structure]:
         """The structures the cheapest cover wants that are not verified answers yet: a quick
-        cover decides; where it wants none, a proven cheapest one."""
+        cover decides; where it wants none, a proven cheapest one (:class:`LazyCovers`: earlier
+        proofs, and ties to the verified cover)."""
         cands, self.what = self.candidates()
-        self.cover = self._solve(cands, exact=False)
+        unsettled = frozenset(k for k, (r, res) in self.what.items() if res is None and
+                              self.run.structures[r.key].status is not Status.VERIFIED)
+        self.cover = self.covers.next(cands, unsettled, time_limit_s=self._solve_limit())
         todo = _wanted(self.cover, self.what, self.run)
-        if not todo and not self.cover.proven:
-            self.cover = self._solve(cands)
-            todo = _wanted(self.cover, self.what, self.run)
         self.bar.update(sum(self.run.structures[k].status is not Status.OPEN
                             for k in self.search_keys), self.cover.cost)
         return todo
@@ -774,7 +774,7 @@ class PartCover:
             searched=sum(run.structures[k].searched for k in self.search_keys),
             floor_us=None if self.floor_cover is None else self.floor_cover.cost,
             floor_seconds=self.floor_seconds,
-            cover_seconds=self.solve_s, cover_solves=self.solves)
+            cover_seconds=self.covers.seconds, cover_solves=self.covers.solves)
         if len(chosen) == 1 and len(pieces) == 1:
             r = chosen[0]
             out.schedule, out.untuned_us, out.best_untuned_us = r.schedule, r.untuned_us, \
