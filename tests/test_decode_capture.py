@@ -165,7 +165,10 @@ def test_heads_summed_after_the_product_count_with_it():
     assert hsum.op == "sum"
     pv = v["o"].inputs[0]  # a @ v
     assert pv.op == "matmul"
-    regions = [r for r in search_regions(dag) if {hsum.digest, h.digest, pv.digest} <= r and
+    vproj = pv.inputs[1].inputs[0].inputs[1]  # cat(past_v, n @ wv)
+    assert vproj.op == "matmul"
+    regions = [r for r in search_regions(dag) if
+               {hsum.digest, h.digest, pv.digest, vproj.digest} <= r and
                not any(dag.by_digest[d].op == "exp" for d in r)]
     assert regions, "no region holds the values' product with the heads' sum"
     reg = extract(dag, min(regions, key=len))
