@@ -175,3 +175,30 @@ def test_heads_summed_after_the_product_count_with_it():
     cands = _found(reg.program)
     assert cands
     _check(reg.program, cands[0].graph)
+
+
+@pytest.mark.slow
+def test_tiny_llama_decode_step_fuses_like_the_hand_written_block():
+    """The tiny Llama of ``benchmarks/models.py`` at decode (2 layers, one token over a cache of
+    16) through ``mp.compile``: one region, nothing eager, equal to eager, and at most 13
+    kernels -- the embedding lookup and the rotary table, then about five a layer like the
+    hand-written decode block, the final norm and head fused into the last (25 before the
+    KV cache's concatenation joined the attention region, the three projections one region and
+    the rotary table one kernel). Minutes of search: slow."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from benchmarks.models import ARCHITECTURES, _decode
+    model, inputs = _decode(ARCHITECTURES["llama"])()
+    model = model.eval()
+    g = torch.Generator().manual_seed(1)
+    for prm in model.parameters():
+        prm.data = torch.randn(prm.shape, generator=g) * 0.2
+    past = inputs.pop("past")
+    with torch.no_grad():
+        ref = model(inputs["input_ids"], *past)
+        cm = mp.compile(model, workers=1, database=False)
+        got = cm(inputs["input_ids"], *past)
+    assert float((got - ref).norm() / ref.norm()) <= 1e-5
+    rows = cm.regions()
+    assert len(rows) == 1 and not cm.eager_ops() and rows[0]["verified"], cm.report()
+    assert rows[0]["kernels"] <= 13, cm.report()
