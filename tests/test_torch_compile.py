@@ -375,63 +375,6 @@ def test_conv1d_qkv_projection_viewed_before_its_split_moves_into_the_weights():
     assert "slice" not in ops and "transpose" in ops  # k's transpose for q @ k^T only
 
 
-class NeoXAttention(nn.Module):
-    """GPT-NeoX's form: the fused QKV projection viewed as (B, T, heads, 3 * head_dim) and
-    split per head after the transpose (written here after its pattern)."""
-
-    def __init__(self, n_embd=32, n_head=2):
-        super().__init__()
-        self.qkv = nn.Linear(n_embd, 3 * n_embd)
-        self.o = nn.Linear(n_embd, n_embd)
-        self.n_head = n_head
-
-    def forward(self, x):
-        B, T, C = x.size()
-        d = C // self.n_head
-        y = self.qkv(x).view(B, T, self.n_head, 3 * d).transpose(1, 2)
-        q, k, v = y[..., :d], y[..., d:2 * d], y[..., 2 * d:]
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.o(y.transpose(1, 2).reshape(B, T, C))
-
-
-def test_fused_qkv_split_after_the_head_split_reads_its_own_columns():
-    """The q, k, v slices of a per-head fused product move into the weight after the head
-    split: each projection reads its own columns (no kernel computes the whole product for a
-    third of it, as GPT-NeoX's did twice), and the region's program, its inputs laid out by
-    torch as at run time, evaluates to eager's result."""
-    from mirage_py.frontend_torch.capture import capture
-    from mirage_py.frontend_torch.region_programs import analyse
-    from mirage_py.frontend_torch.runtime import _apply_ops
-    m = _randomize(NeoXAttention()).eval()
-    x = _rand(1, 6, 32, dtype=torch.float32)
-    (region,) = analyse(capture(m, (x,), {}))[1]
-    assert {"qkv_weight_t_heads_cols0", "qkv_weight_t_heads_cols16",
-            "qkv_weight_t_heads_cols32", "qkv_bias_heads_cols0"} <= set(region.inputs)
-    assert not any(t.op == "slice" for t in region.program.nodes())
-    values = {"p_" + n.replace(".", "_"): p.detach() for n, p in m.named_parameters()}
-    values["x"] = x
-    ins = {nm: _apply_ops(values[src.ref], src.ops).contiguous().numpy()
-           for nm, src in region.inputs.items()}
-    (got,) = region.program.evaluate(ins).values()
-    with torch.no_grad():
-        want = m(x)
-    _close(torch.as_tensor(got, dtype=torch.float32).reshape(want.shape), want,
-           rel=1e-5)
-
-
-@pytest.mark.slow
-def test_fused_qkv_split_after_the_head_split_compiles_equal_to_eager():
-    m = _randomize(NeoXAttention()).eval()
-    x = _rand(1, 6, 32, dtype=torch.float32)
-    cm = mp.compile(m, (x,), **dict(OPTS, time_budget_s=4))
-    with torch.no_grad():
-        _close(cm(x), m(x))
-    inputs = cm.regions()[0]["inputs"]
-    assert {"qkv_weight_t_heads_cols0", "qkv_weight_t_heads_cols16",
-            "qkv_weight_t_heads_cols32", "qkv_bias_heads_cols0"} <= set(inputs)
-    assert "qkv_weight_t_heads" not in inputs
-
-
 class QKNormAttention(nn.Module):
     """Qwen3's form: an RMSNorm over each head's features between the head split and the
     transpose that moves heads before the rows."""

@@ -232,14 +232,10 @@ def _fold_input_views(roots: list[Tensor], inputs: dict[str, Source], names: Uni
 def _fold_head_layouts(roots: list[Tensor], inputs: dict[str, Source], names: UniqueNames
                        ) -> list[Tensor]:
     """Weight layouts: first column slices of products with static weights (a fused QKV
-    projection split in three), then attention's head split and merge, then column slices
-    again: a fused QKV projection split into heads before its q / k / v columns (GPT-NeoX's
-    ``(B, S, H, 3 * D)`` view) is sliced per head, which the head split makes a product with
-    per-head weights; each slice then reads its own columns of the weight, and no kernel
-    computes the whole product for one of its thirds (see :func:`_fold_weights`)."""
+    projection split in three), then attention's head split and merge (see
+    :func:`_fold_weights`)."""
     roots = _sink_transposes(_fold_weights(roots, inputs, names, "slices"))
-    roots = _fold_weights(roots, inputs, names, "heads")
-    return _fold_weights(roots, inputs, names, "slices")
+    return _fold_weights(roots, inputs, names, "heads")
 
 
 def _sink_transposes(roots: list[Tensor]) -> list[Tensor]:
