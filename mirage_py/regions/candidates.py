@@ -130,27 +130,6 @@ def _shifts_only(dag: PartDag, d: str) -> bool:
         all(dag.by_digest[c].op == "exp" for c in dag.consumers[u.digest]) for u in users)
 
 
-def _sums_a_product(dag: PartDag, d: str) -> bool:
-    """Is ``d`` a sum over batch axes of a matmul read by nothing else -- heads summed after a
-    per-head output projection, ``sum(o @ Wo, heads)``: one contraction over heads and their
-    dims, which one kernel's loop accumulates (the product and its sum are one anchor)?"""
-    t = dag.by_digest[d]
-    if t.op != "sum" or t.inputs[0].op != "matmul":
-        return False
-    mm = t.inputs[0]
-    return dag.consumers.get(mm.digest) == [d] and mm.digest not in dag.output_names and \
-        all(a < mm.ndim - 2 for a in t.attr("axes"))
-
-
-def _product_of(dag: PartDag, d: str) -> str | None:
-    """For a matmul of an operator's value by a part input (a weight), that operand's digest
-    (its sibling products read the same one); None otherwise."""
-    t = dag.by_digest[d]
-    if t.op != "matmul" or t.inputs[1].op != "input" or t.inputs[0].digest not in dag.by_digest:
-        return None
-    return "product:" + t.inputs[0].digest
-
-
 def search_regions(dag: PartDag, max_anchors: int = MAX_ANCHORS,
                    whole_anchors: int = WHOLE_ANCHORS, max_ops: int = MAX_OPS,
                    max_variants: int = 8) -> list[frozenset]:
@@ -185,18 +164,11 @@ def search_regions(dag: PartDag, max_anchors: int = MAX_ANCHORS,
                 stack.extend(nbrs[j])
         near[k] |= set().union(*(readers[v] for v in reads[k])) - {k}
     # a row max that only shifts exps (the max-shifted form of a softmax) does not count toward
-    # the limits: a region is as large as its unshifted form, which is what the search sees;
-    # nor does a sum of heads after their product (one contraction); products of one operand
-    # with weights (q, k and v projections of one normalised token; gate and up) count once:
-    # one loop over the operand computes them all
-    counts = {k: 0 if _shifts_only(dag, ats[k].anchor) or
-              _sums_a_product(dag, ats[k].anchor) else 1 for k in anchors}
-    sibling = {k: _product_of(dag, ats[k].anchor) or ats[k].anchor for k in anchors}
-    siblings = max((sum(1 for j in anchors if sibling[j] == sibling[k]) for k in anchors),
-                   default=1)
+    # the limits: a region is as large as its unshifted form, which is what the search sees
+    counts = {k: 0 if _shifts_only(dag, ats[k].anchor) else 1 for k in anchors}
 
     def size(s: frozenset) -> int:
-        return len({sibling[k] for k in s if counts[k]})
+        return sum(counts[k] for k in s)
 
     # each atom's positions, descendants and ancestors as bit sets: a set's hull is then a few
     # ORs, and a hull past the anchor limit is known by counting its bits (32 stacked decoder
@@ -221,7 +193,7 @@ def search_regions(dag: PartDag, max_anchors: int = MAX_ANCHORS,
                 inside |= anchor_bit[k]
             if inside.bit_count() == len(s):
                 return s
-            if (inside & counted_mask).bit_count() > max_anchors * siblings:
+            if (inside & counted_mask).bit_count() > max_anchors:
                 return None  # before spelling out the anchors of a hull across many layers
             more = set(s)
             while inside:
@@ -251,8 +223,8 @@ def search_regions(dag: PartDag, max_anchors: int = MAX_ANCHORS,
             for ops in _variants(dag, ats, nbrs, s, max_variants):
                 if len(ops) <= max_ops:
                     found.setdefault(ops)
-            if size(s) < max_anchors or any(size(s | {j}) <= max_anchors for k in s
-                                            for j in near[k] if j not in s):
+            if size(s) < max_anchors or any(counts[j] == 0 for k in s for j in near[k]
+                                            if j not in s):
                 nxt.extend(s | {j} for k in s for j in near[k] if j not in s)
         frontier = nxt
     for ops in _anchorless(dag, max_ops):
@@ -328,33 +300,7 @@ def _variants(dag: PartDag, ats: list[Atom], nbrs: dict, s: frozenset,
             ops = close(base | c)
             if ops is not None and ops not in out:
                 out.append(ops)
-            moved = _moves(dag, ats, nbrs, base | c, close) if ops is not None else None
-            if moved is not None and moved not in out:
-                out.append(moved)
     return out
-
-
-def _moves(dag: PartDag, ats: list[Atom], nbrs: dict, atom_ids: set[int], close
-           ) -> frozenset | None:
-    """The region of ``atom_ids`` with the data movement that reads only its values taken in
-    (a norm's result viewed with a heads dim of one before the projections that read it): the
-    region writes the moved value, which costs nothing more, and its readers need no copy
-    kernel. None when there is none to take."""
-    grown = set(atom_ids)
-    changed = True
-    while changed:
-        changed = False
-        ops = set().union(*(ats[k].ops for k in grown))
-        for j in sorted({j for k in grown for j in nbrs[k]} - grown):
-            a = ats[j]
-            if a.anchor is not None or a.barrier or \
-                    not all(is_movement(dag.by_digest[d]) for d in a.ops):
-                continue
-            if all(p in ops or p in a.ops for d in a.ops for p in dag.operands(d)) and \
-                    close(grown | {j}) is not None:
-                grown.add(j)
-                changed = True
-    return close(grown) if grown != atom_ids else None
 
 
 def _epilogues(dag: PartDag, ats: list[Atom], nbrs: dict, inside: set[int], close) -> set[int]:
