@@ -6,7 +6,9 @@ division before a matmul, the exp before a row sum) and those it feeds the same 
 epilogue: a scale, silu, a residual add). Elementwise operators that no anchor reaches form
 regions of their own (one per connected elementwise component). Basic regions overlap where an
 elementwise operator sits between two anchors -- the norm between its sum of squares and the
-next matmul -- and that overlap is what joins them.
+next matmul -- and that overlap is what joins them. A chain of data movement (reshapes,
+transposes, slices, concatenations: a KV cache's ``cat(past, new)`` viewed and transposed for the
+scores) is one piece of glue, taken whole or not at all.
 
 *Search regions* are unions of up to ``max_anchors`` basic regions that are connected (they share
 an operator, an edge, or a value they both read, as the gate and up projections share X), made
