@@ -131,6 +131,28 @@ def test_q_k_v_projections_of_one_token_are_one_region_and_one_kernel():
         _check(reg.program, c.graph)
 
 
+def test_norm_with_its_sibling_projections_is_one_region_and_one_kernel():
+    """Products of one operand with weights count as one anchor: the norm (its sum of squares)
+    with the q, k and v projections that read it is a region (four anchors: none without the
+    counting), and one block computes it (the tiny Llama prefill's cover takes the down
+    projection with the next norm and the k and v projections: 12 -> 11 kernels)."""
+    p, v = _layer()
+    dag = PartDag(p)
+    mms = [d for d in dag.by_digest if dag.by_digest[d].op == "matmul" and
+           dag.by_digest[d].inputs[0].digest == v["n"].digest]
+    sums = [d for d in dag.by_digest if dag.by_digest[d].op == "sum" and
+            dag.pos[d] < dag.pos[v["n"].digest]]
+    assert len(mms) == 3 and len(sums) == 1
+    regions = [r for r in search_regions(dag) if set(mms) | set(sums) <= r and
+               not any(dag.by_digest[d].op == "exp" for d in r)]
+    assert regions, "no region holds the norm with its three projections"
+    reg = extract(dag, min(regions, key=len))
+    cands = _found(reg.program)
+    assert cands, "no one-kernel candidate for the norm and its three projections"
+    for c in cands[:3]:
+        _check(reg.program, c.graph)
+
+
 def test_rotary_table_of_one_position_is_one_kernel():
     """``cos`` and ``sin`` of ``cat(f, f)`` at one position: the concatenation's axis is the
     only label of the outputs, which no input carries; one block computes both."""
