@@ -116,12 +116,15 @@ def narrow_split(label: str, parts: int, avail: list[Avail]) -> bool:
 
 
 def plans_for(avail: list[Avail], reduced: frozenset, parallel: frozenset, target: Target,
-              max_grid_labels: int = 3, rows: frozenset = frozenset()) -> list[Plan]:
+              max_grid_labels: int = 3, rows: frozenset = frozenset(),
+              one_block: bool = False) -> list[Plan]:
     """Grid/loop plans from the labels present in the available tensors (see module doc).
     ``rows``: the parallel labels that something also reduces -- the row of a normalisation,
     which one block must hold whole to finish its statistic and its outputs. When every label
-    is one, plans with nothing on the grid come too (one block computes everything: a layer norm
-    of one row); a loop-less plan holding one whole whose tiles are too large for a block comes
+    is one, no label is one the outputs are split along, or a row is kept by one output and
+    reduced for another and every available tensor fits one block (``_footprint``), plans with
+    nothing on the grid come too (one block computes everything: a layer norm of one row); a
+    loop-less plan holding one whole whose tiles are too large for a block comes
     in a finer version as well (``_finer``)."""
     sizes = label_sizes(avail)
     labels = sorted(sizes)
@@ -129,7 +132,10 @@ def plans_for(avail: list[Avail], reduced: frozenset, parallel: frozenset, targe
     loop_labels = [None] + [l for l in labels if l in reduced or l not in parallel]
     want = 2 * target.sm_count
     plans: list[Plan] = []
-    if labels and set(labels) <= rows:  # nothing but rows (one row of a norm): one block
+    # one block: nothing but rows (one row of a norm); no label an output is split along (a
+    # concatenation's output axis is a label of its own, which no available tensor carries: a
+    # rotary table ``cat(f, f)`` of one position); or when the caller says so (``one_block``)
+    if labels and (set(labels) <= rows or not parallel & set(labels) or one_block):
         for loop in loop_labels:
             n = sizes.get(loop, 1)
             f = n if n <= 64 else n // _largest_divisor_at_most(n, 64)
@@ -457,9 +463,25 @@ class Searcher:
     def plans(self, avail: list[Avail], done: frozenset = frozenset()) -> list[Plan]:
         """Grid / loop plans for the next kernel, with ``done`` outputs finished already: the
         labels are classed by the outputs still to compute (``Labels.classes``)."""
-        parallel, reduced = self.labels.classes(self.outputs - done)
+        todo = self.outputs - done
+        parallel, reduced = self.labels.classes(todo)
+        rows = parallel & self.labels.reduced_any
         return plans_for(avail, reduced | _split_labels(avail), parallel, self.target,
-                         rows=parallel & self.labels.reduced_any)
+                         rows=rows, one_block=self._one_block(avail, todo, rows))
+
+    def _one_block(self, avail: list[Avail], todo, rows: frozenset) -> bool:
+        """Does one block computing everything make sense for the next kernel? When every
+        available tensor fits one block (``_footprint``) and no grid can split the outputs
+        still to compute without some block writing another's values: a row one output keeps
+        and another reduces (a normalised token written beside its projection), or no label
+        every output has (q, k and v projections of one token, with heads of their own)."""
+        if _footprint(avail, {}, (None, 1)) > self.target.smem_per_block // TILE_FOOTPRINT_SHARE:
+            return False
+        common = None
+        for n in todo:
+            lbls = {l for l in self.labels.outputs[n] if l is not None}
+            common = lbls if common is None else common & lbls
+        return bool(rows) or not common
 
     def _expired(self) -> bool:
         return self.deadline is not None and time.perf_counter() > self.deadline

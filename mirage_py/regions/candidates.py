@@ -6,14 +6,18 @@ division before a matmul, the exp before a row sum) and those it feeds the same 
 epilogue: a scale, silu, a residual add). Elementwise operators that no anchor reaches form
 regions of their own (one per connected elementwise component). Basic regions overlap where an
 elementwise operator sits between two anchors -- the norm between its sum of squares and the
-next matmul -- and that overlap is what joins them.
+next matmul -- and that overlap is what joins them. A chain of data movement (reshapes,
+transposes, slices, concatenations: a KV cache's ``cat(past, new)`` viewed and transposed for the
+scores) is one piece of glue, taken whole or not at all.
 
 *Search regions* are unions of up to ``max_anchors`` basic regions that are connected (they share
 an operator, an edge, or a value they both read, as the gate and up projections share X), made
 convex, and free of operators no graph-defined kernel computes (transpose). The whole
 part is one more when it has at most ``whole_anchors`` anchors: that is the search the nine
 benchmarks always had. A row max that only shifts exps (softmax made safe) counts toward
-neither limit: a region is as large as its unshifted form.
+neither limit: a region is as large as its unshifted form. Products of one operand with
+weights (q / k / v of one normalised token, gate and up) count as one anchor: one loop over
+the operand computes them all.
 
 *Floor groups* are a disjoint, rule-based grouping (what a fusing compiler does without search):
 every anchor starts a group, an elementwise operator joins the group of its latest-produced
@@ -28,7 +32,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from .region import PartDag, is_anchor, is_barrier, is_elementwise
+from .region import PartDag, is_anchor, is_barrier, is_elementwise, is_movement
 
 MAX_ANCHORS = 3  # search regions: at most this many matmuls / reductions
 WHOLE_ANCHORS = 5  # the whole part is searched as one region up to this many
@@ -82,6 +86,21 @@ def atoms(dag: PartDag) -> list[Atom]:
         d = t.digest
         if d in seen or d in owner:
             continue
+        if d not in ew and is_movement(t) and not is_barrier(t):
+            # a chain of data movement (a KV cache's cat(past, new), viewed, then transposed
+            # for the scores' product) is one piece of glue: a region takes all of it or none
+            comp, stack = set(), [d]
+            while stack:
+                x = stack.pop()
+                if x in comp:
+                    continue
+                comp.add(x)
+                stack.extend(y for y in dag.operands(x) + dag.consumers[x]
+                             if y in nodes and is_movement(nodes[y]) and
+                             not is_barrier(nodes[y]) and y not in seen)
+            seen |= comp
+            out.append(Atom(frozenset(comp), None))
+            continue
         if d not in ew:
             ops = {d} | {p for p, a in owner.items() if a == d}
             out.append(Atom(frozenset(ops), d if is_anchor(t) else None, is_barrier(t)))
@@ -113,6 +132,15 @@ def _shifts_only(dag: PartDag, d: str) -> bool:
     return bool(users) and all(
         u.op == "sub" and u.inputs[1].digest == d and dag.consumers[u.digest] and
         all(dag.by_digest[c].op == "exp" for c in dag.consumers[u.digest]) for u in users)
+
+
+def _product_of(dag: PartDag, d: str) -> str | None:
+    """For a matmul of an operator's value by a part input (a weight), that operand's digest
+    (its sibling products read the same one); None otherwise."""
+    t = dag.by_digest[d]
+    if t.op != "matmul" or t.inputs[1].op != "input" or t.inputs[0].digest not in dag.by_digest:
+        return None
+    return "product:" + t.inputs[0].digest
 
 
 def search_regions(dag: PartDag, max_anchors: int = MAX_ANCHORS,
@@ -149,11 +177,17 @@ def search_regions(dag: PartDag, max_anchors: int = MAX_ANCHORS,
                 stack.extend(nbrs[j])
         near[k] |= set().union(*(readers[v] for v in reads[k])) - {k}
     # a row max that only shifts exps (the max-shifted form of a softmax) does not count toward
-    # the limits: a region is as large as its unshifted form, which is what the search sees
+    # the limits: a region is as large as its unshifted form, which is what the search sees;
+    # products of one operand with weights count once (the k and v projections of a normalised
+    # token with the down projection and norm before them; gate and up with the norm and the
+    # sum before them): one loop over the operand computes them all
     counts = {k: 0 if _shifts_only(dag, ats[k].anchor) else 1 for k in anchors}
+    sibling = {k: _product_of(dag, ats[k].anchor) or ats[k].anchor for k in anchors}
+    siblings = max((sum(1 for j in anchors if sibling[j] == sibling[k]) for k in anchors),
+                   default=1)
 
     def size(s: frozenset) -> int:
-        return sum(counts[k] for k in s)
+        return len({sibling[k] for k in s if counts[k]})
 
     # each atom's positions, descendants and ancestors as bit sets: a set's hull is then a few
     # ORs, and a hull past the anchor limit is known by counting its bits (32 stacked decoder
@@ -178,7 +212,7 @@ def search_regions(dag: PartDag, max_anchors: int = MAX_ANCHORS,
                 inside |= anchor_bit[k]
             if inside.bit_count() == len(s):
                 return s
-            if (inside & counted_mask).bit_count() > max_anchors:
+            if (inside & counted_mask).bit_count() > max_anchors * siblings:
                 return None  # before spelling out the anchors of a hull across many layers
             more = set(s)
             while inside:
@@ -208,8 +242,8 @@ def search_regions(dag: PartDag, max_anchors: int = MAX_ANCHORS,
             for ops in _variants(dag, ats, nbrs, s, max_variants):
                 if len(ops) <= max_ops:
                     found.setdefault(ops)
-            if size(s) < max_anchors or any(counts[j] == 0 for k in s for j in near[k]
-                                            if j not in s):
+            if size(s) < max_anchors or any(size(s | {j}) <= max_anchors for k in s
+                                            for j in near[k] if j not in s):
                 nxt.extend(s | {j} for k in s for j in near[k] if j not in s)
         frontier = nxt
     for ops in _anchorless(dag, max_ops):

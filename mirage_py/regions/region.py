@@ -44,6 +44,13 @@ def is_elementwise(t: Tensor) -> bool:
     return _ops.OPS[t.op].elementwise
 
 
+def is_movement(t: Tensor) -> bool:
+    """Reshapes, transposes, slices and concatenations: they move values and compute nothing,
+    so between anchors they are glue like the element-wise operators (a KV cache's
+    ``cat(past, new)`` viewed and transposed before the scores' product)."""
+    return _ops.OPS[t.op].category in ("shape", "concat")
+
+
 class PartDag:
     """The operator DAG of one part: nodes in dependency order, producers and consumers."""
 
