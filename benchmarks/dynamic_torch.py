@@ -14,7 +14,7 @@ seconds, the searches so far and the error against eager (norm-wise relative). R
   KV cache and without it, at two prompt lengths, against eager ``generate`` with its default
   cache.
 
-``python -m benchmarks.dynamic_torch [--quick]``; ``database=False`` throughout (no answers
+``python -m benchmarks.dynamic_torch [--quick | --held-out LAYERS --out ...]``; ``database=False`` throughout (no answers
 from earlier runs). Writes ``benchmarks/results/dynamic_torch.{json,md}``.
 """
 
@@ -127,6 +127,18 @@ def run(quick: bool) -> dict:
     return doc
 
 
+def held_out(layers: int) -> dict:
+    """The issue's held-out check alone at ``layers`` layers: the static first compile and the
+    ``dynamic=True`` module's first compile and held-out calls (no sweep, no generate())."""
+    model = _model(layers)
+    doc = {"date": str(date.today()), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+           "layers": layers, "configs": []}
+    static, _ = _config(model, False, [])
+    always, _ = _config(model, True, HELD_OUT)
+    doc["configs"] += [static, always]
+    return doc
+
+
 def markdown(doc: dict) -> str:
     static = doc["configs"][0]
     lines = ["# Shapes that vary through `mp.compile`: a tiny Llama at new shapes", "",
@@ -159,6 +171,8 @@ def markdown(doc: dict) -> str:
                      f"first compile {c['first_compile_s'] / static['first_compile_s']:.2f}x "
                      "the static one; searches in all "
                      f"{calls[-1]['searches'] if calls else c['first_searches']}.")
+    if "sweep" not in doc:  # the held-out check alone (--held-out)
+        return "\n".join(lines + [""])
     sw = doc["sweep"]
     ls, bs = sw["lengths"], sw["batches"]
     lines += ["", f"**Sweep**, the `dynamic=True` module after the held-out calls "
@@ -191,6 +205,9 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="1 layer, fewer lengths")
     ap.add_argument("--out", default=str(RESULTS / "dynamic_torch"))
+    ap.add_argument("--held-out", type=int, metavar="LAYERS", default=None,
+                    help="only the held-out check (static and dynamic=True compiles and the "
+                         "held-out calls) of a LAYERS-layer model")
     ap.add_argument("--render", action="store_true",
                     help="rewrite the .md from the .json already written (no run)")
     args = ap.parse_args(argv)
@@ -200,7 +217,8 @@ def main(argv: list[str] | None = None) -> None:
         doc = json.loads(Path(args.out + ".json").read_text())
         Path(args.out + ".md").write_text(markdown(doc))
         return
-    print(write_results(args.out, run(args.quick), markdown))
+    doc = held_out(args.held_out) if args.held_out else run(args.quick)
+    print(write_results(args.out, doc, markdown))
 
 
 if __name__ == "__main__":
