@@ -135,11 +135,52 @@ def pinned(program: Program, graph: KernelGraph) -> set[int]:
     for t in program.nodes():
         if t.op in _PINNING:
             out |= _pinned_by(t.op, [x.shape for x in t.inputs], t.shape, dict(t.attrs))
+    out |= _counted(program)
     tensors = graph.tensors()
     for op in graph.ops:
         if isinstance(op, KernelOp) and op.op in _PINNING:
             ins = [tensors[o].shape for o in op.operands if isinstance(o, str)]
             out |= _pinned_by(op.op, ins, op.output.shape, dict(op.attrs))
+    return out
+
+
+def _counted(program: Program) -> set[int]:
+    """The extents a mean is subtracted over: a ``sub`` one of whose operands is a sum over an
+    extent ``n`` scaled by a constant ``1 / n`` (or divided by ``n`` or ``n - 1``) -- a
+    LayerNorm's, InstanceNorm's or a variance's centring. Shrinking such an extent sums fewer
+    elements while keeping the full size's count, and centred sums rely on that count:
+    ``mean((x - m) * x)`` equals ``mean((x - m)^2)`` only because ``m``'s ``1 / n`` is the
+    reciprocal of the summed length, so a correct LayerNorm + projection candidate was rejected
+    at the shrunk size (and a wrong one that differs only through the count could pass). Such
+    extents are pinned; a mean that is not subtracted (RMSNorm's) does not pin."""
+    out: set[int] = set()
+
+    def counts(n: int, v: Any, divides: bool) -> bool:
+        if not isinstance(v, (int, float)):
+            return False
+        v = float(v)
+        return (divides and (math.isclose(v, n, rel_tol=1e-9) or
+                             math.isclose(v, n - 1, rel_tol=1e-9))) or \
+            (not divides and math.isclose(v * n, 1.0, rel_tol=1e-6))
+
+    def mean_extents(t: Any) -> set[int]:
+        if t.op not in ("div", "mul") or len(t.inputs) != 2:
+            return set()
+        consts = [i for i in t.inputs if i.op == "const"]
+        sums = [i for i in t.inputs if i.op == "sum"]
+        if len(consts) != 1 or len(sums) != 1 or (t.op == "div" and t.inputs[0].op != "sum"):
+            return set()
+        v = dict(consts[0].attrs).get("value")
+        s = sums[0]
+        axes = dict(s.attrs).get("axes") or ()
+        shape = s.inputs[0].shape
+        ns = {shape[a] for a in axes if isinstance(shape[a], int)}
+        return {n for n in ns if counts(n, v, t.op == "div")}
+
+    for t in program.nodes():
+        if t.op == "sub":
+            for o in t.inputs:
+                out |= mean_extents(o)
     return out
 
 
