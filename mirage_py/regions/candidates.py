@@ -89,15 +89,8 @@ def atoms(dag: PartDag) -> list[Atom]:
         if d not in ew and is_movement(t) and not is_barrier(t):
             # a chain of data movement (a KV cache's cat(past, new), viewed, then transposed
             # for the scores' product) is one piece of glue: a region takes all of it or none
-            comp, stack = set(), [d]
-            while stack:
-                x = stack.pop()
-                if x in comp:
-                    continue
-                comp.add(x)
-                stack.extend(y for y in dag.operands(x) + dag.consumers[x]
-                             if y in nodes and is_movement(nodes[y]) and
-                             not is_barrier(nodes[y]) and y not in seen)
+            comp = _component(dag, d, lambda y: y in nodes and is_movement(nodes[y]) and
+                              not is_barrier(nodes[y]) and y not in seen)
             seen |= comp
             out.append(Atom(frozenset(comp), None))
             continue
@@ -106,17 +99,23 @@ def atoms(dag: PartDag) -> list[Atom]:
             out.append(Atom(frozenset(ops), d if is_anchor(t) else None, is_barrier(t)))
             seen |= ops
             continue
-        comp, stack = set(), [d]  # connected glue with the same destinations
-        while stack:
-            x = stack.pop()
-            if x in comp:
-                continue
-            comp.add(x)
-            stack.extend(y for y in dag.operands(x) + dag.consumers[x]
-                         if y in ew and y not in owner and down[y] == down[d])
+        # connected glue with the same destinations
+        comp = _component(dag, d, lambda y: y in ew and y not in owner and down[y] == down[d])
         seen |= comp
         out.append(Atom(frozenset(comp), None))
     return out
+
+
+def _component(dag: PartDag, start: str, joins) -> set[str]:
+    """The nodes connected to ``start`` through operands and consumers that ``joins``."""
+    comp, stack = set(), [start]
+    while stack:
+        x = stack.pop()
+        if x in comp:
+            continue
+        comp.add(x)
+        stack.extend(y for y in dag.operands(x) + dag.consumers[x] if joins(y))
+    return comp
 
 
 def _ops_reduce(t) -> bool:
@@ -270,13 +269,7 @@ def _anchorless(dag: PartDag, max_ops: int) -> list[frozenset]:
     for d in free:
         if d in seen:
             continue
-        comp, stack = set(), [d]
-        while stack:
-            x = stack.pop()
-            if x in comp:
-                continue
-            comp.add(x)
-            stack.extend(y for y in dag.operands(x) + dag.consumers[x] if y in free)
+        comp = _component(dag, d, lambda y: y in free)
         seen |= comp
         if 2 <= len(comp) <= max_ops:
             out.append(frozenset(comp))
