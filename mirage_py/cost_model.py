@@ -497,11 +497,9 @@ def kernel_costs(graph: Any, target: Any = "h100", smem_planner: Any = None,
     return out
 
 
-def estimate_us(graph: Any, target: Any = "h100", smem_planner: Any = None,
-                work: Mapping[int, LaunchWork] | None = None) -> float:
-    """Predicted time of the whole kernel graph (kernels run one after another; ``work`` as in
-    :func:`kernel_costs`)."""
-    return sum(c.us for c in kernel_costs(graph, target, smem_planner, work))
+def estimate_us(graph: Any, target: Any = "h100", smem_planner: Any = None) -> float:
+    """Predicted time of the whole kernel graph (kernels run one after another)."""
+    return sum(c.us for c in kernel_costs(graph, target, smem_planner))
 
 
 def bytes_moved(graph: Any, target: Any = "h100") -> float:

@@ -311,6 +311,6 @@ def test_a_candidate_that_shrinks_is_guessed_at_its_shrunk_size_and_products_wei
     assert run.checked_elements(p) >= MAC_ELEMENTS * multiply_adds(p)
     assert run.check_guess(p, key="k", graph=naive) == pytest.approx(
         numerics + CHECK_S_PER_ELEMENT * small)
-    run._shrinks[("k", naive.structural_hash())] = None  # as if it could not shrink
+    run._shrunk_sizes[("k", naive.structural_hash())] = None  # as if it could not shrink
     assert run.check_guess(p, key="k", graph=naive) == pytest.approx(
         numerics + FULL_VERIFY_S_PER_ELEMENT * input_elements(p))

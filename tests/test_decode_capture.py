@@ -76,6 +76,17 @@ def _check(program: mp.Program, graph) -> None:
         assert np.linalg.norm(got[k] - ref[k]) <= 1e-9 * max(np.linalg.norm(ref[k]), 1.0), k
 
 
+def _smallest_is_one_kernel(dag: PartDag, regions: list, what: str) -> None:
+    """The smallest of ``regions`` has one-kernel candidates, each verified and equal to the
+    float64 reference (the first three)."""
+    assert regions, f"no region holds {what}"
+    reg = extract(dag, min(regions, key=len))
+    cands = _found(reg.program)
+    assert cands, f"no one-kernel candidate for {what}"
+    for c in cands[:3]:
+        _check(reg.program, c.graph)
+
+
 def _ops_between(dag: PartDag, first, last) -> frozenset:
     """The operators at positions between ``first`` and ``last`` (tensors), both included,
     that ``last`` depends on."""
@@ -123,12 +134,7 @@ def test_q_k_v_projections_of_one_token_are_one_region_and_one_kernel():
     regions = [r for r in search_regions(dag) if set(mms) <= r and
                sum(dag.by_digest[d].op == "add" for d in r) == 2 and
                not any(dag.by_digest[d].op in ("exp", "sum") for d in r)]
-    assert regions
-    reg = extract(dag, min(regions, key=len))
-    cands = _found(reg.program)
-    assert cands, "no one-kernel candidate for the three projections and their rotary"
-    for c in cands[:3]:
-        _check(reg.program, c.graph)
+    _smallest_is_one_kernel(dag, regions, "the three projections and their rotary")
 
 
 def test_norm_with_its_sibling_projections_is_one_region_and_one_kernel():
@@ -145,12 +151,7 @@ def test_norm_with_its_sibling_projections_is_one_region_and_one_kernel():
     assert len(mms) == 3 and len(sums) == 1
     regions = [r for r in search_regions(dag) if set(mms) | set(sums) <= r and
                not any(dag.by_digest[d].op == "exp" for d in r)]
-    assert regions, "no region holds the norm with its three projections"
-    reg = extract(dag, min(regions, key=len))
-    cands = _found(reg.program)
-    assert cands, "no one-kernel candidate for the norm and its three projections"
-    for c in cands[:3]:
-        _check(reg.program, c.graph)
+    _smallest_is_one_kernel(dag, regions, "the norm and its three projections")
 
 
 def test_rotary_table_of_one_position_is_one_kernel():

@@ -20,7 +20,7 @@ A symbolic program (``mp.dim``, lax/shapes.py) is a family of programs. Its answ
    region's schedule replayed keeping its tiles and loop chunks or its part counts, the cheaper
    under the cost model (``generator.kernel_search.rescale_trace``), verified for that bucket;
    the cheapest replay is kept. Labels are matched by the dims they name
-   (``generator.labels.label_correspondence``), so a representative of size 1 -- a batch of one,
+   (``generator.labels.label_correspondences``), so a representative of size 1 -- a batch of one,
    whose dim has no label -- replays to the larger buckets with that dim grown from 1. A region
    whose replay does not apply -- a bucket of size 1 from a larger representative, where a dim
    loses its label -- is searched there alone; so a dim whose representatives are all longer

@@ -135,8 +135,8 @@ class Run:
     budget_s: float | None = None  # the call's time_budget_s (None: unhurried)
     # input elements a numerics check of a program reads, by structural hash (checked_elements)
     _checked: dict = field(default_factory=dict, repr=False)
-    # (structure key, candidate hash) -> whether its verification runs at shrunk sizes
-    _shrinks: dict = field(default_factory=dict, repr=False)
+    # (structure key, candidate hash) -> the extents its verification shrinks (None: full size)
+    _shrunk_sizes: dict = field(default_factory=dict, repr=False)
 
     @cached_property
     def key(self) -> AnswerKey:
@@ -173,7 +173,7 @@ class Run:
         decode attention candidate's verification took 12.9 s (33.5 M input elements) where
         the others took 0.01-0.1 s at shrunk sizes (why is not analysed; on one layer its
         verifications ran at shrunk sizes). With the candidate ``graph`` of structure ``key``,
-        its verification is guessed at the size it will run at (:meth:`shrinks`)."""
+        its verification is guessed at the size it will run at (:meth:`shrunk_sizes`)."""
         verify = 0.0
         if not known:
             sizes = self.shrunk_sizes(key, program, graph) if graph is not None else None
@@ -192,9 +192,9 @@ class Run:
         attention's floor and untuned candidates run at full size (a first full-size
         verification: 8-15 s on 32 layers), its tuned ones mostly shrunk (0.1 s)."""
         k = (key, graph.structural_hash())
-        if k not in self._shrinks:
-            self._shrinks[k] = self.verifier(key, program).shrunk_sizes(graph)
-        return self._shrinks[k]
+        if k not in self._shrunk_sizes:
+            self._shrunk_sizes[k] = self.verifier(key, program).shrunk_sizes(graph)
+        return self._shrunk_sizes[k]
 
     def checked_elements(self, program: Any) -> int:
         """The work of a numerics check of ``program`` in input elements (what

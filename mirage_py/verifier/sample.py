@@ -46,10 +46,10 @@ import math
 from typing import Any
 
 from ..errors import MirageError
-from ..lax.ops import OPS
 from ..lax.program import Program
-from ..ugraph.graph import KernelGraph, KernelOp
-from .shrink import _POSITIONAL, Shrink, _cuts, _positional_graph, small_graph, small_program
+from ..ugraph.graph import KernelGraph
+from .shrink import Shrink, _cuts, _positional_graph, _positional_program, small_graph, \
+    small_program
 
 #: a sample keeps at least this many output elements in all (the norm-wise error is a ratio of
 #: sums over them) ...
@@ -57,19 +57,6 @@ SAMPLE_OUTPUT_ELEMENTS = 1024
 #: ... and at least this many blocks along each sampled label (the first block of a label and
 #: others are all checked; every block runs the same code)
 SAMPLE_BLOCKS = 8
-
-
-def _reads_positions(program: Program, graph: KernelGraph | None = None) -> list[str]:
-    """The operators a sample cannot keep: those that read positions or extents -- shrink.py's,
-    and also the slices, concatenations and reshapes that shrink.py lets through by pinning the
-    extents they move (a sample keeps fewer rows of a label, which such an operator may read
-    from or write to other positions)."""
-    bad = {t.op for t in program.nodes() if t.op in _POSITIONAL or
-           (t.op not in ("input", "const") and t.op not in OPS)}
-    if graph is not None:
-        bad |= set(_positional_graph(graph))
-        bad |= {op.op for op in graph.ops if isinstance(op, KernelOp) and op.op in _POSITIONAL}
-    return sorted(bad)
 
 
 def _output_elements(program: Program, sizes: dict[int, int]) -> int:
@@ -80,7 +67,7 @@ def sampled_labels(program: Program) -> dict[str, int]:
     """The labels a numerics check may sample (module doc), by label: their extent. Empty for a
     symbolic or padded program, or one with operators that read positions or extents."""
     from ..generator.labels import infer_labels
-    if program.params or program.symbolic or _reads_positions(program):
+    if program.params or program.symbolic or _positional_program(program, pins=False):
         return {}
     try:
         labels = infer_labels(program)
@@ -131,7 +118,9 @@ def sample_rows(program: Program, graph: KernelGraph, target: Any = "h100") -> S
     from ..ugraph.validate import validate
     if program.params or program.symbolic:
         return Shrink(why="a symbolic or padded program")
-    bad = _reads_positions(program, graph)
+    # a sample keeps no extent whole: slices, concatenations and reshapes refuse it too
+    bad = sorted(set(_positional_program(program, pins=False) +
+                     _positional_graph(graph, pins=False)))
     if bad:
         return Shrink(why=f"operators that read positions or extents: {bad}")
     sizes = sample_extents(program, _common_parts(graph))

@@ -85,21 +85,26 @@ class Shrink:
         return self.program is not None
 
 
-def _positional_program(program: Program) -> list[str]:
+def _positional_program(program: Program, pins: bool = True) -> list[str]:
+    """The operators of ``program`` that refuse the argument (``_POSITIONAL``, and any the
+    operator table does not know). ``pins``: slices, concatenations and reshapes pin the extents
+    they move instead (``pinned``); False for a sample (verifier/sample.py), which keeps fewer
+    rows of a label and so refuses them too."""
     return sorted({t.op for t in program.nodes()
-                   if (t.op in _POSITIONAL and t.op not in _PINNING) or
+                   if (t.op in _POSITIONAL and not (pins and t.op in _PINNING)) or
                    (t.op not in ("input", "const") and t.op not in OPS)})
 
 
-def _positional_graph(graph: KernelGraph) -> list[str]:
+def _positional_graph(graph: KernelGraph, pins: bool = True) -> list[str]:
     """The operators of ``graph`` that refuse the argument: masks, gathers, ``rms_norm``, and
     tile slices and concatenations (their offsets are positions within a tile, which may
-    shorten). A kernel-level slice, concat or reshape pins extents instead (``pinned``); a
-    tile reshape is checked by the shrunk graph's validation (module doc)."""
+    shorten). A kernel-level slice, concat or reshape pins extents instead (``pinned``; unless
+    not ``pins``, as for :func:`_positional_program`); a tile reshape is checked by the shrunk
+    graph's validation (module doc)."""
     bad = set()
     for op in graph.ops:
         if isinstance(op, KernelOp):
-            if op.op in _POSITIONAL and op.op not in _PINNING:
+            if op.op in _POSITIONAL and not (pins and op.op in _PINNING):
                 bad.add(op.op)
             continue
         for n in op.block.ops:
