@@ -54,7 +54,7 @@ def load_module(code: str, options: tuple[str, ...] = ("--std=c++17",)) -> Any:
     code is built for sm_90a (warpgroup MMA) unless ``MIRAGE_PY_NO_WGMMA`` is set."""
     cp = _cupy()
     hopper = _compute_capability(cp) == (9, 0) and not os.environ.get("MIRAGE_PY_NO_WGMMA")
-    key = hashlib.sha256((code + "\0" + " ".join(options) + f"\0{hopper}").encode()).hexdigest()
+    key = module_key(code, options, hopper)
     mod = _MODULES.get(key)
     if mod is None:
         mod = _hopper_module(cp, code, options, key) if hopper else None
@@ -68,6 +68,45 @@ def load_module(code: str, options: tuple[str, ...] = ("--std=c++17",)) -> Any:
                 raise CompileError(f"NVRTC rejected the emitted code:\n{e}") from e
         _MODULES[key] = mod
     return mod
+
+
+def module_key(code: str, options: tuple[str, ...], hopper: bool) -> str:
+    """The cache key of a module: its device code, NVRTC options and whether it is built for
+    sm_90a (what :func:`load_module` and :func:`prebuild_cubin` name the module's files by)."""
+    return hashlib.sha256((code + "\0" + " ".join(options) + f"\0{hopper}").encode()).hexdigest()
+
+
+def cubin_path(key: str) -> Any:
+    """Where a module's sm_90a cubin built ahead of time lies (under the cache directory,
+    ``$MIRAGE_PY_CACHE``): :func:`load_module` loads it instead of calling NVRTC."""
+    from .emulator import cache_dir
+    return cache_dir() / f"module_{key[:24]}_sm90a.cubin"
+
+
+def module_options(source: CudaSource, tma: bool) -> tuple[str, ...]:
+    """The NVRTC options of ``source``'s module (:class:`CompiledGraph`): TMA copies compiled
+    in when the graph has tensor maps and the device takes them."""
+    return ("--std=c++17",) + (() if tma else ("-DMIRAGE_NO_TMA",))
+
+
+def prebuild_cubin(source: CudaSource) -> tuple[str, bool]:
+    """Build ``source``'s module for an H100 / H200 (sm_90a, TMA on where the graph has tensor
+    maps) with nvcc, without a GPU, into :func:`cubin_path`: a GPU machine given the cache
+    directory loads it instead of compiling (a GPU session's minutes go to measuring). Returns
+    (the cache key, whether it was built now rather than found)."""
+    from .nvcc import compile_with_nvcc
+    tma = any(s.tensor_maps for s in source.launches)
+    options = module_options(source, tma)
+    code = source.device_code()
+    key = module_key(code, options, True)
+    path = cubin_path(key)
+    if path.exists():
+        return key, False
+    defines = tuple(o for o in options if o.startswith("-D"))
+    res = compile_with_nvcc(code, ("sm_90a",), host=False, extra=defines,
+                            name=path.stem + ".tmp", out_dir=path.parent)
+    os.replace(res.output, path)
+    return key, True
 
 
 def _compute_capability(cp: Any) -> tuple[int, int] | None:
@@ -111,6 +150,14 @@ def _hopper_module(cp: Any, code: str, options: tuple[str, ...], key: str) -> An
     (``__CUDA_ARCH_FEAT_SM90_ALL``) -- loaded by the driver. CuPy picks the architecture
     itself and rejects a second ``-arch`` option, so NVRTC is called directly. None when any
     step fails: CuPy's own compile (``mma.sync``, same results) is used then."""
+    prebuilt = cubin_path(key)
+    if prebuilt.exists():
+        try:
+            mod = cp.RawModule(path=str(prebuilt))
+            mod.compile()
+            return mod
+        except Exception:  # noqa: BLE001 -- a cubin this driver rejects: compile here
+            pass
     try:
         from .emulator import cache_dir
         from .nvrtc import compile_with_nvrtc
@@ -188,7 +235,7 @@ class CompiledGraph:
         cp = _cupy()
         self.source = graph if isinstance(graph, CudaSource) else emit_cuda(graph, target)
         self.tma = any(s.tensor_maps for s in self.source.launches) and tma_enabled(cp)
-        options = ("--std=c++17",) + (() if self.tma else ("-DMIRAGE_NO_TMA",))
+        options = module_options(self.source, self.tma)
         self.module = load_module(self.source.device_code(), options)
         self._maps: dict[tuple, Any] = {}  # (kernel, map, address) -> encoded map
         self.kernels = {}
