@@ -46,6 +46,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 BUNDLE = Path(os.environ.get("MIRAGE_PY_GPU_BUNDLE", ROOT / "gpu-bundle"))
+# the searches' results database: beside the bundle, not in it (the bundle travels)
+PREPARE_DB = Path(os.environ.get("MIRAGE_PY_GPU_PREPARE_DB",
+                                 Path.home() / ".cache" / "mirage_py" / "gpu-prepare.sqlite"))
 BENCH_BS = (1, 8)
 # the tuning records: structures from the search and schedules of the best one, per benchmark
 TUNING_STRUCTURES = 10
@@ -84,7 +87,7 @@ def prepare_bench(names: list[str], bss: tuple[int, ...], workers: int, log=prin
             p = get_program(name, bs)
             t0 = time.perf_counter()
             opt = mp.superopt(p, workers=workers, progress=False,
-                              database=str(BUNDLE / "results.sqlite"))
+                              database=str(PREPARE_DB))
             fixture = hand_built(name, bs)
             _write(path, {
                 "name": name, "bs": bs, "search_seconds": round(time.perf_counter() - t0, 2),
@@ -192,7 +195,7 @@ def _kb_search(path: Path, budget_s: float) -> dict:
     sources = input_sources(program, model, inputs)
     t0 = time.perf_counter()
     opt = mp.superopt(program, time_budget_s=budget_s, workers=1, progress=False,
-                      database=str(BUNDLE / "results.sqlite"))
+                      database=str(PREPARE_DB))
     return {"status": "ok", "search_seconds": round(time.perf_counter() - t0, 1),
             "kernels_naive": opt.naive_num_kernels, "kernels": opt.num_kernels,
             "predicted_us": opt.estimated_time_us,
@@ -213,6 +216,9 @@ def prepare_kernelbench(root: Path, budget_s: float, limit_s: float, only: set[s
         if path.exists():
             continue
         f = root / f"{problem}.py"
+        if not f.exists():  # a problem of another KernelBench commit (renamed since)
+            log(f"kernelbench {problem}: not in {root}")
+            continue
         dst = BUNDLE / "kernelbench" / "src" / f.name
         dst.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(f, dst)
@@ -252,7 +258,13 @@ def bundle_graphs() -> list[tuple[str, Any]]:
     for g in (cc.small_rmsnorm_matmul(), cc.small_attention(), cc.mixed_block_ops(),
               naive_lowering(cc.kernel_ops_program())):
         out.append((f"test:{g.name}", g))
+    from test_codegen_mma import WGMMA_CASES, block_matmul
+    for c, a in WGMMA_CASES.items():
+        out.append((f"test:{c}", block_matmul(c, *a)))
     return out
+
+
+NO_TMA_TESTS = ("gqa", "rmsnorm_linear", "lora", "gated_mlp", "exp_matmul")  # test_tma_and_...
 
 
 def prepare_cubins(log=print) -> None:
@@ -260,9 +272,12 @@ def prepare_cubins(log=print) -> None:
     from mirage_py.codegen_cuda.runtime import prebuild_cubin
     os.environ["MIRAGE_PY_CACHE"] = str(BUNDLE / "cache")
     built = found = failed = 0
-    for label, g in bundle_graphs():
+    from benchmarks.fixtures import hand_built
+    graphs = [(label, g, True) for label, g in bundle_graphs()]
+    graphs += [(f"test:{n}-1:cp.async", hand_built(n, 1), False) for n in NO_TMA_TESTS]
+    for label, g, tma in graphs:
         try:
-            _, new = prebuild_cubin(emit_cuda(g, "h100"))
+            _, new = prebuild_cubin(emit_cuda(g, "h100"), tma)
             built += new
             found += not new
         except Exception as e:  # noqa: BLE001 -- the GPU machine compiles it then

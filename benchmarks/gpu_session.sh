@@ -1,58 +1,105 @@
 #!/usr/bin/env bash
-# One GPU job in steps that each fit the device machine's 10-minute limit per command
-# (see ../shared/device/README.md). From the repository root on the GPU machine, with the wheels
-# of ../shared/device/wheels.sh (z3-solver, galois) carried in .whl/:
+# The GPU session in one command (docs/gpu.md). Device time is scarce, so nothing here searches:
+# `python -m benchmarks.gpu_prepare ...` has filled gpu-bundle/ on a CPU (answers, tuning graphs,
+# KernelBench answers, sm_90a cubins), and the device tool carries it with .whl/ (wheels the GPU
+# machine lacks: scipy, tqdm). From the repository root on the GPU machine:
 #
-#     bash benchmarks/gpu_session.sh tests      # machine facts + every GPU test (pytest -m gpu)
-#     bash benchmarks/gpu_session.sh bench 1    # benchmark suite at bs 1: ours vs PyTorch eager,
-#     bash benchmarks/gpu_session.sh bench 8    #   torch.compile, sdpa; copy bandwidth
-#     bash benchmarks/gpu_session.sh tuning     # predicted vs measured ranking (tuning table)
+#     bash benchmarks/gpu_session.sh all            # everything, about 7 minutes
+#     bash benchmarks/gpu_session.sh again STEP...  # after fixes: bench | tests | kernelbench | tuning
+#     bash benchmarks/gpu_session.sh dry            # on a CPU: every measuring step, --dry-run
 #
-# Everything lands under $OUT (the device tool's folder that comes back), else
-# benchmarks/results/gpu-session/. Each step installs the wheels first (cheap when done), so the
-# steps run in any order on a fresh machine. Commit what comes back with the device and versions.
+# Each step has its own time cap, so one slow step cannot eat the rest, and writes its results
+# under $OUT (the device tool's folder that comes back; default benchmarks/results/gpu-session)
+# as it goes: a cap or a timeout keeps what was measured.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-step=${1:-tests}
-OUT=${OUT:-benchmarks/results/gpu-session}
+mode=${1:-all}
+shift || true
+export OUT=${OUT:-benchmarks/results/gpu-session}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:$PWD/.site${PYTHONPATH:+:$PYTHONPATH}"
+export MIRAGE_PY_CACHE="$PWD/gpu-bundle/cache" MIRAGE_PY_DATABASE="$PWD/gpu-bundle/session.sqlite"
 PY=${PYTHON:-python3}
+T0=$(date +%s)
+say() { echo "[$(( $(date +%s) - T0 )) s] $*" | tee -a "$OUT/session.log"; }
 
-if ls .whl/*.whl >/dev/null 2>&1 && [ ! -f .site/.installed ]; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target .site .whl/*.whl && touch .site/.installed
-fi
+wheels() {  # install a carried wheel only where the machine lacks the module
+  for w in .whl/*.whl; do
+    [ -e "$w" ] || continue
+    mod=$(basename "$w" | cut -d- -f1 | tr 'A-Z-' 'a-z_')
+    $PY -c "import $mod" 2>/dev/null && continue
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target .site "$w" \
+      && say "installed $(basename "$w")"
+  done
+}
 
 facts() {
-  { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm \
-      --format=csv 2>&1; nvcc --version 2>&1 | tail -2
-    $PY - <<'EOF'
-import importlib
-for m in ("numpy", "cupy", "torch", "z3", "galois", "mirage_py"):
-    try:
-        print(m, getattr(importlib.import_module(m), "__version__", "?"))
-    except Exception as e:  # noqa: BLE001 -- report, do not stop
-        print(m, "missing:", type(e).__name__, e)
-EOF
+  { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit \
+      --format=csv 2>&1; nvcc --version 2>&1 | tail -2; $PY -m benchmarks.gpu_measure facts
   } > "$OUT/machine.txt" 2>&1
   cat "$OUT/machine.txt"
 }
 
-case "$step" in
-  tests)
+tests() {  # the GPU tests in two processes (the extension build is the long one)
+  local cap=$1
+  timeout "$cap" $PY -m pytest -m gpu -q -rs -p no:cacheprovider tests/test_codegen_gpu.py \
+    -k "not extension" > "$OUT/pytest-gpu.txt" 2>&1 &
+  timeout "$cap" $PY -m pytest -m gpu -q -rs -p no:cacheprovider tests/test_tuner.py \
+    tests/test_torch_compile.py "tests/test_codegen_gpu.py::test_exported_extension_builds_and_runs" \
+    > "$OUT/pytest-gpu-2.txt" 2>&1 &
+}
+
+warm() {  # torch.compile's caches filled in parallel processes: the measuring steps load them
+  local cap=$1 n=12
+  for i in $(seq 0 $((n - 1))); do
+    timeout "$cap" $PY -m benchmarks.gpu_measure warm --shard "$i" --of "$n" \
+      > "$OUT/warm-$i.txt" 2>&1 &
+  done
+}
+
+measure() {  # step, cap
+  say "$1: start (cap $2 s)"
+  timeout "$2" $PY -m benchmarks.gpu_measure "$1" ${DRY:-} > "$OUT/$1.txt" 2>&1
+  say "$1: exit $? ($(wc -l < "$OUT/$1.txt") lines)"
+}
+
+case "$mode" in
+  all)
+    wheels
     facts
-    timeout 560 $PY -m pytest -m gpu -q -rs tests/ 2>&1 | tee "$OUT/pytest-gpu.txt"
+    warm 150
+    tests 150
+    say "warmers and GPU tests started"
+    wait
+    say "warmers and tests done: $(tail -1 "$OUT/pytest-gpu.txt") | $(tail -1 "$OUT/pytest-gpu-2.txt")"
+    measure bench 120
+    measure kernelbench 100
+    measure tuning 60
+    $PY -m benchmarks.gpu_measure report
+    say "done"
     ;;
-  bench)
-    bs=${2:-1}
-    timeout 570 $PY -m benchmarks.run --bs "$bs" --out "$OUT" 2>&1 | tee "$OUT/run-bs$bs.txt"
+  again)
+    wheels
+    for s in "$@"; do
+      case "$s" in
+        tests) tests 150; wait; say "tests: $(tail -1 "$OUT/pytest-gpu.txt") | $(tail -1 "$OUT/pytest-gpu-2.txt")" ;;
+        warm) warm 150; wait ;;
+        bench|kernelbench|tuning) measure "$s" 150 ;;
+        *) echo "unknown step $s" >&2 ;;
+      esac
+    done
+    $PY -m benchmarks.gpu_measure report
     ;;
-  tuning)
-    timeout 570 $PY -m benchmarks.tuning_table --out "$OUT" 2>&1 | tee "$OUT/tuning.txt"
+  dry)
+    export DRY=--dry-run
+    $PY -m benchmarks.gpu_measure facts
+    measure bench 1200
+    measure kernelbench 1200
+    measure tuning 600
+    $PY -m benchmarks.gpu_measure report
     ;;
   *)
-    echo "usage: $0 tests | bench BS | tuning" >&2
+    echo "usage: $0 all | again STEP... | dry" >&2
     exit 2
     ;;
 esac

@@ -138,7 +138,7 @@ def test_warpgroup_mma_cases_on_gpu(case, wgmma, monkeypatch):
     _check(g, cc.random_inputs(g, seed=7))
     path = list(runtime.COMPILED_FOR.values())[-1]
     cc_major = cp.cuda.Device().compute_capability
-    assert path == ("sm_90a" if wgmma and cc_major == "90" else "cupy default")
+    assert path.startswith("sm_90a") if wgmma and cc_major == "90" else path == "cupy default"
 
 
 @pytest.mark.parametrize("tma", [True, False], ids=["tma", "cp_async"])

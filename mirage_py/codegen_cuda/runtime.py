@@ -53,13 +53,12 @@ def load_module(code: str, options: tuple[str, ...] = ("--std=c++17",)) -> Any:
     its own on-disk cache of NVRTC output, keyed by the source too). On an sm_90 device the
     code is built for sm_90a (warpgroup MMA) unless ``MIRAGE_PY_NO_WGMMA`` is set."""
     cp = _cupy()
-    hopper = _compute_capability(cp) == (9, 0) and not os.environ.get("MIRAGE_PY_NO_WGMMA")
-    key = module_key(code, options, hopper)
+    key = module_key(code, options, _hopper(cp))
     mod = _MODULES.get(key)
     if mod is None:
-        mod = _hopper_module(cp, code, options, key) if hopper else None
+        mod, built = _hopper_module(cp, code, options, key) if _hopper(cp) else (None, "")
         COMPILED_FOR.pop(key, None)  # the latest compile last
-        COMPILED_FOR[key] = "sm_90a" if mod is not None else "cupy default"
+        COMPILED_FOR[key] = built or "cupy default"
         if mod is None:
             try:
                 mod = cp.RawModule(code=code, options=options)
@@ -89,13 +88,14 @@ def module_options(source: CudaSource, tma: bool) -> tuple[str, ...]:
     return ("--std=c++17",) + (() if tma else ("-DMIRAGE_NO_TMA",))
 
 
-def prebuild_cubin(source: CudaSource) -> tuple[str, bool]:
-    """Build ``source``'s module for an H100 / H200 (sm_90a, TMA on where the graph has tensor
-    maps) with nvcc, without a GPU, into :func:`cubin_path`: a GPU machine given the cache
-    directory loads it instead of compiling (a GPU session's minutes go to measuring). Returns
-    (the cache key, whether it was built now rather than found)."""
+def prebuild_cubin(source: CudaSource, tma: bool = True) -> tuple[str, bool]:
+    """Build ``source``'s module for an H100 / H200 (sm_90a; TMA on where the graph has tensor
+    maps, unless ``tma`` is false: the ``MIRAGE_PY_NO_TMA`` build) with nvcc, without a GPU,
+    into :func:`cubin_path`: a GPU machine given the cache directory loads it instead of
+    compiling (a GPU session's minutes go to measuring). Returns (the cache key, whether it
+    was built now rather than found)."""
     from .nvcc import compile_with_nvcc
-    tma = any(s.tensor_maps for s in source.launches)
+    tma = tma and any(s.tensor_maps for s in source.launches)
     options = module_options(source, tma)
     code = source.device_code()
     key = module_key(code, options, True)
@@ -107,6 +107,11 @@ def prebuild_cubin(source: CudaSource) -> tuple[str, bool]:
                             name=path.stem + ".tmp", out_dir=path.parent)
     os.replace(res.output, path)
     return key, True
+
+
+def _hopper(cp: Any) -> bool:
+    """Build for sm_90a (warpgroup MMA)? On an sm_90 device unless ``MIRAGE_PY_NO_WGMMA``."""
+    return _compute_capability(cp) == (9, 0) and not os.environ.get("MIRAGE_PY_NO_WGMMA")
 
 
 def _compute_capability(cp: Any) -> tuple[int, int] | None:
@@ -145,17 +150,18 @@ def _map_argument(raw: bytes) -> Any:
     return arg.view(np.uint64).view(_MAP_DTYPE)
 
 
-def _hopper_module(cp: Any, code: str, options: tuple[str, ...], key: str) -> Any:
-    """On an sm_90 device: the code as PTX for ``compute_90a`` -- warpgroup MMA enabled
-    (``__CUDA_ARCH_FEAT_SM90_ALL``) -- loaded by the driver. CuPy picks the architecture
-    itself and rejects a second ``-arch`` option, so NVRTC is called directly. None when any
-    step fails: CuPy's own compile (``mma.sync``, same results) is used then."""
+def _hopper_module(cp: Any, code: str, options: tuple[str, ...], key: str) -> tuple[Any, str]:
+    """On an sm_90 device: the module's cubin built ahead of time (:func:`prebuild_cubin`), else
+    the code as PTX for ``compute_90a`` -- warpgroup MMA enabled (``__CUDA_ARCH_FEAT_SM90_ALL``)
+    -- loaded by the driver. CuPy picks the architecture itself and rejects a second ``-arch``
+    option, so NVRTC is called directly. Returns the module and how it was built; (None, "")
+    when every step fails: CuPy's own compile (``mma.sync``, same results) is used then."""
     prebuilt = cubin_path(key)
     if prebuilt.exists():
         try:
             mod = cp.RawModule(path=str(prebuilt))
             mod.compile()
-            return mod
+            return mod, "sm_90a (prebuilt cubin)"
         except Exception:  # noqa: BLE001 -- a cubin this driver rejects: compile here
             pass
     try:
@@ -166,9 +172,9 @@ def _hopper_module(cp: Any, code: str, options: tuple[str, ...], key: str) -> An
         path.write_text(ptx)
         mod = cp.RawModule(path=str(path))
         mod.compile()  # RawModule(path=) loads lazily: let a driver that rejects the PTX fail here
-        return mod
+        return mod, "sm_90a"
     except Exception:  # noqa: BLE001 -- fall back to the portable path
-        return None
+        return None, ""
 
 
 _STORAGE = {"float16": ("float16",), "float32": ("float32",),
@@ -237,6 +243,9 @@ class CompiledGraph:
         self.tma = any(s.tensor_maps for s in self.source.launches) and tma_enabled(cp)
         options = module_options(self.source, self.tma)
         self.module = load_module(self.source.device_code(), options)
+        # how this module was built: "sm_90a (prebuilt cubin)", "sm_90a" or "cupy default"
+        self.built_for = COMPILED_FOR.get(module_key(self.source.device_code(), options,
+                                                     _hopper(cp)), "")
         self._maps: dict[tuple, Any] = {}  # (kernel, map, address) -> encoded map
         self.kernels = {}
         for spec in self.source.launches:

@@ -1,0 +1,754 @@
+"""The GPU session's measurements: compile-load, run, check and time what ``gpu_prepare`` stored.
+
+No search happens here (a GPU machine's minutes are for measuring): every answer comes from
+``gpu-bundle/`` (``benchmarks/gpu_prepare.py``), every module from its prebuilt cubin when one
+is there. Each result is appended to ``$OUT/<step>.jsonl`` as soon as it exists, so a step cut
+short by its time cap keeps what it measured; ``report`` turns the JSONL into tables::
+
+    python -m benchmarks.gpu_measure warm --shard 3 --of 16   # torch.compile caches (background)
+    python -m benchmarks.gpu_measure bench                    # nine benchmarks, bs 1 and 8
+    python -m benchmarks.gpu_measure tuning                   # predicted vs measured schedules
+    python -m benchmarks.gpu_measure kernelbench              # KernelBench level 2, files' sizes
+    python -m benchmarks.gpu_measure report --out DIR         # DIR/*.jsonl -> DIR/gpu.md
+    python -m benchmarks.gpu_measure bench --dry-run          # the same code path on the CPU
+
+How it times (KernelBench's way): CUDA events around one call, the L2 cache flushed before each
+timed call (a 256 MiB buffer written), warm-up first, the median of the runs. Every variant is
+also timed as a CUDA graph replay ("graph" columns: launch overhead removed, for ours, eager and
+torch.compile alike). Correctness: ours with NaN-poisoned outputs and workspace on fresh random
+inputs, against PyTorch eager (``torch.allclose``, atol = rtol = 1e-2 as KernelBench) and
+against a float64 evaluation (norm-wise relative error).
+
+``--dry-run`` runs every step on the CPU -- PyTorch on CPU tensors, our answers on the μGraph
+interpreter, wall-clock timing -- to check the script before spending device time on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.gpu_prepare import BUNDLE, annotated_from_json  # noqa: E402
+
+FLUSH_BYTES = 256 << 20  # more than any L2 (H100 50 MB, H200 60 MB)
+ATOL = RTOL = 1e-2
+
+
+def out_dir() -> Path:
+    d = Path(os.environ.get("OUT") or ROOT / "benchmarks" / "results" / "gpu-session")
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def append(step: str, row: dict) -> None:
+    with open(out_dir() / f"{step}.jsonl", "a") as f:
+        f.write(json.dumps(row, default=_jsonable) + "\n")
+
+
+def _jsonable(x: Any) -> Any:
+    if hasattr(x, "item"):
+        return x.item()
+    return str(x)
+
+
+# ---- devices and timers -----------------------------------------------------------------------
+
+@dataclass
+class Device:
+    """Where a step runs: a CUDA device, or the CPU for a dry run."""
+
+    dry: bool
+    budget_s: float = 3.0  # at most about this long timing one variant
+
+    @property
+    def torch_device(self) -> str:
+        return "cpu" if self.dry else "cuda"
+
+    def sync(self) -> None:
+        if not self.dry:
+            import torch
+            torch.cuda.synchronize()
+
+    def timer(self, fn: Callable[[], Any], warmup: int = 5, repeat: int = 50,
+              budget_s: float = 3.0) -> dict:
+        """Median time of ``fn()`` in us (CUDA events, L2 flushed before each timed call);
+        fewer runs when one call is long (at most about ``budget_s`` of timed calls)."""
+        import torch
+        for _ in range(warmup):
+            fn()
+        self.sync()
+        t0 = time.perf_counter()
+        fn()
+        self.sync()
+        one = time.perf_counter() - t0
+        budget_s = min(budget_s, self.budget_s)
+        repeat = max(5, min(repeat, int(budget_s / max(one, 1e-6))))
+        samples = []
+        if self.dry:
+            for _ in range(repeat):
+                t0 = time.perf_counter()
+                fn()
+                samples.append((time.perf_counter() - t0) * 1e6)
+        else:
+            flush = _flush_buffer()
+            for _ in range(repeat):
+                flush.zero_()
+                start = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                samples.append(start.elapsed_time(end) * 1e3)
+        samples.sort()
+        return {"us": samples[len(samples) // 2], "min_us": samples[0], "runs": len(samples)}
+
+
+_FLUSH: list = []
+
+
+def _flush_buffer():
+    import torch
+    if not _FLUSH:
+        _FLUSH.append(torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device="cuda"))
+    return _FLUSH[0]
+
+
+def torch_graph(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """``fn`` (PyTorch work) captured as a CUDA graph: a callable that replays it."""
+    import torch
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g.replay
+
+
+def cupy_graph(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """``fn`` (kernels launched through CuPy) captured as a CUDA graph on a stream PyTorch
+    also knows, replayed on PyTorch's current stream's order."""
+    import cupy as cp
+    import torch
+    ts = torch.cuda.Stream()
+    cs = cp.cuda.ExternalStream(ts.cuda_stream)
+    with cs:
+        fn()
+    cs.synchronize()
+    with cs:
+        cs.begin_capture()
+        fn()
+        graph = cs.end_capture()
+
+    def replay() -> None:
+        ts.wait_stream(torch.cuda.current_stream())
+        graph.launch(stream=cs)
+        torch.cuda.current_stream().wait_stream(ts)
+    return replay
+
+
+def rel_err(a, b) -> float:
+    import torch
+    a, b = a.double(), b.double()
+    den = float(torch.linalg.vector_norm(b))
+    return float(torch.linalg.vector_norm(a - b)) / max(den, 1e-300)
+
+
+def close(a, b) -> bool:
+    import torch
+    return bool(torch.allclose(a.float(), b.float(), atol=ATOL, rtol=RTOL))
+
+
+def device_target(dev: Device) -> str:
+    """Our target of the device measured (H200 -> ``h200``, H100 PCIe -> ``h100_pcie``, any
+    other H100 -> ``h100``): the model's predictions are made for it too."""
+    if dev.dry:
+        return "h100"
+    import torch
+    name = torch.cuda.get_device_name(0)
+    return "h200" if "H200" in name else "h100_pcie" if "PCIe" in name else "h100"
+
+
+def predict_on(graph: Any, target: str) -> float:
+    from mirage_py.superopt import default_model
+    return float(default_model().predict(graph, target))
+
+
+# ---- our answers on a device ------------------------------------------------------------------
+
+class Ours:
+    """A stored answer's graph, compiled (or, dry, interpreted), with poisoned output buffers:
+    ``ours(inputs)`` -> {output name: torch tensor}."""
+
+    def __init__(self, graph: Any, target: str, dev: Device):
+        self.graph, self.dev = graph, dev
+        self.compile_s = 0.0
+        if not dev.dry:
+            from mirage_py.codegen_cuda.runtime import CompiledGraph
+            t0 = time.perf_counter()
+            self.compiled = CompiledGraph(graph, target)
+            self.compile_s = time.perf_counter() - t0
+            self.built_for = self.compiled.built_for
+            self.tma = self.compiled.tma
+        self.outs = None
+
+    def _plain(self):
+        return getattr(self.graph, "graph", self.graph)
+
+    def poisoned(self) -> dict:
+        import cupy as cp
+        import numpy as np
+        g = self._plain()
+        out = {}
+        for n in g.outputs:
+            t = g.tensors()[n]
+            if t.dtype == "bfloat16":
+                out[n] = cp.full(t.shape, 0x7FC0, cp.uint16)
+            else:
+                out[n] = cp.full(t.shape, np.nan, t.dtype)
+        return out
+
+    def prepare(self, inputs: dict) -> Callable[[], dict]:
+        """A no-argument call on ``inputs`` (torch tensors), outputs poisoned first."""
+        import torch
+        if self.dev.dry:
+            import numpy as np
+            g = self._plain()
+            x = {k: v.detach().float().numpy() for k, v in inputs.items()}
+
+            def run_cpu() -> dict:
+                res = g.run(x, precision="gpu")
+                return {k: torch.from_numpy(np.asarray(v, np.float32)) for k, v in res.items()}
+            return run_cpu
+        import cupy as cp
+        cx = {k: cp.from_dlpack(v.contiguous()) for k, v in inputs.items()}
+        self.outs = self.poisoned()
+        compiled = self.compiled
+
+        def run_gpu() -> dict:
+            compiled(cx, outputs=self.outs)
+            return self.outs
+        self._run = run_gpu
+        return run_gpu
+
+    def check_call(self, inputs: dict) -> dict:
+        """One call with poisoned outputs and workspace: the outputs as torch tensors."""
+        import torch
+        if self.dev.dry:
+            return self.prepare(inputs)()
+        import cupy as cp
+        cx = {k: cp.from_dlpack(v.contiguous()) for k, v in inputs.items()}
+        outs = self.poisoned()
+        self.compiled(cx, outputs=outs, poison=True)
+        cp.cuda.Device().synchronize()
+        return {k: torch.from_dlpack(v) for k, v in outs.items()}
+
+
+# ---- step: the nine benchmarks ----------------------------------------------------------------
+
+def torch_inputs(program: Any, x: dict, device: str, dtype: Any = None) -> dict:
+    import torch
+    dt = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+    return {t.name: torch.from_numpy(x[t.name]).to(device, dtype or dt[t.dtype])
+            for t in program.inputs}
+
+
+def measure_bench(dev: Device, only: list[str] | None) -> None:
+    import torch
+
+    from benchmarks.programs import get_inputs
+    from mirage_py.examples.torch_baselines import sdpa_fn, torch_fn
+    from mirage_py.superopt.result import OptimizedProgram
+    if not dev.dry:
+        append("bench", {"copy_bandwidth": copy_bandwidth()})
+    for f in sorted((BUNDLE / "bench").glob("*.json"), key=lambda f: (
+            int(f.stem.rsplit("-bs", 1)[1]), f.stem)):
+        if only and f.stem not in only and f.stem.rsplit("-bs", 1)[0] not in only:
+            continue
+        doc = json.loads(f.read_text())
+        row = {k: doc[k] for k in ("name", "bs", "kernels_naive", "kernels", "predicted_us",
+                                   "predicted_us_naive", "predicted_us_fixture",
+                                   "bytes_moved", "search_seconds")}
+        try:
+            opt = OptimizedProgram.from_json(doc["opt"])
+            row["device_target"] = device_target(dev)
+            row["predicted_us_device"] = predict_on(opt.annotated, row["device_target"])
+            p = opt.program
+            x = get_inputs(doc["name"], doc["bs"], seed=1234)
+            tx = torch_inputs(p, x, dev.torch_device)
+            eager = torch_fn(p)
+            with torch.no_grad():
+                ref64 = torch_fn(p)(torch_inputs(p, x, dev.torch_device, torch.float64))
+                ref = eager(tx)
+                row.update(_bench_variants(dev, opt, p, doc["name"], tx, eager, ref, ref64))
+        except Exception as e:  # noqa: BLE001 -- a failure is a row
+            row["error"] = f"{type(e).__name__}: {e}"[:800]
+            row["traceback"] = traceback.format_exc()[-2000:]
+        append("bench", row)
+        print(_bench_line(row), flush=True)
+
+
+def _bench_variants(dev: Device, opt: Any, p: Any, name: str, tx: dict, eager: Callable,
+                    ref: dict, ref64: dict) -> dict:
+    import torch
+
+    from mirage_py.examples.torch_baselines import sdpa_fn
+    row: dict = {"times": {}, "errors": {}}
+    out_names = list(ref)
+    for label, graph in (("ours", opt.annotated), ("ours_naive", opt.naive_graph)):
+        ours = Ours(graph, opt.target, dev)
+        got = ours.check_call(tx)
+        row[f"{label}_rel_err_vs_eager"] = max(rel_err(got[k], ref[k]) for k in out_names)
+        row[f"{label}_rel_err_vs_float64"] = max(rel_err(got[k], ref64[k]) for k in out_names)
+        row[f"{label}_allclose_eager"] = all(close(got[k], ref[k]) for k in out_names)
+        row[f"{label}_finite"] = all(bool(torch.isfinite(got[k].float()).all())
+                                     for k in out_names)
+        if not dev.dry:
+            row[f"{label}_compile_s"] = round(ours.compile_s, 3)
+            row[f"{label}_built_for"] = ours.built_for
+            row[f"{label}_tma"] = ours.tma
+        call = ours.prepare(tx)
+        row["times"][label] = dev.timer(call)
+        if not dev.dry:
+            _graph_time(dev, row, label + "_graph", lambda: cupy_graph(call))
+    row["eager_rel_err_vs_float64"] = max(rel_err(ref[k], ref64[k]) for k in out_names)
+    with torch.no_grad():
+        row["times"]["eager"] = dev.timer(lambda: eager(tx))
+        if not dev.dry:
+            _graph_time(dev, row, "eager_graph", lambda: torch_graph(lambda: eager(tx)))
+        try:
+            t0 = time.perf_counter()
+            compiled = torch.compile(eager)
+            out = compiled(tx)
+            row["torch_compile_s"] = round(time.perf_counter() - t0, 2)
+            row["compile_rel_err_vs_float64"] = max(rel_err(out[k], ref64[k])
+                                                    for k in out_names)
+            row["times"]["torch_compile"] = dev.timer(lambda: compiled(tx))
+            if not dev.dry:
+                _graph_time(dev, row, "torch_compile_graph",
+                            lambda: torch_graph(lambda: compiled(tx)))
+        except Exception as e:  # noqa: BLE001 -- a compiler failure is a result too
+            row["errors"]["torch_compile"] = f"{type(e).__name__}: {e}"[:400]
+        sd = sdpa_fn(name)
+        if sd is not None:
+            out = sd(tx)
+            row["sdpa_rel_err_vs_float64"] = rel_err(out["O"], ref64["O"])
+            row["times"]["sdpa"] = dev.timer(lambda: sd(tx))
+            if not dev.dry:
+                _graph_time(dev, row, "sdpa_graph", lambda: torch_graph(lambda: sd(tx)))
+    return row
+
+
+def _graph_time(dev: Device, row: dict, label: str, make: Callable[[], Callable]) -> None:
+    try:
+        row["times"][label] = dev.timer(make())
+    except Exception as e:  # noqa: BLE001 -- a capture failure is a result too
+        row["errors"][label] = f"{type(e).__name__}: {e}"[:400]
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy bandwidth in bytes/s (read + write), 1 GiB, median of 20."""
+    import torch
+    a = torch.empty(1 << 29, dtype=torch.float16, device="cuda")
+    b = torch.empty_like(a)
+    dev = Device(False)
+    us = dev.timer(lambda: b.copy_(a), warmup=3, repeat=20)["us"]
+    return 2 * a.numel() * 2 / (us * 1e-6)
+
+
+def _bench_line(r: dict) -> str:
+    if "error" in r:
+        return f"{r['name']} bs={r['bs']}: ERROR {r['error'][:300]}"
+    t = r["times"]
+    cells = " ".join(f"{k}={v['us']:.1f}" for k, v in t.items())
+    return (f"{r['name']} bs={r['bs']}: {cells} us; ours err {r['ours_rel_err_vs_float64']:.1e} "
+            f"(eager {r['eager_rel_err_vs_float64']:.1e}) allclose {r['ours_allclose_eager']}")
+
+
+# ---- step: predicted vs measured schedules ----------------------------------------------------
+
+def random_inputs(graph: Any, dev: Device, seed: int = 0) -> dict:
+    import torch
+    from mirage_py.tuning.runners import index_bounds
+    g = getattr(graph, "graph", graph)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    bounds = index_bounds(g)
+    dt = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
+          "int32": torch.int32, "int64": torch.int64}
+    out = {}
+    for t in g.inputs:
+        if t.name in bounds:
+            v = torch.randint(0, bounds[t.name], t.shape, generator=gen)
+        else:
+            v = torch.randn(t.shape, generator=gen) * 0.1
+        out[t.name] = v.to(dev.torch_device, dt[t.dtype])
+    return out
+
+
+def measure_tuning(dev: Device, only: list[str] | None) -> None:
+    for f in sorted((BUNDLE / "tuning").glob("*.json")):
+        doc = json.loads(f.read_text())
+        if only and doc["name"] not in only:
+            continue
+        for r in doc["rows"]:
+            row = {"name": doc["name"], "bs": doc["bs"], "label": r["label"],
+                   "predicted_us": r["predicted_us"], "kernels": r["kernels"]}
+            try:
+                ag = annotated_from_json(r)
+                row["device_target"] = device_target(dev)
+                row["predicted_us_device"] = predict_on(ag, row["device_target"])
+                ours = Ours(ag, doc["target"], dev)
+                call = ours.prepare(random_inputs(ag, dev))
+                row.update(dev.timer(call, warmup=3, repeat=20, budget_s=1.0))
+                row["compile_s"] = round(ours.compile_s, 3)
+            except Exception as e:  # noqa: BLE001 -- a schedule that fails is a record too
+                row["error"] = f"{type(e).__name__}: {e}"[:600]
+            append("tuning", row)
+            print(f"tuning {doc['name']} {r['label']}: predicted {r['predicted_us']:.1f} "
+                  f"measured {row.get('us', float('nan')):.1f} us {row.get('error', '')[:200]}",
+                  flush=True)
+
+
+# ---- step: KernelBench level 2 ----------------------------------------------------------------
+
+def _kb_model(doc: dict, dev: Device):
+    import torch
+
+    from benchmarks.kernelbench import load_problem
+    prob = load_problem(BUNDLE / "kernelbench" / doc["file"], 1)
+    torch.manual_seed(0)
+    model = prob.Model(*prob.get_init_inputs()).eval().to(dev.torch_device)
+    torch.manual_seed(1)
+    inputs = [x.to(dev.torch_device) if isinstance(x, torch.Tensor) else x
+              for x in prob.get_inputs()]
+    return model, inputs
+
+
+def bind(doc: dict, model: Any, inputs: list) -> dict:
+    """The program's inputs from the model's own tensors (gpu_prepare.input_sources)."""
+    import torch
+    dt = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
+          "int32": torch.int32, "int64": torch.int64}
+    state = dict(model.named_parameters()) | dict(model.named_buffers())
+    out = {}
+    for s in doc["sources"]:
+        v = state[s["ref"]] if s["kind"] == "state" else inputs[s["ref"]]
+        out[s["name"]] = v.detach().to(dt[s["dtype"]]).contiguous()
+    return out
+
+
+def warm_cases(dev: Device) -> list[tuple[str, Callable[[], None]]]:
+    """Every torch.compile the measuring steps make, as (name, a call that compiles it)."""
+    cases = []
+    for f in sorted((BUNDLE / "bench").glob("*.json")):
+        def compile_bench(f=f) -> None:
+            import torch
+
+            from benchmarks.programs import get_inputs
+            from mirage_py.examples.torch_baselines import torch_fn
+            from mirage_py.lax.program import Program
+            doc = json.loads(f.read_text())
+            p = Program.from_json(doc["opt"]["program"])
+            tx = torch_inputs(p, get_inputs(doc["name"], doc["bs"], seed=1234), dev.torch_device)
+            with torch.no_grad():
+                torch.compile(torch_fn(p))(tx)
+        cases.append((f.stem, compile_bench))
+    for f in sorted((BUNDLE / "kernelbench").glob("*.json")):
+        if json.loads(f.read_text()).get("status") != "ok":
+            continue
+
+        def compile_kb(f=f) -> None:
+            import torch
+            doc = json.loads(f.read_text())
+            model, inputs = _kb_model(doc, dev)
+            with torch.no_grad():
+                torch.compile(model)(*inputs)
+        cases.append((f.stem, compile_kb))
+    return cases
+
+
+def warm(dev: Device, shard: int, of: int) -> None:
+    for i, (name, fn) in enumerate(warm_cases(dev)):
+        if i % of != shard:
+            continue
+        t0 = time.perf_counter()
+        try:
+            fn()
+            print(f"warm {name}: {time.perf_counter() - t0:.1f} s", flush=True)
+        except Exception as e:  # noqa: BLE001 -- the measuring step reports it
+            print(f"warm {name}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+
+
+def measure_kernelbench(dev: Device, only: list[str] | None) -> None:
+    import torch
+
+    from mirage_py.superopt.result import OptimizedProgram
+    for f in sorted((BUNDLE / "kernelbench").glob("*.json"),
+                    key=lambda f: int(f.stem.split("__")[1].split("_")[0])):
+        doc = json.loads(f.read_text())
+        if only and doc["problem"] not in only and f.stem not in only:
+            continue
+        row = {k: doc.get(k) for k in ("problem", "status", "kernels_naive", "kernels",
+                                       "predicted_us", "predicted_us_naive", "search_seconds",
+                                       "verified")}
+        if doc.get("status") != "ok":
+            append("kernelbench", row)
+            continue
+        row["times"], row["errors"] = {}, {}
+        try:
+            opt = OptimizedProgram.from_json(doc["opt"])
+            model, inputs = _kb_model(doc, dev)
+            with torch.no_grad():
+                ref = model(*inputs)
+                ins = bind(doc, model, inputs)
+                ours = Ours(opt.annotated, opt.target, dev)
+                (name,) = doc["outputs"]
+                got = ours.check_call(ins)[name]
+                row["rel_err"] = rel_err(got.reshape(ref.shape), ref)
+                row["correct"] = close(got.reshape(ref.shape), ref)
+                row["times"]["ours"] = dev.timer(ours.prepare(ins))
+                if not dev.dry:
+                    row["ours_compile_s"] = round(ours.compile_s, 3)
+                row["times"]["eager"] = dev.timer(lambda: model(*inputs))
+                try:
+                    t0 = time.perf_counter()
+                    cm = torch.compile(model)
+                    out = cm(*inputs)
+                    row["torch_compile_s"] = round(time.perf_counter() - t0, 2)
+                    row["compile_correct"] = close(out, ref)
+                    row["times"]["torch_compile"] = dev.timer(lambda: cm(*inputs))
+                except Exception as e:  # noqa: BLE001
+                    row["errors"]["torch_compile"] = f"{type(e).__name__}: {e}"[:400]
+        except Exception as e:  # noqa: BLE001 -- a failure is a row
+            row["error"] = f"{type(e).__name__}: {e}"[:800]
+            row["traceback"] = traceback.format_exc()[-2000:]
+        append("kernelbench", row)
+        t = row.get("times", {})
+        print(f"{doc['problem']}: " + " ".join(f"{k}={v['us']:.1f}" for k, v in t.items())
+              + f" us correct={row.get('correct')} {row.get('error', '')[:300]}", flush=True)
+
+
+# ---- records: the measurements as training data -----------------------------------------------
+
+def store_records(d: Path, db_path: str, export: str | None) -> int:
+    """Every graph timed in ``d`` (the tuning step's schedules, the bench step's answers and
+    naive lowerings) as a measured record in the results database ``db_path`` -- graph,
+    pipeline stages, predicted and measured time, the device as the runner -- and, with
+    ``export``, the database's measured records written as a training set
+    (``mirage_py.tuning.export``, JSONL or CSV by suffix). Returns the records added."""
+    from mirage_py.lax.program import Program
+    from mirage_py.tuning.database import ResultsDB, TuningRecord
+    from mirage_py.tuning.export import export_training_set
+    facts = (d / "machine.txt").read_text() if (d / "machine.txt").exists() else ""
+    device = next((ln.split("device ", 1)[1] for ln in facts.splitlines()
+                   if ln.startswith("torch cuda") and "device " in ln), "gpu")
+    db = ResultsDB(db_path)
+    added = 0
+    by_bench: dict[tuple, list] = {}
+    for r in read_jsonl(d / "tuning.jsonl"):
+        if "us" not in r:
+            continue
+        doc = json.loads((BUNDLE / "tuning" / f"{r['name']}-bs{r['bs']}.json").read_text())
+        row = next(x for x in doc["rows"] if x["label"] == r["label"])
+        by_bench.setdefault((r["name"], r["bs"]), []).append((row, r))
+    for r in read_jsonl(d / "bench.jsonl"):
+        if "name" not in r or "times" not in r:
+            continue
+        doc = json.loads((BUNDLE / "bench" / f"{r['name']}-bs{r['bs']}.json").read_text())
+        from mirage_py.superopt.result import OptimizedProgram
+        opt = OptimizedProgram.from_json(doc["opt"])
+        for label, ag in (("ours", opt.annotated), ("ours_naive", opt.naive_graph)):
+            if label in r["times"]:
+                from benchmarks.gpu_prepare import annotated_json
+                from mirage_py.tuning import AnnotatedGraph
+                ag = ag if isinstance(ag, AnnotatedGraph) else AnnotatedGraph(ag)
+                by_bench.setdefault((r["name"], r["bs"]), []).append(
+                    ({"label": label, "predicted_us": r["predicted_us"], **annotated_json(ag)},
+                     {"us": r["times"][label]["us"], "device_target": r.get("device_target"),
+                      "predicted_us_device": r.get("predicted_us_device")}))
+    for (name, bs), pairs in by_bench.items():
+        doc = json.loads((BUNDLE / "bench" / f"{name}-bs{bs}.json").read_text())
+        program = Program.from_json(doc["opt"]["program"])
+        recs = []
+        for row, m in pairs:
+            ag = annotated_from_json(row)
+            target = m.get("device_target") or "h100"
+            recs.append(TuningRecord(
+                graph=row["graph"], target=target, graph_hash=ag.graph.structural_hash(),
+                annotations={"stages": list(ag.stages), "label": row["label"]},
+                predicted_us=m.get("predicted_us_device") or row["predicted_us"],
+                measured_us=m["us"], runner=f"gpu:{device}", chosen=row["label"] in
+                ("chosen", "ours")))
+        db.add(program, recs)
+        added += len(recs)
+    if export:
+        export_training_set(db, export, measured_only=True)
+    return added
+
+
+# ---- report -----------------------------------------------------------------------------------
+
+def read_jsonl(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def kendall(pred: list[float], meas: list[float]) -> float:
+    from mirage_py.tuning import kendall_tau
+    return kendall_tau(pred, meas) if len(pred) >= 2 else float("nan")
+
+
+def report(d: Path) -> str:
+    lines = []
+    facts = d / "machine.txt"
+    if facts.exists():
+        lines += ["## Machine", "", "```", facts.read_text().strip(), "```", ""]
+    bench = read_jsonl(d / "bench.jsonl")
+    bw = next((r["copy_bandwidth"] for r in bench if "copy_bandwidth" in r), None)
+    rows = [r for r in bench if "name" in r]
+    if rows:
+        lines += ["## The nine benchmarks (us, median of CUDA-event times, L2 flushed)", "",
+                  f"Copy bandwidth (1 GiB device-to-device, read + write): "
+                  f"{bw / 1e12:.2f} TB/s." if bw else "", "",
+                  "| benchmark | bs | kernels | ours | ours graph | naive | eager | eager graph "
+                  "| torch.compile | compile graph | sdpa | vs best (call) | vs best (graph) "
+                  "| vs eager | % copy bw | err vs fp64 (eager's) | predicted |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            if "error" in r:
+                lines.append(f"| {r['name']} | {r['bs']} | {r['kernels']} | error: "
+                             f"{r['error'][:120]} |" + " |" * 13)
+                continue
+            t = {k: v["us"] for k, v in r["times"].items()}
+            c = lambda k: f"{t[k]:.1f}" if k in t else "-"  # noqa: E731
+            base = [t[k] for k in ("eager", "torch_compile", "sdpa") if k in t]
+            gbase = [t[k] for k in ("eager_graph", "torch_compile_graph", "sdpa_graph")
+                     if k in t]
+            vs = min(base) / t["ours"]
+            gvs = f"{min(gbase) / t['ours_graph']:.2f}x" if gbase and "ours_graph" in t \
+                else "-"
+            frac = f"{100 * r['bytes_moved'] / (t['ours'] * 1e-6) / bw:.0f}%" if bw else "-"
+            lines.append(
+                f"| {r['name']} | {r['bs']} | {r['kernels_naive']} -> {r['kernels']} | "
+                f"{c('ours')} | {c('ours_graph')} | {c('ours_naive')} | {c('eager')} | "
+                f"{c('eager_graph')} | {c('torch_compile')} | {c('torch_compile_graph')} | "
+                f"{c('sdpa')} | {vs:.2f}x | {gvs} | {t['eager'] / t['ours']:.2f}x | {frac} | "
+                f"{r['ours_rel_err_vs_float64']:.1e} ({r['eager_rel_err_vs_float64']:.1e}) | "
+                f"{r['predicted_us']:.1f} |")
+        ok = [r for r in rows if "error" not in r]
+        if ok:
+            g = math.exp(sum(math.log(r["times"]["eager"]["us"] / r["times"]["ours"]["us"])
+                             for r in ok) / len(ok))
+            lines += ["", f"Geometric mean speed-up over eager (per call): {g:.2f}x over "
+                      f"{len(ok)} rows."]
+        lines.append("")
+    tuning = read_jsonl(d / "tuning.jsonl")
+    if tuning:
+        lines += ["## Predicted vs measured (analytic model, for the device's target)", "",
+                  "| benchmark | graphs timed | Kendall tau | median measured / predicted |",
+                  "|---|---|---|---|"]
+        for name in dict.fromkeys(r["name"] for r in tuning):
+            rs = [r for r in tuning if r["name"] == name and "us" in r]
+            pred = [r.get("predicted_us_device", r["predicted_us"]) for r in rs]
+            tau = kendall(pred, [r["us"] for r in rs])
+            ratios = sorted(r["us"] / p for r, p in zip(rs, pred))
+            med = ratios[len(ratios) // 2] if ratios else float("nan")
+            lines.append(f"| {name} | {len(rs)}/{sum(r['name'] == name for r in tuning)} | "
+                         f"{tau:.2f} | {med:.2f} |")
+        lines.append("")
+    kb = read_jsonl(d / "kernelbench.jsonl")
+    if kb:
+        lines += ["## KernelBench level 2 (files' sizes, float32; us)", "",
+                  "| problem | kernels | ours | eager | torch.compile | correct | vs best | "
+                  "predicted |", "|---|---|---|---|---|---|---|---|"]
+        fast = n = 0
+        for r in kb:
+            t = {k: v["us"] for k, v in r.get("times", {}).items()}
+            if "ours" not in t:
+                lines.append(f"| {r['problem']} | - | - | - | - | "
+                             f"{r.get('error', r.get('status', ''))[:100]} | - | - |")
+                continue
+            n += 1
+            best = min(t[k] for k in ("eager", "torch_compile") if k in t)
+            fast += bool(r.get("correct")) and t["ours"] < best
+            lines.append(f"| {r['problem']} | {r['kernels_naive']} -> {r['kernels']} | "
+                         f"{t['ours']:.1f} | {t.get('eager', float('nan')):.1f} | "
+                         f"{t.get('torch_compile', float('nan')):.1f} | {r.get('correct')} | "
+                         f"{best / t['ours']:.2f}x | {r['predicted_us']:.1f} |")
+        lines += ["", f"fast_1 (correct and faster than min(eager, torch.compile)): {fast} of "
+                  f"{n} measured ({len(kb)} problems)." if n else "", ""]
+    return "\n".join(lines) + "\n"
+
+
+def facts() -> str:
+    import importlib
+    out = [f"python {platform.python_version()}"]
+    for m in ("numpy", "scipy", "cupy", "torch", "triton", "networkx", "mirage_py"):
+        try:
+            out.append(f"{m} {getattr(importlib.import_module(m), '__version__', '?')}")
+        except Exception as e:  # noqa: BLE001 -- report, do not stop
+            out.append(f"{m} missing: {type(e).__name__}: {e}")
+    try:
+        import torch
+        out.append(f"torch cuda {torch.version.cuda}, device "
+                   f"{torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none'}")
+    except Exception as e:  # noqa: BLE001
+        out.append(f"torch cuda: {e}")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.gpu_measure",
+                                 description=__doc__.split("\n")[0])
+    ap.add_argument("step", choices=("facts", "warm", "bench", "tuning", "kernelbench",
+                                     "report", "records"))
+    ap.add_argument("--db", default=None, help="records: the results database to add to")
+    ap.add_argument("--export", default=None, help="records: write the training set here")
+    ap.add_argument("--dry-run", action="store_true", help="on the CPU (checks the script)")
+    ap.add_argument("--only", nargs="+", default=None)
+    ap.add_argument("--shard", type=int, default=0)
+    ap.add_argument("--of", type=int, default=1)
+    ap.add_argument("--out", default=None, help="the results folder (default $OUT)")
+    args = ap.parse_args(argv)
+    if args.out:
+        os.environ["OUT"] = args.out
+    os.environ.setdefault("MIRAGE_PY_CACHE", str(BUNDLE / "cache"))
+    dev = Device(args.dry_run)
+    if args.step == "facts":
+        print(facts())
+    elif args.step == "warm":
+        warm(dev, args.shard, args.of)
+    elif args.step == "bench":
+        measure_bench(dev, args.only)
+    elif args.step == "tuning":
+        measure_tuning(dev, args.only)
+    elif args.step == "kernelbench":
+        measure_kernelbench(dev, args.only)
+    elif args.step == "records":
+        n = store_records(out_dir(), args.db or str(out_dir() / "records.sqlite"), args.export)
+        print(f"{n} measured records added")
+    if args.step in ("bench", "tuning", "kernelbench", "report"):
+        (out_dir() / "gpu.md").write_text(report(out_dir()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
