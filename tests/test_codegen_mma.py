@@ -219,6 +219,27 @@ def test_wgmma_applies_where_it_pays():
     assert wgmma_config(1, 64, 64, 64, 96, "float16", "float16", F16) is None  # not warpgroups
 
 
+def test_float32_tiles_of_warpgroup_shape_multiply_by_fma():
+    """A float32 matmul (FMA math) whose tiles have warpgroup-MMA sizes (64 rows, 64- and
+    128-byte rows at 2 bytes an element) gets no warpgroup plan: KernelBench level2/37 emitted
+    ``tile_wgmma<..., None, ...>`` (the FMA math has no operand type, nor have float32 tiles, and
+    the two Nones compared equal), which NVRTC and nvcc reject. It runs tile_fma and equals the
+    interpreter."""
+    from mirage_py.layout.mma import wgmma_config
+    assert wgmma_config(1, 64, 64, 32, 128, "float32", "float32", MatmulMath.FP32) is None
+    g = block_matmul("fp32_wg_shape", 1, 64, 32, 64, "float32", 1, 128)
+    (k,) = g.ops
+    ops = tuple(replace(o, attrs=(("math", "fp32"),)) if isinstance(o, BlockOp) else o
+                for o in k.block.ops)
+    g = replace(g, ops=(replace(k, block=replace(k.block, ops=ops)),))
+    src = emit_cuda(g, prefix="fp32_wg")
+    code = "".join(src.kernels)
+    assert "tile_fma<" in code and "tile_wgmma" not in code and "None" not in code
+    x = _inputs(g, 5)
+    ref = g.run(x, precision="gpu")["Y"]
+    assert _rel(EmulatedGraph(src)(x)["Y"], ref) <= 1e-5
+
+
 @pytest.mark.parametrize("fallback", [False, True], ids=["wgmma", "mma_sync_fallback"])
 @pytest.mark.parametrize("case", list(WGMMA_CASES))
 def test_wgmma_matches_interpreter(case, fallback, wg_built):

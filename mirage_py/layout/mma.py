@@ -115,7 +115,8 @@ def wgmma_config(batch: int, m: int, n: int, k: int, threads: int, dtype_a: str,
     finer ``mma.sync`` tiling keeps more warps busy."""
     etype = ETYPES.get(math_)
     ctype = {"float16": "fp16_t", "bfloat16": "bf16_t"}
-    if ctype.get(dtype_a) != etype or ctype.get(dtype_b) != etype:
+    # float32 FMA has no operand type: float32 tiles must not match it (no ctype either)
+    if etype is None or ctype.get(dtype_a) != etype or ctype.get(dtype_b) != etype:
         return None
     if threads <= 0 or threads % (WARP * WARPGROUP) or m % 64:
         return None
