@@ -514,6 +514,8 @@ def measure_kernelbench(dev: Device, only: list[str] | None) -> None:
         row["times"], row["errors"] = {}, {}
         try:
             opt = OptimizedProgram.from_json(doc["opt"])
+            row["device_target"] = device_target(dev)
+            row["predicted_us_device"] = predict_on(opt.annotated, row["device_target"])
             model, inputs = _kb_model(doc, dev)
             with torch.no_grad():
                 ref = model(*inputs)
@@ -603,6 +605,66 @@ def store_records(d: Path, db_path: str, export: str | None) -> int:
     return added
 
 
+# ---- calibration: the analytic model's figures fitted to the measurements ----------------------
+
+def measured_graphs(d: Path) -> list[dict]:
+    """Every timed graph of ``d`` with its benchmark, device target and measured time."""
+    out = []
+    for r in read_jsonl(d / "tuning.jsonl"):
+        if "us" in r:
+            doc = json.loads((BUNDLE / "tuning" / f"{r['name']}-bs{r['bs']}.json").read_text())
+            row = next(x for x in doc["rows"] if x["label"] == r["label"])
+            out.append({"name": r["name"], "bs": r["bs"], "label": r["label"],
+                        "target": r.get("device_target", "h100"), "us": r["us"],
+                        "graph": annotated_from_json(row)})
+    return out
+
+
+def calibrate(d: Path, seed: int = 0) -> dict:
+    """The calibrated analytic model's two figures for the device's target -- its bandwidth
+    efficiency and launch-cost scale (``cost_model.CalibratedModel``) -- fitted to the timed
+    graphs of half the benchmarks (split by benchmark, ``seed``) by least squares on log time,
+    and scored on the other half: median |log(predicted / measured)| and the Kendall tau per
+    benchmark, before (the analytic model) and after."""
+    import random
+
+    import numpy as np
+    from scipy.optimize import least_squares
+
+    from mirage_py.cost_model import CalibratedModel
+    from mirage_py.superopt import default_model
+    from mirage_py.layout.plan import planned_shared_memory
+    rows = measured_graphs(d)
+    names = sorted({r["name"] for r in rows})
+    random.Random(seed).shuffle(names)
+    train = set(names[:len(names) // 2])
+
+    def model(x):
+        return CalibratedModel(smem_planner=planned_shared_memory, mem_eff=float(np.exp(x[0])),
+                               launch_scale=float(np.exp(x[1])))
+
+    def residuals(x, subset):
+        m = model(x)
+        return np.array([math.log(m.predict(r["graph"], r["target"]) / r["us"]) for r in subset])
+
+    tr = [r for r in rows if r["name"] in train]
+    fit = least_squares(residuals, x0=np.zeros(2), args=(tr,), loss="soft_l1")
+    analytic, fitted = default_model(), model(fit.x)
+
+    def score(m, subset) -> dict:
+        by: dict[str, list] = {}
+        for r in subset:
+            by.setdefault(r["name"], []).append((m.predict(r["graph"], r["target"]), r["us"]))
+        logs = sorted(abs(math.log(p / u)) for v in by.values() for p, u in v)
+        return {"median_abs_log": logs[len(logs) // 2] if logs else float("nan"),
+                "tau": {n: kendall([p for p, _ in v], [u for _, u in v]) for n, v in by.items()}}
+    te = [r for r in rows if r["name"] not in train]
+    return {"train": sorted(train), "test": sorted(set(names) - train),
+            "mem_eff": float(np.exp(fit.x[0])), "launch_scale": float(np.exp(fit.x[1])),
+            "before": {"train": score(analytic, tr), "test": score(analytic, te)},
+            "after": {"train": score(fitted, tr), "test": score(fitted, te)}}
+
+
 # ---- report -----------------------------------------------------------------------------------
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -652,7 +714,7 @@ def report(d: Path) -> str:
                 f"{c('eager_graph')} | {c('torch_compile')} | {c('torch_compile_graph')} | "
                 f"{c('sdpa')} | {vs:.2f}x | {gvs} | {t['eager'] / t['ours']:.2f}x | {frac} | "
                 f"{r['ours_rel_err_vs_float64']:.1e} ({r['eager_rel_err_vs_float64']:.1e}) | "
-                f"{r['predicted_us']:.1f} |")
+                f"{r.get('predicted_us_device', r['predicted_us']):.1f} |")
         ok = [r for r in rows if "error" not in r]
         if ok:
             g = math.exp(sum(math.log(r["times"]["eager"]["us"] / r["times"]["ours"]["us"])
@@ -692,7 +754,8 @@ def report(d: Path) -> str:
             lines.append(f"| {r['problem']} | {r['kernels_naive']} -> {r['kernels']} | "
                          f"{t['ours']:.1f} | {t.get('eager', float('nan')):.1f} | "
                          f"{t.get('torch_compile', float('nan')):.1f} | {r.get('correct')} | "
-                         f"{best / t['ours']:.2f}x | {r['predicted_us']:.1f} |")
+                         f"{best / t['ours']:.2f}x | "
+                         f"{r.get('predicted_us_device', r['predicted_us']):.1f} |")
         lines += ["", f"fast_1 (correct and faster than min(eager, torch.compile)): {fast} of "
                   f"{n} measured ({len(kb)} problems)." if n else "", ""]
     return "\n".join(lines) + "\n"
@@ -719,7 +782,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.gpu_measure",
                                  description=__doc__.split("\n")[0])
     ap.add_argument("step", choices=("facts", "warm", "bench", "tuning", "kernelbench",
-                                     "report", "records"))
+                                     "report", "records", "calibrate"))
     ap.add_argument("--db", default=None, help="records: the results database to add to")
     ap.add_argument("--export", default=None, help="records: write the training set here")
     ap.add_argument("--dry-run", action="store_true", help="on the CPU (checks the script)")
@@ -727,11 +790,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shard", type=int, default=0)
     ap.add_argument("--of", type=int, default=1)
     ap.add_argument("--out", default=None, help="the results folder (default $OUT)")
+    ap.add_argument("--budget", type=float, default=3.0,
+                    help="seconds of timed calls per variant at most (default 3)")
     args = ap.parse_args(argv)
     if args.out:
         os.environ["OUT"] = args.out
     os.environ.setdefault("MIRAGE_PY_CACHE", str(BUNDLE / "cache"))
-    dev = Device(args.dry_run)
+    dev = Device(args.dry_run, args.budget)
     if args.step == "facts":
         print(facts())
     elif args.step == "warm":
@@ -742,6 +807,10 @@ def main(argv: list[str] | None = None) -> int:
         measure_tuning(dev, args.only)
     elif args.step == "kernelbench":
         measure_kernelbench(dev, args.only)
+    elif args.step == "calibrate":
+        res = calibrate(out_dir())
+        (out_dir() / "calibration.json").write_text(json.dumps(res, indent=1))
+        print(json.dumps(res, indent=1))
     elif args.step == "records":
         n = store_records(out_dir(), args.db or str(out_dir() / "records.sqlite"), args.export)
         print(f"{n} measured records added")

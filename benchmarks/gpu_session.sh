@@ -52,14 +52,14 @@ tests() {  # the GPU tests in two processes (the extension build is the long one
 warm() {  # torch.compile's caches filled in parallel processes: the measuring steps load them
   local cap=$1 n=12
   for i in $(seq 0 $((n - 1))); do
-    timeout "$cap" $PY -m benchmarks.gpu_measure warm --shard "$i" --of "$n" \
-      > "$OUT/warm-$i.txt" 2>&1 &
+    TORCHINDUCTOR_COMPILE_THREADS=1 timeout "$cap" $PY -m benchmarks.gpu_measure warm \
+      --shard "$i" --of "$n" > "$OUT/warm-$i.txt" 2>&1 &
   done
 }
 
-measure() {  # step, cap
+measure() {  # step, cap, options
   say "$1: start (cap $2 s)"
-  timeout "$2" $PY -m benchmarks.gpu_measure "$1" ${DRY:-} > "$OUT/$1.txt" 2>&1
+  timeout "$2" $PY -m benchmarks.gpu_measure "$1" ${DRY:-} "${@:3}" >> "$OUT/$1.txt" 2>&1
   say "$1: exit $? ($(wc -l < "$OUT/$1.txt") lines)"
 }
 
@@ -72,9 +72,9 @@ case "$mode" in
     say "warmers and GPU tests started"
     wait
     say "warmers and tests done: $(tail -1 "$OUT/pytest-gpu.txt") | $(tail -1 "$OUT/pytest-gpu-2.txt")"
-    measure bench 120
-    measure kernelbench 100
-    measure tuning 60
+    measure bench 110
+    measure tuning 60 --budget 0.5
+    measure kernelbench 130 --budget 0.4
     $PY -m benchmarks.gpu_measure report
     say "done"
     ;;
@@ -84,7 +84,9 @@ case "$mode" in
       case "$s" in
         tests) tests 150; wait; say "tests: $(tail -1 "$OUT/pytest-gpu.txt") | $(tail -1 "$OUT/pytest-gpu-2.txt")" ;;
         warm) warm 150; wait ;;
-        bench|kernelbench|tuning) measure "$s" 150 ;;
+        bench) measure bench 150 ;;
+        kernelbench) measure kernelbench 150 --budget 0.4 ;;
+        tuning) measure tuning 100 --budget 0.5 ;;
         *) echo "unknown step $s" >&2 ;;
       esac
     done
