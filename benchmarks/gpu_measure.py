@@ -142,28 +142,6 @@ def torch_graph(fn: Callable[[], Any]) -> Callable[[], Any]:
     return g.replay
 
 
-def cupy_graph(fn: Callable[[], Any]) -> Callable[[], Any]:
-    """``fn`` (kernels launched through CuPy) captured as a CUDA graph on a stream PyTorch
-    also knows, replayed on PyTorch's current stream's order."""
-    import cupy as cp
-    import torch
-    ts = torch.cuda.Stream()
-    cs = cp.cuda.ExternalStream(ts.cuda_stream)
-    with cs:
-        fn()
-    cs.synchronize()
-    with cs:
-        cs.begin_capture()
-        fn()
-        graph = cs.end_capture()
-
-    def replay() -> None:
-        ts.wait_stream(torch.cuda.current_stream())
-        graph.launch(stream=cs)
-        torch.cuda.current_stream().wait_stream(ts)
-    return replay
-
-
 def rel_err(a, b) -> float:
     import torch
     a, b = a.double(), b.double()
@@ -248,6 +226,12 @@ class Ours:
         self._run = run_gpu
         return run_gpu
 
+    def graph_call(self, inputs: dict) -> Callable[[], dict]:
+        """The call on ``inputs`` recorded as a CUDA graph (``CompiledGraph.capture``)."""
+        import cupy as cp
+        cx = {k: cp.from_dlpack(v.contiguous()) for k, v in inputs.items()}
+        return self.compiled.capture(cx, self.poisoned())
+
     def check_call(self, inputs: dict) -> dict:
         """One call with poisoned outputs and workspace: the outputs as torch tensors."""
         import torch
@@ -327,7 +311,11 @@ def _bench_variants(dev: Device, opt: Any, p: Any, name: str, tx: dict, eager: C
         call = ours.prepare(tx)
         row["times"][label] = dev.timer(call)
         if not dev.dry:
-            _graph_time(dev, row, label + "_graph", lambda: cupy_graph(call))
+            _graph_time(dev, row, label + "_graph", lambda: ours.graph_call(tx))
+            replay = ours.graph_call(tx)
+            got = {k: torch.from_dlpack(v) for k, v in replay().items()}
+            dev.sync()
+            row[f"{label}_graph_allclose_eager"] = all(close(got[k], ref[k]) for k in out_names)
     row["eager_rel_err_vs_float64"] = max(rel_err(ref[k], ref64[k]) for k in out_names)
     with torch.no_grad():
         row["times"]["eager"] = dev.timer(lambda: eager(tx))
@@ -402,10 +390,10 @@ def random_inputs(graph: Any, dev: Device, seed: int = 0) -> dict:
     return out
 
 
-def measure_tuning(dev: Device, only: list[str] | None) -> None:
+def measure_tuning(dev: Device, only: list[str] | None, bs: int | None = None) -> None:
     for f in sorted((BUNDLE / "tuning").glob("*.json")):
         doc = json.loads(f.read_text())
-        if only and doc["name"] not in only:
+        if (only and doc["name"] not in only) or (bs is not None and doc["bs"] != bs):
             continue
         for r in doc["rows"]:
             row = {"name": doc["name"], "bs": doc["bs"], "label": r["label"],
@@ -424,6 +412,108 @@ def measure_tuning(dev: Device, only: list[str] | None) -> None:
             print(f"tuning {doc['name']} {r['label']}: predicted {r['predicted_us']:.1f} "
                   f"measured {row.get('us', float('nan')):.1f} us {row.get('error', '')[:200]}",
                   flush=True)
+
+
+# ---- step: the measured best of the timed schedules, and build variants -----------------------
+
+def _timed_rows(paths: list[Path]) -> dict[tuple, list[dict]]:
+    rows: dict[tuple, list[dict]] = {}
+    for p in paths:
+        for r in read_jsonl(p):
+            if "us" in r:
+                rows.setdefault((r["name"], r["bs"]), []).append(r)
+    return rows
+
+
+def _checked_time(dev: Device, graph: Any, target: str, name: str, bs: int) -> dict:
+    """Ours on a benchmark's own inputs: checked against eager and float64, timed per call
+    and as a CUDA graph."""
+    import torch
+
+    from benchmarks.programs import get_inputs, get_program
+    from mirage_py.examples.torch_baselines import torch_fn
+    p = get_program(name, bs)
+    x = get_inputs(name, bs, seed=1234)
+    tx = torch_inputs(p, x, dev.torch_device)
+    with torch.no_grad():
+        ref = torch_fn(p)(tx)
+        ref64 = torch_fn(p)(torch_inputs(p, x, dev.torch_device, torch.float64))
+    ours = Ours(graph, target, dev)
+    got = ours.check_call(tx)
+    out = {"allclose_eager": all(close(got[k], ref[k]) for k in ref),
+           "rel_err_vs_float64": max(rel_err(got[k], ref64[k]) for k in ref),
+           "times": {"ours": dev.timer(ours.prepare(tx))}, "errors": {}}
+    if not dev.dry:
+        _graph_time(dev, out, "ours_graph", lambda: ours.graph_call(tx))
+        out["built_for"], out["tma"] = ours.built_for, ours.tma
+    return out
+
+
+def measure_best(dev: Device, paths: list[Path], top: int = 3) -> None:
+    """Per benchmark, the ``top`` fastest graphs of earlier tuning measurements (``paths``) and
+    the model's choice, timed again side by side and checked: the choice a measuring runner
+    makes (``superopt(runner=GpuRunner())`` picks the fastest measured of what it times)."""
+    for (name, bs), rows in sorted(_timed_rows(paths).items()):
+        doc = json.loads((BUNDLE / "tuning" / f"{name}-bs{bs}.json").read_text())
+        by_label = {r["label"]: r for r in doc["rows"]}
+        pick = sorted(rows, key=lambda r: r["us"])[:top]
+        labels = list(dict.fromkeys(["chosen"] + [r["label"] for r in pick]))
+        for label in labels:
+            row = {"name": name, "bs": bs, "label": label,
+                   "predicted_us": by_label[label]["predicted_us"],
+                   "earlier_us": next((r["us"] for r in rows if r["label"] == label), None)}
+            try:
+                row.update(_checked_time(dev, annotated_from_json(by_label[label]),
+                                         doc["target"], name, bs))
+            except Exception as e:  # noqa: BLE001
+                row["error"] = f"{type(e).__name__}: {e}"[:600]
+            append("best", row)
+            t = row.get("times", {})
+            print(f"best {name} bs={bs} {label}: " + " ".join(f"{k}={v['us']:.1f}"
+                                                             for k, v in t.items())
+                  + f" ok={row.get('allclose_eager')} {row.get('error', '')[:200]}", flush=True)
+
+
+VARIANTS = {"no_tma": "MIRAGE_PY_NO_TMA", "no_wgmma": "MIRAGE_PY_NO_WGMMA"}
+
+
+def measure_variants(dev: Device, bs: int) -> None:
+    """The model's choice of each benchmark built three ways -- as the runtime builds it (TMA
+    and warpgroup MMA on an sm_90 GPU), with every tile by cp.async (``MIRAGE_PY_NO_TMA``) and
+    with mma.sync instead of warpgroup MMA (``MIRAGE_PY_NO_WGMMA``) -- timed side by side."""
+    from mirage_py.superopt.result import OptimizedProgram
+    for f in sorted((BUNDLE / "bench").glob(f"*-bs{bs}.json")):
+        doc = json.loads(f.read_text())
+        opt = OptimizedProgram.from_json(doc["opt"])
+        for label, env in [("default", None), *VARIANTS.items()]:
+            row = {"name": doc["name"], "bs": bs, "variant": label}
+            if env:
+                os.environ[env] = "1"
+            try:
+                row.update(_checked_time(dev, opt.annotated, opt.target, doc["name"], bs))
+            except Exception as e:  # noqa: BLE001
+                row["error"] = f"{type(e).__name__}: {e}"[:600]
+            finally:
+                if env:
+                    del os.environ[env]
+            append("variants", row)
+            t = row.get("times", {})
+            print(f"variant {doc['name']} bs={bs} {label}: " + " ".join(
+                f"{k}={v['us']:.1f}" for k, v in t.items()) + f" {row.get('built_for', '')}"
+                  f" ok={row.get('allclose_eager')} {row.get('error', '')[:200]}", flush=True)
+
+
+def profile_targets(dev: Device, names: list[str], bs: int) -> None:
+    """Run the model's choice of each named benchmark a few times (for a profiler: ncu)."""
+    from mirage_py.superopt.result import OptimizedProgram
+    for name in names:
+        doc = json.loads((BUNDLE / "bench" / f"{name}-bs{bs}.json").read_text())
+        opt = OptimizedProgram.from_json(doc["opt"])
+        ours = Ours(opt.annotated, opt.target, dev)
+        call = ours.prepare(random_inputs(opt.annotated, dev))
+        for _ in range(3):
+            call()
+        dev.sync()
 
 
 # ---- step: KernelBench level 2 ----------------------------------------------------------------
@@ -484,8 +574,11 @@ def warm_cases(dev: Device) -> list[tuple[str, Callable[[], None]]]:
     return cases
 
 
-def warm(dev: Device, shard: int, of: int) -> None:
-    for i, (name, fn) in enumerate(warm_cases(dev)):
+def warm(dev: Device, shard: int, of: int, kinds: list[str] | None = None) -> None:
+    """This shard's torch.compile calls; ``kinds``: "bench" and / or "kernelbench" (all)."""
+    cases = [(n, fn) for n, fn in warm_cases(dev)
+             if not kinds or ("kernelbench" if n.startswith("level") else "bench") in kinds]
+    for i, (name, fn) in enumerate(cases):
         if i % of != shard:
             continue
         t0 = time.perf_counter()
@@ -736,6 +829,37 @@ def report(d: Path) -> str:
             lines.append(f"| {name} | {len(rs)}/{sum(r['name'] == name for r in tuning)} | "
                          f"{tau:.2f} | {med:.2f} |")
         lines.append("")
+    best = read_jsonl(d / "best.jsonl")
+    if best:
+        lines += ["## The model's choice against the fastest timed schedules (us)", "",
+                  "Per benchmark, the graphs the tuning step timed fastest, timed again beside "
+                  "the cost model's choice (per call and as a CUDA graph), each checked against "
+                  "eager (allclose) -- what a measuring runner would pick.", "",
+                  "| benchmark | bs | graph | predicted | earlier | ours | ours graph | "
+                  "allclose |", "|---|---|---|---|---|---|---|---|"]
+        for r in best:
+            t = {k: v["us"] for k, v in r.get("times", {}).items()}
+            c = lambda k: f"{t[k]:.1f}" if k in t else "-"  # noqa: E731
+            e = r.get("earlier_us")
+            lines.append(f"| {r['name']} | {r['bs']} | {r['label']} | {r['predicted_us']:.1f} | "
+                         f"{'-' if e is None else f'{e:.1f}'} | {c('ours')} | "
+                         f"{c('ours_graph')} | {r.get('allclose_eager', r.get('error', ''))} |")
+        lines.append("")
+    variants = read_jsonl(d / "variants.jsonl")
+    if variants:
+        lines += ["## Build variants of the model's choice (us, per call / CUDA graph)", "",
+                  "| benchmark | bs | default | every tile by cp.async (no TMA) | mma.sync "
+                  "(no warpgroup MMA) |", "|---|---|---|---|---|"]
+        cells: dict[tuple, dict] = {}
+        for r in variants:
+            t = {k: v["us"] for k, v in r.get("times", {}).items()}
+            cells.setdefault((r["name"], r["bs"]), {})[r["variant"]] = \
+                f"{t['ours']:.1f} / {t.get('ours_graph', float('nan')):.1f}" if "ours" in t \
+                else r.get("error", "-")[:60]
+        for (n, b), c in cells.items():
+            lines.append(f"| {n} | {b} | {c.get('default', '-')} | {c.get('no_tma', '-')} | "
+                         f"{c.get('no_wgmma', '-')} |")
+        lines.append("")
     kb = read_jsonl(d / "kernelbench.jsonl")
     if kb:
         lines += ["## KernelBench level 2 (files' sizes, float32; us)", "",
@@ -782,7 +906,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.gpu_measure",
                                  description=__doc__.split("\n")[0])
     ap.add_argument("step", choices=("facts", "warm", "bench", "tuning", "kernelbench",
-                                     "report", "records", "calibrate"))
+                                     "report", "records", "calibrate", "best",
+                                     "variants", "profile"))
+    ap.add_argument("--bs", type=int, default=None, help="tuning / variants / profile: this "
+                    "batch size only")
+    ap.add_argument("--earlier", nargs="*", default=[],
+                    help="best: tuning.jsonl files of earlier measurements (and $OUT's)")
     ap.add_argument("--db", default=None, help="records: the results database to add to")
     ap.add_argument("--export", default=None, help="records: write the training set here")
     ap.add_argument("--dry-run", action="store_true", help="on the CPU (checks the script)")
@@ -800,11 +929,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.step == "facts":
         print(facts())
     elif args.step == "warm":
-        warm(dev, args.shard, args.of)
+        warm(dev, args.shard, args.of, args.only)
     elif args.step == "bench":
         measure_bench(dev, args.only)
     elif args.step == "tuning":
-        measure_tuning(dev, args.only)
+        measure_tuning(dev, args.only, args.bs)
+    elif args.step == "best":
+        measure_best(dev, [Path(p) for p in args.earlier] + [out_dir() / "tuning.jsonl"])
+    elif args.step == "variants":
+        measure_variants(dev, args.bs or 1)
+    elif args.step == "profile":
+        profile_targets(dev, args.only or ["rmsnorm_linear", "gqa", "gated_mlp"], args.bs or 1)
     elif args.step == "kernelbench":
         measure_kernelbench(dev, args.only)
     elif args.step == "calibrate":
@@ -814,7 +949,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.step == "records":
         n = store_records(out_dir(), args.db or str(out_dir() / "records.sqlite"), args.export)
         print(f"{n} measured records added")
-    if args.step in ("bench", "tuning", "kernelbench", "report"):
+    if args.step in ("bench", "tuning", "kernelbench", "report", "best", "variants"):
         (out_dir() / "gpu.md").write_text(report(out_dir()))
     return 0
 

@@ -275,6 +275,8 @@ def prepare_cubins(log=print) -> None:
     from benchmarks.fixtures import hand_built
     graphs = [(label, g, True) for label, g in bundle_graphs()]
     graphs += [(f"test:{n}-1:cp.async", hand_built(n, 1), False) for n in NO_TMA_TESTS]
+    graphs += [(f"{label}:cp.async", g, False) for label, g, _ in graphs
+               if label.endswith("-bs1")]  # gpu_measure variants: the MIRAGE_PY_NO_TMA build
     for label, g, tma in graphs:
         try:
             _, new = prebuild_cubin(emit_cuda(g, "h100"), tma)

@@ -6,6 +6,8 @@
 #
 #     bash benchmarks/gpu_session.sh all            # everything, about 7 minutes
 #     bash benchmarks/gpu_session.sh again STEP...  # after fixes: bench | tests | kernelbench | tuning
+#     EARLIER=path/tuning.jsonl bash benchmarks/gpu_session.sh second  # re-measure, pick the
+#                                                   # fastest timed schedules, build variants, ncu
 #     bash benchmarks/gpu_session.sh dry            # on a CPU: every measuring step, --dry-run
 #
 # Each step has its own time cap, so one slow step cannot eat the rest, and writes its results
@@ -21,7 +23,9 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:$PWD/.site${PYTHONPATH:+:$PYTHONPATH}
 export MIRAGE_PY_CACHE="$PWD/gpu-bundle/cache" MIRAGE_PY_DATABASE="$PWD/gpu-bundle/session.sqlite"
 PY=${PYTHON:-python3}
 T0=$(date +%s)
-say() { echo "[$(( $(date +%s) - T0 )) s] $*" | tee -a "$OUT/session.log"; }
+LOG="$OUT/log.txt"  # every step's output (the device tool brings back a few files only)
+TMP=$(mktemp -d)
+say() { echo "[$(( $(date +%s) - T0 )) s] $*" | tee -a "$LOG"; }
 
 wheels() {  # install a carried wheel only where the machine lacks the module
   for w in .whl/*.whl; do
@@ -43,24 +47,24 @@ facts() {
 tests() {  # the GPU tests in two processes (the extension build is the long one)
   local cap=$1
   timeout "$cap" $PY -m pytest -m gpu -q -rs -p no:cacheprovider tests/test_codegen_gpu.py \
-    -k "not extension" > "$OUT/pytest-gpu.txt" 2>&1 &
+    -k "not extension" > "$TMP/pytest-gpu.txt" 2>&1 &
   timeout "$cap" $PY -m pytest -m gpu -q -rs -p no:cacheprovider tests/test_tuner.py \
     tests/test_torch_compile.py "tests/test_codegen_gpu.py::test_exported_extension_builds_and_runs" \
-    > "$OUT/pytest-gpu-2.txt" 2>&1 &
+    > "$TMP/pytest-gpu-2.txt" 2>&1 &
 }
 
 warm() {  # torch.compile's caches filled in parallel processes: the measuring steps load them
-  local cap=$1 n=12
+  local cap=$1 kinds=${2:-} n=12  # kinds: bench | kernelbench (default both)
   for i in $(seq 0 $((n - 1))); do
     TORCHINDUCTOR_COMPILE_THREADS=1 timeout "$cap" $PY -m benchmarks.gpu_measure warm \
-      --shard "$i" --of "$n" > "$OUT/warm-$i.txt" 2>&1 &
+      --shard "$i" --of "$n" ${kinds:+--only $kinds} >> "$TMP/warm.txt" 2>&1 &
   done
 }
 
 measure() {  # step, cap, options
   say "$1: start (cap $2 s)"
-  timeout "$2" $PY -m benchmarks.gpu_measure "$1" ${DRY:-} "${@:3}" >> "$OUT/$1.txt" 2>&1
-  say "$1: exit $? ($(wc -l < "$OUT/$1.txt") lines)"
+  timeout "$2" $PY -m benchmarks.gpu_measure "$1" ${DRY:-} "${@:3}" >> "$LOG" 2>&1
+  say "$1: exit $?"
 }
 
 case "$mode" in
@@ -71,7 +75,8 @@ case "$mode" in
     tests 150
     say "warmers and GPU tests started"
     wait
-    say "warmers and tests done: $(tail -1 "$OUT/pytest-gpu.txt") | $(tail -1 "$OUT/pytest-gpu-2.txt")"
+    cat "$TMP"/pytest-gpu*.txt >> "$LOG"
+    say "warmers and tests done: $(tail -1 "$TMP/pytest-gpu.txt") | $(tail -1 "$TMP/pytest-gpu-2.txt")"
     measure bench 110
     measure tuning 60 --budget 0.5
     measure kernelbench 130 --budget 0.4
@@ -82,7 +87,8 @@ case "$mode" in
     wheels
     for s in "$@"; do
       case "$s" in
-        tests) tests 150; wait; say "tests: $(tail -1 "$OUT/pytest-gpu.txt") | $(tail -1 "$OUT/pytest-gpu-2.txt")" ;;
+        tests) tests 150; wait; cat "$TMP"/pytest-gpu*.txt >> "$LOG"
+               say "tests: $(tail -1 "$TMP/pytest-gpu.txt") | $(tail -1 "$TMP/pytest-gpu-2.txt")" ;;
         warm) warm 150; wait ;;
         bench) measure bench 150 ;;
         kernelbench) measure kernelbench 150 --budget 0.4 ;;
@@ -90,6 +96,25 @@ case "$mode" in
         *) echo "unknown step $s" >&2 ;;
       esac
     done
+    $PY -m benchmarks.gpu_measure report
+    ;;
+  second)  # the shorter call after fixes: re-measure, pick by measurement, diagnose
+    wheels
+    facts
+    warm 80 bench
+    timeout 80 $PY -m pytest -m gpu -q -rs -p no:cacheprovider tests/test_codegen_gpu.py \
+      -k "captured or small or dlpack" > "$TMP/pytest-gpu.txt" 2>&1 &
+    wait
+    cat "$TMP/pytest-gpu.txt" >> "$LOG"
+    say "warmers and tests done: $(tail -1 "$TMP/pytest-gpu.txt")"
+    measure bench 90
+    measure tuning 60 --bs 8 --budget 0.5
+    measure best 55 --earlier ${EARLIER:-} --budget 1
+    measure variants 45 --bs 1 --budget 0.5
+    say "ncu: start"
+    timeout 45 ncu --section SpeedOfLight --section Occupancy --section LaunchStats \
+      --launch-count 12 $PY -m benchmarks.gpu_measure profile --bs 1 > "$OUT/ncu.txt" 2>&1
+    say "ncu: exit $?"
     $PY -m benchmarks.gpu_measure report
     ;;
   dry)

@@ -235,7 +235,13 @@ class CompiledGraph:
     """A kernel graph compiled for the GPU. ``graph(inputs)`` -> outputs by name.
 
     ``outputs`` may pass preallocated (e.g. NaN-poisoned) output arrays; ``poison=True`` fills
-    the workspace with NaN bits first, so a read of an unwritten intermediate shows."""
+    the workspace with NaN bits first, so a read of an unwritten intermediate shows.
+
+    A call's host work is kept small (a call of a one-kernel graph is a few microseconds of GPU
+    time, so the launcher's Python shows): what does not depend on the call -- the kernels,
+    the workspace views of the intermediates, each launch's argument slots -- is made once
+    here, and a call checks its arrays and fills the slots. :meth:`capture` records the
+    launches of one set of buffers as a CUDA graph, replayed with a single launch."""
 
     def __init__(self, graph: KernelGraph | CudaSource, target: Any = "h100"):
         cp = _cupy()
@@ -253,14 +259,25 @@ class CompiledGraph:
             if spec.smem_bytes > 48 * 1024:
                 k.max_dynamic_shared_size_bytes = spec.smem_bytes
             self.kernels[spec.kernel] = k
-        self._workspace = cp.empty(max(self.source.plan.device.workspace_bytes, 1), cp.uint8)
+        dev = self.source.plan.device
+        self._workspace = cp.empty(max(dev.workspace_bytes, 1), cp.uint8)
+        g = self.graph
+        tensors = g.tensors()
+        self._inputs = tuple((t.name, tuple(t.shape), t.dtype) for t in g.inputs)
+        self._outputs = tuple((n, tuple(tensors[n].shape), tensors[n].dtype) for n in g.outputs)
+        # the intermediates' views of the workspace: the same every call
+        self._views = {n: self._workspace[off:off + dev.layouts[n].nbytes]
+                       for n, off in dev.workspace.items()}
+        self._gathers = any(isinstance(op, KernelOp) and op.op == "take" for op in g.ops)
+        self._static_grid = not any(c is not None for s in self.source.launches
+                                    for c in s.grid_counts)
 
     @property
     def graph(self) -> KernelGraph:
         return self.source.graph
 
     def _check(self, name: str, a: Any, shape: tuple[int, ...], dtype: str, cp: Any) -> Any:
-        if tuple(a.shape) != tuple(shape):
+        if tuple(a.shape) != shape:
             raise ShapeError(f"μGraph {self.graph.name!r}: {name!r} has shape {tuple(a.shape)}, "
                              f"expected {shape}")
         if a.dtype.name not in _STORAGE[dtype]:
@@ -270,46 +287,74 @@ class CompiledGraph:
             a = cp.ascontiguousarray(a).copy()
         return a
 
+    def _arrays(self, inputs: Mapping[str, Any], outputs: Mapping[str, Any] | None,
+                cp: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Every array a launch names (inputs checked, outputs allocated or checked,
+        intermediates' workspace views) and the outputs by name."""
+        g = self.graph
+        missing = [n for n, _, _ in self._inputs if n not in inputs]
+        if missing:
+            raise ProgramError(f"μGraph {g.name!r}: missing input(s) {missing}")
+        arrays = dict(self._views)
+        for n, shape, dtype in self._inputs:
+            arrays[n] = self._check(n, _to_cupy(inputs[n], cp), shape, dtype, cp)
+        if self._gathers:
+            check_gather_indices(g, lambda n: (int(arrays[n].min()), int(arrays[n].max())))
+        result = {}
+        for n, shape, dtype in self._outputs:
+            if outputs is not None and n in outputs:
+                a = _to_cupy(outputs[n], cp)
+                if not a.flags.c_contiguous or a.data.ptr % 16:
+                    raise ValueError(f"output buffer {n!r} must be contiguous and 16-byte aligned")
+                a = self._check(n, a, shape, dtype, cp)
+            else:
+                a = cp.empty(shape, _STORAGE[dtype][0])
+            arrays[n] = result[n] = a
+        return arrays, result
+
     def __call__(self, inputs: Mapping[str, Any], outputs: Mapping[str, Any] | None = None,
                  poison: bool = False, sizes: Mapping[str, int] | None = None) -> dict[str, Any]:
         """Run on ``inputs`` (``sizes``: the sizes of the dims a padded graph's masks name,
         passed to its kernels)."""
         cp = _cupy()
-        g, dev = self.graph, self.source.plan.device
-        dims = {d: np.int32(v[0]) for d, v in dim_values(self.source, sizes).items()}
-        tensors = g.tensors()
-        missing = [t.name for t in g.inputs if t.name not in inputs]
-        if missing:
-            raise ProgramError(f"μGraph {g.name!r}: missing input(s) {missing}")
-        arrays: dict[str, Any] = {}
-        for t in g.inputs:
-            arrays[t.name] = self._check(t.name, _to_cupy(inputs[t.name], cp), t.shape,
-                                         t.dtype, cp)
-        check_gather_indices(g, lambda n: (int(arrays[n].min()), int(arrays[n].max())))
-        result = {}
-        for n in g.outputs:
-            t = tensors[n]
-            if outputs is not None and n in outputs:
-                a = _to_cupy(outputs[n], cp)
-                if not a.flags.c_contiguous or a.data.ptr % 16:
-                    raise ValueError(f"output buffer {n!r} must be contiguous and 16-byte aligned")
-                a = self._check(n, a, t.shape, t.dtype, cp)
-            else:
-                a = cp.empty(t.shape, _STORAGE[t.dtype][0])
-            arrays[n] = result[n] = a
-        ws = self._workspace
+        dims = {d: np.int32(v[0]) for d, v in dim_values(self.source, sizes).items()} \
+            if self.source.dims else {}
+        arrays, result = self._arrays(inputs, outputs, cp)
         if poison:
-            ws.fill(0xFF)
-        for n, off in dev.workspace.items():
-            arrays[n] = ws[off:off + dev.layouts[n].nbytes]
+            self._workspace.fill(0xFF)
+        self._launch(arrays, dims, sizes)
+        return result
+
+    def _launch(self, arrays: dict[str, Any], dims: dict[str, Any],
+                sizes: Mapping[str, int] | None) -> None:
         for spec in self.source.launches:
             args = tuple(arrays[p.tensor] for p in spec.params) + \
                 tuple(dims[d] for d in spec.dims) + \
                 tuple(self._tensor_map(spec.kernel, m, arrays[m.tensor].data.ptr)
                       for m in spec.tensor_maps)
-            self.kernels[spec.kernel](spec.grid_at(sizes), spec.block, args,
-                                      shared_mem=spec.smem_bytes)
-        return result
+            grid = spec.grid if self._static_grid else spec.grid_at(sizes)
+            self.kernels[spec.kernel](grid, spec.block, args, shared_mem=spec.smem_bytes)
+
+    def capture(self, inputs: Mapping[str, Any], outputs: Mapping[str, Any] | None = None,
+                sizes: Mapping[str, int] | None = None) -> "CapturedCall":
+        """The launches of one call on these buffers recorded as a CUDA graph (one launch per
+        replay instead of one per kernel, no Python in between: what PyTorch's
+        ``mode="reduce-overhead"`` does). The buffers are the graph's: write new inputs into
+        ``inputs``' arrays and read the results from :attr:`CapturedCall.outputs`."""
+        cp = _cupy()
+        dims = {d: np.int32(v[0]) for d, v in dim_values(self.source, sizes).items()} \
+            if self.source.dims else {}
+        arrays, result = self._arrays(inputs, outputs, cp)
+        stream = cp.cuda.Stream(non_blocking=True)
+        with stream:
+            self._launch(arrays, dims, sizes)  # maps encoded and kernels loaded before capture
+            stream.synchronize()
+            stream.begin_capture()
+            try:
+                self._launch(arrays, dims, sizes)
+            finally:
+                graph = stream.end_capture()
+        return CapturedCall(graph, result, arrays)
 
     def _tensor_map(self, kernel: str, m: Any, address: int) -> Any:
         """The kernel argument of TMA map ``m`` over the tensor at ``address``: encoded by the
@@ -322,3 +367,18 @@ class CompiledGraph:
             raw = _encode_map(m.copy, address) if self.tma else bytes(tensor_map.MAP_BYTES)
             arg = self._maps[key] = _map_argument(raw)
         return arg
+
+
+class CapturedCall:
+    """A :class:`CompiledGraph` call recorded as a CUDA graph (:meth:`CompiledGraph.capture`):
+    ``call()`` replays it on the current CuPy stream and returns :attr:`outputs`."""
+
+    def __init__(self, graph: Any, outputs: dict[str, Any], arrays: dict[str, Any]):
+        self._graph = graph
+        self.outputs = outputs
+        self._arrays = arrays  # kept alive: the graph holds their addresses
+
+    def __call__(self) -> dict[str, Any]:
+        import cupy
+        self._graph.launch(stream=cupy.cuda.get_current_stream())
+        return self.outputs
