@@ -86,10 +86,10 @@ def test_report_counts_fast_1_and_kendall_tau(tmp_path):
            "correct": False, "times": {"ours": {"us": 1.0}, "eager": {"us": 2.0}}},
           {"problem": "level2/3_c", "kernels_naive": 3, "kernels": 3, "predicted_us": 5.0,
            "correct": True, "times": {"ours": {"us": 3.0}, "eager": {"us": 2.0}}}]
-    tuning = [{"name": "x", "label": str(i), "predicted_us": p, "us": m}
+    tuning = [{"name": "x", "bs": 1, "label": str(i), "predicted_us": p, "us": m}
               for i, (p, m) in enumerate([(1, 10), (2, 20), (3, 15), (4, 40)])]
     for name, rows in (("kernelbench", kb), ("tuning", tuning)):
         (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     md = gm.report(tmp_path)
     assert "fast_1 (correct and faster than min(eager, torch.compile)): 1 of 3" in md
-    assert "| x | 4/4 | 0.67 | 10.00 |" in md  # ratios 10, 10, 5, 10
+    assert "| x | 1 | 4/4 | 0.67 | 10.00 |" in md  # ratios 10, 10, 5, 10
