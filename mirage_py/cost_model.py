@@ -170,6 +170,10 @@ class KernelCost:
     kind: str = "graph"  # "graph" | "op"
     dram_bytes: float = 0.0
     load_bytes: float = 0.0  # everything loaded and stored, L2 hits included
+    # bytes through shared memory, all blocks: every block operator's operand tiles read and
+    # result tile written, input tiles stored, accumulators read and written (the default
+    # model leaves it out; the calibrated one prices it when fitted, ``smem_eff``)
+    smem_traffic: float = 0.0
 
     @property
     def bound(self) -> str:
@@ -349,14 +353,26 @@ def _graph_kernel_cost(op: GraphKernel, info, tensors: dict, t: Target, stages: 
         raise MirageError(f"cost model: {launched} blocks running {iterations} iterations for a "
                           f"kernel of {B} blocks of {F} iterations")
     shapes, phases = info.shapes, info.phases
-    tc = simt = 0.0
+    tc = simt = traffic = 0.0
     body_tiles = all_tiles = 0.0
     iters = []
     mm_outs = set()
+
+    def tile_bytes(name: Any) -> float:
+        return _size(shapes[name]) * DTYPES[info.dtypes[name]] if isinstance(name, str) and \
+            name in shapes else 0.0
     for n in bg.ops:
         body = phases.get(getattr(n, "out", "")) is Phase.BODY
         reps = F if body else 1
         runs = iterations if body else launched  # how often the kernel computes this node
+        # shared-memory traffic: what the node reads and writes there, per run
+        reads_of = getattr(n, "operands", None) or \
+            tuple(x for x in (getattr(n, "input", None),) if isinstance(x, str))
+        if isinstance(n, Accum):  # reads the product and itself, writes itself, per iteration
+            traffic += (tile_bytes(n.input) + 2 * tile_bytes(n.out)) * iterations
+        else:
+            traffic += (sum(tile_bytes(x) for x in reads_of) +
+                        tile_bytes(getattr(n, "out", None))) * runs
         if isinstance(n, InputIter) and n.gather >= 0:
             # a gather: the tile's rows, each a run of its own (sectors per row), and the
             # indices that pick them
@@ -438,7 +454,8 @@ def _graph_kernel_cost(op: GraphKernel, info, tensors: dict, t: Target, stages: 
     name = f"graph_kernel->{names}"
     if r == 0:
         return KernelCost(name, math.inf, nbytes, tc, simt, launched, T, smem, stages, F, 0,
-                          math.inf, intermediate_bytes=ib, dram_bytes=dram, load_bytes=loaded)
+                          math.inf, intermediate_bytes=ib, dram_bytes=dram, load_bytes=loaded,
+                          smem_traffic=traffic)
     full, rem = divmod(launched, slots)
     stage_bytes = body_tiles if body_tiles else all_tiles
     per = (stage_bytes, dram / launched, loaded / launched, reads / launched, tc / launched,
@@ -452,7 +469,7 @@ def _graph_kernel_cost(op: GraphKernel, info, tensors: dict, t: Target, stages: 
     us = t.launch_us + total[0]
     return KernelCost(name, us, nbytes, tc, simt, launched, T, smem, stages, F, r,
                       launched / slots, total[1], total[2], total[3], total[4], ib, "graph", dram,
-                      loaded)
+                      loaded, traffic)
 
 
 def kernel_costs(graph: Any, target: Any = "h100", smem_planner: Any = None,
@@ -598,7 +615,7 @@ class CalibratedModel(AnalyticModel):
     name = "calibrated"
 
     def __init__(self, smem_planner: Any = None, mem_eff: float | None = None,
-                 launch_scale: float | None = None):
+                 launch_scale: float | None = None, smem_eff: float | None = None):
         super().__init__(smem_planner)
         fitted = json.loads(CALIBRATION.read_text()) if CALIBRATION.exists() else {}
         self.mem_eff = float(mem_eff if mem_eff is not None else fitted.get("mem_eff", 1.0))
@@ -606,6 +623,9 @@ class CalibratedModel(AnalyticModel):
                                   else fitted.get("launch_scale", 1.0))
         self.target_mem_eff = {} if mem_eff is not None else \
             {str(k): float(v) for k, v in fitted.get("target_mem_eff", {}).items()}
+        # the fraction of the SMs' shared-memory bandwidth a graph-defined kernel's traffic
+        # gets (None: shared memory unpriced, as the analytic model)
+        self.smem_eff = smem_eff
 
     def target(self, target: Any) -> Target:
         t = get_target(target)
@@ -613,7 +633,11 @@ class CalibratedModel(AnalyticModel):
         return replace(t, mem_bw=t.mem_bw * eff, launch_us=t.launch_us * self.launch_scale)
 
     def predict(self, graph: Any, target: Any) -> float:
-        return estimate_us(graph, self.target(target), self.smem_planner)
+        if self.smem_eff is None:
+            return estimate_us(graph, self.target(target), self.smem_planner)
+        t = self.target(target)
+        return sum(max(c.us, t.launch_us + smem_us(c, t, self.smem_eff))
+                   for c in kernel_costs(graph, t, self.smem_planner))
 
     def kernel_costs(self, graph: Any, target: Any,
                      work: Mapping[int, LaunchWork] | None = None) -> list[KernelCost]:
@@ -621,6 +645,18 @@ class CalibratedModel(AnalyticModel):
 
     def lower_bound(self, program: Any, target: Any, kernels: int | None = None) -> float:
         return lower_bound_us(program, self.target(target), kernels)
+
+
+SMEM_BYTES_PER_CLOCK = 128  # an SM's shared-memory bandwidth (32 banks of 4 bytes)
+
+
+def smem_us(cost: KernelCost, t: Target, eff: float = 1.0) -> float:
+    """The time a kernel's shared-memory traffic takes on the SMs its blocks occupy, at
+    ``eff`` of their bandwidth (bank conflicts and the traffic the count leaves out lower it)."""
+    if not cost.smem_traffic or not cost.blocks:
+        return 0.0
+    sms = min(cost.blocks, t.sm_count)
+    return cost.smem_traffic / (sms * SMEM_BYTES_PER_CLOCK * t.clock_ghz * 1e9 * eff) * 1e6
 
 
 _MODELS = {"analytic": AnalyticModel, "random": RandomModel, "calibrated": CalibratedModel}

@@ -427,3 +427,28 @@ def test_calibrated_model_by_name_scales_bandwidth_and_launch():
     x = p.input("X", (64, 256), dtype="float16")
     p.output(mp.exp(x), name="Y")
     assert shipped.lower_bound(p, "h100") > 0
+
+
+def test_shared_memory_traffic_counts_every_tile_read_and_written():
+    """KernelCost.smem_traffic of a tiled matmul: per loop iteration the two operand tiles are
+    stored, read by the matmul, its product written, then read and added into the accumulator
+    (read and written); the saver reads the accumulator once per block. The calibrated model
+    with ``smem_eff`` prices a kernel at least at that traffic over the occupied SMs' 128 bytes a
+    clock; without it, as the analytic model."""
+    from mirage_py.cost_model import CalibratedModel, kernel_costs, smem_us
+    M = K = N = 1024
+    tm, tn, tk = 128, 128, 32
+    g = matmul_graph(M, K, N, tm, tn, tk)
+    (c,) = kernel_costs(g, "h100")
+    blocks, iters = (M // tm) * (N // tn), (M // tm) * (N // tn) * (K // tk)
+    a, b = tm * tk * 2, tk * tn * 2  # float16 operand tiles
+    prod = acc = tm * tn * 4  # float32 product and accumulator
+    per_iteration = (a + b) + (a + b + prod) + (prod + acc + acc)
+    assert c.smem_traffic == per_iteration * iters + acc * blocks
+    t = get_target("h100")
+    us = c.smem_traffic / (min(blocks, t.sm_count) * 128 * t.clock_ghz * 1e9) * 1e6
+    assert smem_us(c, t) == pytest.approx(us)
+    plain = CalibratedModel(mem_eff=1.0, launch_scale=1.0)
+    slow = CalibratedModel(mem_eff=1.0, launch_scale=1.0, smem_eff=0.01)
+    assert plain.predict(g, "h100") == pytest.approx(estimate_us(g, "h100"))
+    assert slow.predict(g, "h100") == pytest.approx(t.launch_us + 100 * us)
