@@ -4,7 +4,7 @@
 # KernelBench answers, sm_90a cubins), and the device tool carries it with .whl/ (wheels the GPU
 # machine lacks: scipy, tqdm). From the repository root on the GPU machine:
 #
-#     bash benchmarks/gpu_session.sh all            # everything, about 7 minutes
+#     bash benchmarks/gpu_session.sh all            # everything, about 8 minutes
 #     bash benchmarks/gpu_session.sh again STEP...  # after fixes: bench | tests | kernelbench | tuning
 #     EARLIER=path/tuning.jsonl bash benchmarks/gpu_session.sh second  # re-measure, pick the
 #                                                   # fastest timed schedules, build variants, ncu
@@ -77,9 +77,11 @@ case "$mode" in
     wait
     cat "$TMP"/pytest-gpu*.txt >> "$LOG"
     say "warmers and tests done: $(tail -1 "$TMP/pytest-gpu.txt") | $(tail -1 "$TMP/pytest-gpu-2.txt")"
-    measure bench 110
-    measure tuning 60 --budget 0.5
-    measure kernelbench 130 --budget 0.4
+    measure bench 100
+    measure tuning 100 --budget 0.5
+    measure best 50 --budget 1
+    measure kernelbench 110 --budget 0.4
+    measure variants 30 --bs 1 --budget 0.3
     $PY -m benchmarks.gpu_measure report
     say "done"
     ;;
