@@ -804,6 +804,11 @@ def kendall(pred: list[float], meas: list[float]) -> float:
     return kendall_tau(pred, meas) if len(pred) >= 2 else float("nan")
 
 
+def times_of(row: dict) -> dict[str, float]:
+    """A row's median times by variant (us)."""
+    return {k: v["us"] for k, v in row.get("times", {}).items()}
+
+
 def report(d: Path) -> str:
     lines = []
     facts = d / "machine.txt"
@@ -825,7 +830,7 @@ def report(d: Path) -> str:
                 lines.append(f"| {r['name']} | {r['bs']} | {r['kernels']} | error: "
                              f"{r['error'][:120]} |" + " |" * 13)
                 continue
-            t = {k: v["us"] for k, v in r["times"].items()}
+            t = times_of(r)
             c = lambda k: f"{t[k]:.1f}" if k in t else "-"  # noqa: E731
             base = [t[k] for k in ("eager", "torch_compile", "sdpa") if k in t]
             gbase = [t[k] for k in ("eager_graph", "torch_compile_graph", "sdpa_graph")
@@ -871,7 +876,7 @@ def report(d: Path) -> str:
                   "| benchmark | bs | graph | predicted | earlier | ours | ours graph | "
                   "allclose |", "|---|---|---|---|---|---|---|---|"]
         for r in best:
-            t = {k: v["us"] for k, v in r.get("times", {}).items()}
+            t = times_of(r)
             c = lambda k: f"{t[k]:.1f}" if k in t else "-"  # noqa: E731
             e = r.get("earlier_us")
             lines.append(f"| {r['name']} | {r['bs']} | {r['label']} | {r['predicted_us']:.1f} | "
@@ -885,7 +890,7 @@ def report(d: Path) -> str:
                   "(no warpgroup MMA) |", "|---|---|---|---|---|"]
         cells: dict[tuple, dict] = {}
         for r in variants:
-            t = {k: v["us"] for k, v in r.get("times", {}).items()}
+            t = times_of(r)
             cells.setdefault((r["name"], r["bs"]), {})[r["variant"]] = \
                 f"{t['ours']:.1f} / {t.get('ours_graph', float('nan')):.1f}" if "ours" in t \
                 else r.get("error", "-")[:60]
@@ -900,7 +905,7 @@ def report(d: Path) -> str:
                   "predicted |", "|---|---|---|---|---|---|---|---|"]
         fast = n = 0
         for r in kb:
-            t = {k: v["us"] for k, v in r.get("times", {}).items()}
+            t = times_of(r)
             if "ours" not in t:
                 lines.append(f"| {r['problem']} | - | - | - | - | "
                              f"{r.get('error', r.get('status', ''))[:100]} | - | - |")

@@ -109,17 +109,8 @@ def test_scaled_dot_product_attention_causal():
 # ---- transformers' Llama modules ----------------------------------------------------------
 
 def test_llama_mlp():
-    class SwiGLU(nn.Module):  # Llama's MLP, without transformers (GPU machines lack it)
-        def __init__(self, d=64, f=128):
-            super().__init__()
-            self.gate_proj = nn.Linear(d, f, bias=False)
-            self.up_proj = nn.Linear(d, f, bias=False)
-            self.down_proj = nn.Linear(f, d, bias=False)
-
-        def forward(self, x):
-            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-    m = _randomize(SwiGLU()).to(F16).eval()
+    from transformers.models.llama.modeling_llama import LlamaMLP
+    m = _randomize(LlamaMLP(_llama_config())).to(F16).eval()
     x = _rand(1, 8, 64)
     cm = mp.compile(m, (x,), **OPTS)
     with torch.no_grad():
