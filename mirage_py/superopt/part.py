@@ -208,8 +208,12 @@ class PartCover:
         for ops in floor_sets + search_sets:
             if ops not in self.regions:
                 self.regions[ops] = extract(self.dag, ops)
-        self.floor_sets = [g for g in floor_sets if self.regions[g].program.verifiable]
-        self.search_sets = [g for g in search_sets if self.regions[g].program.verifiable]
+        verifiable: dict[str, bool] = {}  # by structure: identical layers' regions ask once
+        for r in self.regions.values():
+            if r.key not in verifiable:
+                verifiable[r.key] = r.program.verifiable
+        self.floor_sets = [g for g in floor_sets if verifiable[self.regions[g].key]]
+        self.search_sets = [g for g in search_sets if verifiable[self.regions[g].key]]
         for r in self.regions.values():
             if r.key not in run.structures:
                 run.structures[r.key] = Structure.of(r.program, run.model, run.target)
