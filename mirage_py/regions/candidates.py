@@ -30,6 +30,7 @@ searched regions compete with them under the cost model.
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from dataclasses import dataclass
 
 from .region import PartDag, is_anchor, is_barrier, is_elementwise, is_movement
@@ -244,18 +245,28 @@ def search_regions(dag: PartDag, max_anchors: int = MAX_ANCHORS,
     for k in anchors:
         for v in reads[k]:
             readers.setdefault(v, set()).add(k)
-    for k in anchors:
-        stack, seen = list(nbrs[k]), {k}
+    # glue alone: the anchors next to k, and those next to each connected piece of glue next
+    # to k (its pieces found once, not walked again from every anchor: the residual stream is
+    # one piece of glue across all the layers)
+    piece: dict[int, int] = {}  # glue atom -> its piece
+    beside: list[set[int]] = []  # piece -> the anchors next to it
+    for g, a in enumerate(ats):
+        if a.anchor is not None or a.barrier or g in piece:
+            continue
+        stack, piece[g], found = [g], len(beside), set()
         while stack:
-            j = stack.pop()
-            if j in seen:
-                continue
-            seen.add(j)
-            if ats[j].anchor is not None:
-                near[k].add(j)
-            elif not ats[j].barrier:
-                stack.extend(nbrs[j])
-        near[k] |= set().union(*(readers[v] for v in reads[k])) - {k}
+            for j in nbrs[stack.pop()]:
+                if ats[j].anchor is not None:
+                    found.add(j)
+                elif not ats[j].barrier and j not in piece:
+                    piece[j] = len(beside)
+                    stack.append(j)
+        beside.append(found)
+    for k in anchors:
+        near[k] = {j for j in nbrs[k] if ats[j].anchor is not None}
+        near[k] |= set().union(*(beside[i] for i in {piece[j] for j in nbrs[k] if j in piece}))
+        near[k] |= set().union(*(readers[v] for v in reads[k]))
+        near[k].discard(k)
     # a row max that only shifts exps (the max-shifted form of a softmax) does not count toward
     # the limits: a region is as large as its unshifted form, which is what the search sees;
     # products of one operand with weights count once (the k and v projections of a normalised
@@ -263,8 +274,7 @@ def search_regions(dag: PartDag, max_anchors: int = MAX_ANCHORS,
     # sum before them): one loop over the operand computes them all
     counts = {k: 0 if _shifts_only(dag, ats[k].anchor) else 1 for k in anchors}
     sibling = {k: _product_of(dag, ats[k].anchor) or ats[k].anchor for k in anchors}
-    siblings = max((sum(1 for j in anchors if sibling[j] == sibling[k]) for k in anchors),
-                   default=1)
+    siblings = max(Counter(sibling.values()).values(), default=1)
 
     def size(s: frozenset) -> int:
         return len({sibling[k] for k in s if counts[k]})
