@@ -181,6 +181,80 @@ def test_a_cut_short_part_keeps_the_cover_whose_assembled_graph_is_cheapest():
         np.testing.assert_allclose(got[k], ref[k], rtol=1e-9, atol=1e-9 * np.abs(ref[k]).max())
 
 
+@pytest.mark.slow  # 5 s of CPU (11 s under a load of 4)
+def test_a_worker_the_tunings_leave_idle_searches_the_next_wanted_structure():
+    """Under a budget a round's tunings go with searches of the next structures the cover wants
+    when they leave a worker idle (two workers, one tuning: one search beside it), never more
+    jobs than workers at once in a round's tuning call; the answer is verified and equals the
+    float64 reference."""
+    class Recording(LocalExecutor):
+        def __init__(self):
+            self.calls = []
+
+        def explore(self, jobs, run, **kw):
+            self.calls.append([j.prior is not None for j in jobs])
+            return super().explore(jobs, run, **kw)
+    ex = Recording()
+    comp = decoder_block(layers=1)
+    opt = mp.superopt(comp.program, database=False, workers=2, progress=False,
+                      time_budget_s=300, executor=ex)
+    tunings = [c for c in ex.calls if any(c)]
+    assert tunings and all(len(c) <= 2 for c in tunings)
+    assert any(c.count(True) == 1 and c.count(False) == 1 for c in tunings)
+    check_answer(opt, comp.reference, comp.inputs(8))
+
+
+def test_a_structure_whose_best_check_cannot_end_in_time_checks_its_next_option():
+    """Under a budget a tuned structure whose best option's check is guessed not to end in time
+    is not left unchecked when one of its next ``CHECK_OPTIONS`` options' can end
+    (``PartCover._checkable``: on the 32-layer 8B-size decoder some tuned attention candidates
+    verify shrunk in 0.1 s, others only at full size, 8-15 s): that option goes first, is the
+    one verified, and the structure's answer computes its region; the best one's check never
+    starts. Where none of them can be checked, nothing moves."""
+    from test_online_softmax import _run
+    from mirage_py.superopt.part import CHECK_OPTIONS, PartCover
+    from mirage_py.superopt.structure import Status
+    part = PartCover(decoder_block(layers=1).program, _run())
+    run = part.run
+    st = run.structures[part.search_keys[0]]
+    part._explore_all([st])
+    part._explore_all([st])  # its deferred tuning
+    assert st.status is Status.EXPLORED and st.prior is None and len(st.options) >= 3
+    best, second = st.options[0], st.options[1]
+    assert best.graph.structural_hash() != second.graph.structural_hash()
+    checked = []
+    real_verify = run.verifier
+
+    def room_for_check(program=None, known=False, extra_s=0.0, key=None, graph=None):
+        return graph is not best.graph  # the best option's check would not end in time
+
+    def verifier(key, program):
+        v = real_verify(key, program)
+        check = v.check
+
+        def noted(graph, **kw):
+            checked.append(graph)
+            return check(graph, **kw)
+        v.check = noted
+        return v
+    run.room_for_check, run.verifier = (lambda *a, **kw: False), verifier
+    order = list(st.options)
+    assert not part._checkable(st) and st.options == order  # none can: nothing moves
+    run.room_for_check = room_for_check
+    assert part._checkable(st) and st.options[0] is second and best in st.options[1:CHECK_OPTIONS]
+    part._verify_all([st])
+    assert st.status is Status.VERIFIED and st.result.graph is second.graph
+    assert st.result.estimated_us == second.predicted_us
+    assert best.graph not in checked and second.graph in checked
+    inputs = {t.name: np.random.default_rng(3).standard_normal(t.shape)
+              for t in st.program.inputs}
+    want = st.program.evaluate(inputs)
+    got = st.result.graph.run(inputs, precision="float64")
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-9,
+                                   atol=1e-9 * np.abs(want[name]).max())
+
+
 @pytest.mark.slow  # 6-8 s of CPU (14 s under a load of 7)
 def test_a_budget_ending_after_the_first_searched_answer_replays_it_to_every_layer(monkeypatch):
     """Good early (issue #29): under a budget the searches go one per worker, the most they can

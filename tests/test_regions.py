@@ -147,6 +147,7 @@ def test_identical_layers_give_identical_region_keys():
     # same keys, programs and operator names
     fresh = PartDag(two)
     fresh.programs = type("Never", (dict,), {"get": lambda self, k, d=None: None})()
+    fresh.repeat = None  # nor translates a region from the layer before (see below)
     for r in search_regions(d2):
         a, b = extract(d2, r), extract(fresh, r)
         assert (a.key, a.local, a.inputs, a.outputs) == (b.key, b.local, b.inputs, b.outputs)
@@ -158,6 +159,73 @@ def test_identical_layers_give_identical_region_keys():
     w2, x2 = b.input("weights", (64, 32)), b.input("acts", (4, 64))
     b.output(mp.rms_norm(x2) @ w2, name="y")
     assert canonical(a).structural_hash() == canonical(b).structural_hash()
+
+
+def _mlp_stack(layers: int, tied: tuple = (), twice: tuple = ()) -> mp.Program:
+    """``layers`` residual SwiGLU layers, ``h + (silu(n @ Wg) * (n @ Wu)) @ Wd`` with
+    ``n = rms_norm(h) * g``; the weights named in ``tied`` are one input every layer reads, and
+    the layers in ``twice`` use their gate weight for the up projection as well."""
+    p = mp.Program("stack")
+    h = p.input("x", (2, 64))
+    shapes = {"g": (64,), "Wg": (64, 96), "Wu": (64, 96), "Wd": (96, 64)}
+    shared = {w: p.input(w, shapes[w]) for w in tied}
+    for i in range(layers):
+        w = {n: shared[n] if n in shared else p.input(f"{n}{i}", shapes[n])
+             for n in ("g", "Wg", "Wd") + (() if i in twice else ("Wu",))}
+        n = mp.rms_norm(h) * w["g"]
+        h = (mp.silu(n @ w["Wg"]) * (n @ w["Wg" if i in twice else "Wu"])) @ w["Wd"] + h
+    p.output(h, name="y")
+    return p
+
+
+@pytest.mark.parametrize("program", [
+    decoder_block(b=1, kv=64, d=128, heads=2, f=128, layers=8).program,
+    _mlp_stack(12), _mlp_stack(12, tied=("g", "Wd")), _mlp_stack(16, twice=(10,))],
+    ids=["decoder", "mlp", "tied", "twice"])
+def test_identical_layers_are_enumerated_once_and_translated(program, monkeypatch):
+    """A stack of identical layers repeats with a period of one layer (``PartDag.repeat``):
+    each layer's regions are the layer before's translated -- region growing is done for the
+    first layers only, and a region one period after an extracted one is that one moved. Both
+    give exactly what enumerating and extracting every layer gives: the same regions in the
+    same order, the same programs, inputs, outputs and operator names. A weight every layer
+    reads pairs with itself; a layer that reads one weight where the others read two breaks
+    the pairing around it (its operators do not translate) and is enumerated itself."""
+    from mirage_py.regions import candidates as cand, region as reg_mod
+    moved = {"grown": 0, "regions": 0}
+    translated, made = cand._AtomMoves.translated, reg_mod._translated
+
+    def spy_grown(self, *a):
+        got = translated(self, *a)
+        moved["grown"] += got is not None
+        return got
+
+    def spy_made(*a):
+        moved["regions"] += 1
+        return made(*a)
+    monkeypatch.setattr(cand._AtomMoves, "translated", spy_grown)
+    monkeypatch.setattr(reg_mod, "_translated", spy_made)
+    part = part_of(program)
+    dag, plain = PartDag(part), PartDag(part)
+    plain.repeat = None
+    per_layer = len(PartDag(part_of(_mlp_stack(2))).nodes) - \
+        len(PartDag(part_of(_mlp_stack(1))).nodes)
+    assert dag.repeat is not None
+    if program.name == "stack":
+        assert dag.repeat.period == per_layer
+    got, want = search_regions(dag), search_regions(plain)
+    assert got == want and len(got) > 100
+    assert moved["grown"] >= 2  # layers whose growing was the layer before's, translated
+    for r in got:
+        a, b = extract(dag, r), extract(plain, r)
+        assert (a.key, a.ops, a.inputs, a.outputs, a.anchors, a.whole, a.local) == \
+            (b.key, b.ops, b.inputs, b.outputs, b.anchors, b.whole, b.local)
+    assert moved["regions"] >= len(got) // 3
+    if program.name == "stack" and "g" in {t.name for t in program.inputs}:
+        g = next(t for t in part.inputs if t.name == "g")
+        assert dag.repeat.inputs[g.digest] == g.digest  # the tied weight, with itself
+    readers = [dag.pos[t.digest] for t in dag.nodes if any(x.name == "Wg10" for x in t.inputs)]
+    if "Wu10" not in {t.name for t in program.inputs} and readers:
+        assert not any(dag.repeat.valid[i] for i in readers)
 
 
 def test_floor_groups_partition_the_part_and_follow_the_rules():

@@ -30,6 +30,7 @@ searched regions compete with them under the cost model.
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from dataclasses import dataclass
 
 from .region import PartDag, is_anchor, is_barrier, is_elementwise, is_movement
@@ -142,6 +143,87 @@ def _product_of(dag: PartDag, d: str) -> str | None:
     return "product:" + t.inputs[0].digest
 
 
+@dataclass(frozen=True)
+class _Explored:
+    """What growing anchor sets from some seeds found (:func:`search_regions`): the regions,
+    and the atoms the growing looked at."""
+
+    regions: list
+    core: frozenset  # the closed sets' atoms and their variants' (their neighbours looked at)
+    rim: frozenset  # the other atoms looked at (what and where they are only)
+
+
+class _AtomMoves:
+    """The atoms of a repeating part (:class:`~.region.Repeat`) one period later: ``image[k]``
+    is the atom made of ``k``'s operators translated (None where they do not translate or make
+    no atom); ``k`` is *alike* one period later when its image is the same kind of atom -- the
+    same anchor translated, counted alike, a sibling product where it had one --, and *moves*
+    when its neighbours and near anchors are also the images of its own."""
+
+    def __init__(self, dag: PartDag, repeat, ats: list[Atom], where: dict, nbrs: dict,
+                 near: dict, counts: dict, sibling: dict):
+        self.dag, self.repeat, self.ats, self.where = dag, repeat, ats, where
+        self.image: list[int | None] = []
+        for a in ats:
+            pos = [dag.pos[d] for d in a.ops]
+            k = None
+            if repeat.all_valid(pos):
+                moved = frozenset(repeat.shifted(dag, d) for d in a.ops)
+                j = where.get(next(iter(moved)))
+                k = j if j is not None and ats[j].ops == moved else None
+            self.image.append(k)
+
+        def alike(k: int) -> bool:
+            j, a = self.image[k], ats[k]
+            if j is None or ats[j].barrier != a.barrier or \
+                    (a.anchor is None) != (ats[j].anchor is None):
+                return False
+            return a.anchor is None or (
+                ats[j].anchor == repeat.shifted(dag, a.anchor) and counts.get(j) == counts.get(k)
+                and sibling.get(j) == _moved_sibling(dag, repeat, sibling[k]))
+
+        def moves(k: int) -> bool:
+            return self.alike[k] and all(
+                k not in rel or (all(self.image[x] is not None for x in rel[k]) and
+                                 rel.get(self.image[k], set()) == {self.image[x] for x in rel[k]})
+                for rel in (nbrs, near))
+        self.alike = [alike(k) for k in range(len(ats))]
+        self.moves = [moves(k) for k in range(len(ats))]
+
+    def translated(self, seeds: list[int], got: _Explored, next_seeds: list[int]
+                   ) -> _Explored | None:
+        """What growing from ``next_seeds`` finds, as ``got`` (grown from ``seeds``) one period
+        later -- where ``next_seeds`` are the images of ``seeds`` and everything the growing
+        looked at translates: the atoms whose neighbours it looked at move with them, the
+        others it looked at are alike one period later, and so is every operator and atom
+        between the first and the last of their operators (what a hull may hold). None
+        otherwise: grow them."""
+        dag, image, where = self.dag, self.image, self.where
+        if any(image[k] is None for k in seeds) or \
+                {image[k] for k in seeds} != set(next_seeds):
+            return None
+        if not got.core or not all(self.moves[k] for k in got.core) or \
+                not all(self.alike[k] for k in got.rim):
+            return None
+        span = [dag.pos[d] for k in got.core | got.rim for d in self.ats[k].ops]
+        lo, hi = min(span), max(span)
+        if not self.repeat.all_valid(range(lo, hi + 1)) or not all(
+                self.alike[where[dag.nodes[i].digest]] for i in range(lo, hi + 1)):
+            return None
+        shifted = self.repeat.shifted
+        return _Explored([frozenset(shifted(dag, d) for d in r) for r in got.regions],
+                         frozenset(image[k] for k in got.core),
+                         frozenset(image[k] for k in got.rim))
+
+
+def _moved_sibling(dag: PartDag, repeat, key: str) -> str:
+    """A sibling key (:func:`_product_of`: ``product:`` and an operand, or an anchor) one
+    period later."""
+    if key.startswith("product:"):
+        return "product:" + repeat.shifted(dag, key[len("product:"):])
+    return repeat.shifted(dag, key)
+
+
 def search_regions(dag: PartDag, max_anchors: int = MAX_ANCHORS,
                    whole_anchors: int = WHOLE_ANCHORS, max_ops: int = MAX_OPS,
                    max_variants: int = 8) -> list[frozenset]:
@@ -163,18 +245,28 @@ def search_regions(dag: PartDag, max_anchors: int = MAX_ANCHORS,
     for k in anchors:
         for v in reads[k]:
             readers.setdefault(v, set()).add(k)
-    for k in anchors:
-        stack, seen = list(nbrs[k]), {k}
+    # glue alone: the anchors next to k, and those next to each connected piece of glue next
+    # to k (its pieces found once, not walked again from every anchor: the residual stream is
+    # one piece of glue across all the layers)
+    piece: dict[int, int] = {}  # glue atom -> its piece
+    beside: list[set[int]] = []  # piece -> the anchors next to it
+    for g, a in enumerate(ats):
+        if a.anchor is not None or a.barrier or g in piece:
+            continue
+        stack, piece[g], found = [g], len(beside), set()
         while stack:
-            j = stack.pop()
-            if j in seen:
-                continue
-            seen.add(j)
-            if ats[j].anchor is not None:
-                near[k].add(j)
-            elif not ats[j].barrier:
-                stack.extend(nbrs[j])
-        near[k] |= set().union(*(readers[v] for v in reads[k])) - {k}
+            for j in nbrs[stack.pop()]:
+                if ats[j].anchor is not None:
+                    found.add(j)
+                elif not ats[j].barrier and j not in piece:
+                    piece[j] = len(beside)
+                    stack.append(j)
+        beside.append(found)
+    for k in anchors:
+        near[k] = {j for j in nbrs[k] if ats[j].anchor is not None}
+        near[k] |= set().union(*(beside[i] for i in {piece[j] for j in nbrs[k] if j in piece}))
+        near[k] |= set().union(*(readers[v] for v in reads[k]))
+        near[k].discard(k)
     # a row max that only shifts exps (the max-shifted form of a softmax) does not count toward
     # the limits: a region is as large as its unshifted form, which is what the search sees;
     # products of one operand with weights count once (the k and v projections of a normalised
@@ -182,8 +274,7 @@ def search_regions(dag: PartDag, max_anchors: int = MAX_ANCHORS,
     # sum before them): one loop over the operand computes them all
     counts = {k: 0 if _shifts_only(dag, ats[k].anchor) else 1 for k in anchors}
     sibling = {k: _product_of(dag, ats[k].anchor) or ats[k].anchor for k in anchors}
-    siblings = max((sum(1 for j in anchors if sibling[j] == sibling[k]) for k in anchors),
-                   default=1)
+    siblings = max(Counter(sibling.values()).values(), default=1)
 
     def size(s: frozenset) -> int:
         return len({sibling[k] for k in s if counts[k]})
@@ -223,35 +314,82 @@ def search_regions(dag: PartDag, max_anchors: int = MAX_ANCHORS,
             s = frozenset(more)
         return None
 
+    # anchors whose pair closes past the limit are never grown together: a closure only grows
+    # with its set, so closed(s | {j}) is None for every s holding k when closed({k, j}) is.
+    # The residual stream's glue makes every layer's anchors near each other: growing those
+    # pairs was most of the enumeration of stacked layers (quadratic in the depth), and kept
+    # what one layer grows from being the layer before's, translated
+    pairs: dict[frozenset, bool] = {}
+    for k in anchors:
+        for j in near[k]:
+            pair = frozenset((k, j))
+            if pair not in pairs:
+                pairs[pair] = closed(pair) is not None
+        near[k] = {j for j in near[k] if pairs[frozenset((k, j))]}
+
+    def explore(seeds: list[int]) -> _Explored:
+        """The regions of the closed anchor sets grown from ``seeds`` (one neighbour at a
+        time), and the atoms that growing them looked at."""
+        found: dict[frozenset, None] = {}
+        core: set[int] = set()  # closed sets' atoms and their variants': whose neighbours count
+        rim: set[int] = set()  # atoms only looked at: what they are, where they are
+        seen_sets: set[frozenset] = set()
+        frontier = [frozenset([k]) for k in seeds]
+        while frontier:
+            nxt = []
+            for s in frontier:
+                if s in seen_sets:
+                    continue
+                seen_sets.add(s)
+                c = closed(s)
+                if c != s:  # None, or grown by the anchors of its hull (processed next)
+                    rim.update(s)
+                    if c is not None:
+                        nxt.append(c)
+                    continue
+                core.update(s)
+                for ops in _variants(dag, ats, nbrs, s, max_variants):
+                    for d in ops:  # the atoms in it, and the glue around them it may take
+                        if where[d] not in core:
+                            core.add(where[d])
+                            rim.update(nbrs[where[d]])
+                    if len(ops) <= max_ops:
+                        found.setdefault(ops)
+                for k in s:
+                    rim.update(near[k])
+                if size(s) < max_anchors or any(size(s | {j}) <= max_anchors for k in s
+                                                for j in near[k] if j not in s):
+                    nxt.extend(s | {j} for k in s for j in near[k] if j not in s)
+            frontier = nxt
+        return _Explored(list(found), frozenset(core), frozenset(rim - core))
+
     found: dict[frozenset, None] = {}
-    seen_sets: set[frozenset] = set()
-    frontier = [frozenset([k]) for k in anchors]
-    while frontier:  # closed sets of anchors, grown one neighbour at a time
-        nxt = []
-        for s in frontier:
-            if s in seen_sets:
-                continue
-            seen_sets.add(s)
-            c = closed(s)
-            if c is None:
-                continue
-            if c != s:
-                nxt.append(c)
-                continue
-            for ops in _variants(dag, ats, nbrs, s, max_variants):
-                if len(ops) <= max_ops:
-                    found.setdefault(ops)
-            if size(s) < max_anchors or any(size(s | {j}) <= max_anchors for k in s
-                                            for j in near[k] if j not in s):
-                nxt.extend(s | {j} for k in s for j in near[k] if j not in s)
-        frontier = nxt
+    repeat = dag.repeat
+    if repeat is None:
+        found.update(dict.fromkeys(explore(anchors).regions))
+    else:  # identical layers: a period's anchors grow what the period before grew, translated
+        moves = _AtomMoves(dag, repeat, ats, where, nbrs, near, counts, sibling)
+        blocks: dict[int, list[int]] = {}
+        for k in anchors:
+            blocks.setdefault(dag.pos[ats[k].anchor] // repeat.period, []).append(k)
+        last: tuple[int, list[int], _Explored] | None = None
+        for b in sorted(blocks):
+            seeds = blocks[b]
+            got = None
+            if last is not None and last[0] == b - 1:
+                got = moves.translated(last[1], last[2], seeds)
+            if got is None:
+                got = explore(seeds)
+            found.update(dict.fromkeys(got.regions))
+            last = (b, seeds, got)
     for ops in _anchorless(dag, max_ops):
         found.setdefault(ops)
     every = frozenset(dag.by_digest)
     if every and size(frozenset(anchors)) <= whole_anchors and len(every) <= max_ops:
         found.setdefault(every)
+    # a total order, whatever order the regions were found in
     return sorted(found, key=lambda r: (sum(is_anchor(dag.by_digest[d]) for d in r), len(r),
-                                        min(dag.pos[d] for d in r)))
+                                        sorted(dag.pos[d] for d in r)))
 
 
 def _anchorless(dag: PartDag, max_ops: int) -> list[frozenset]:
@@ -390,27 +528,55 @@ def floor_groups(dag: PartDag) -> list[frozenset]:
         owners = {u if is_anchor(dag.by_digest[u]) else pro.get(u) for u in users}
         if len(owners) == 1 and None not in owners:
             pro[d] = owners.pop()
+    prologues: dict[str, list[str]] = {}
+    for p, a in pro.items():
+        prologues.setdefault(a, []).append(p)
+    # the groups' graph so far: while nodes are placed in part order, a node's users are not
+    # placed yet, so its edges all come from its operands' groups into its own, and placing it
+    # in group k makes a cycle exactly when k reaches one of its other operands' groups (the
+    # graph was acyclic before). Checked so instead of walking every group each time (80
+    # stacked layers: 1.2 s, quadratic in the depth)
+    succ: dict[int, set[int]] = {}
+
+    def link(ds: list[str]) -> None:
+        for d in ds:
+            for p in dag.operands(d):
+                if p in group and group[p] != group[d]:
+                    succ.setdefault(group[p], set()).add(group[d])
+
+    def reaches(k: int, targets: set[int]) -> bool:
+        stack, seen = [k], {k}
+        while stack:
+            for j in succ.get(stack.pop(), ()):
+                if j in targets:
+                    return True
+                if j not in seen:
+                    seen.add(j)
+                    stack.append(j)
+        return False
+
     for t in dag.nodes:
         d = t.digest
         if d in pro:
             continue
         if is_barrier(t) or is_anchor(t) or not is_elementwise(t):
             new_group(d, is_anchor(t))
-            for p in dag.ancestors({d}):
-                if pro.get(p) == d:
-                    group[p] = group[d]
-                    members[group[d]].append(p)
+            for p in prologues.get(d, ()):
+                group[p] = group[d]
+                members[group[d]].append(p)
+            link([d] + prologues.get(d, []))
             continue
+        operands = {group[p] for p in dag.operands(d)}
         options = sorted({group[p] for p in dag.operands(d)
                           if not is_barrier(dag.by_digest[p])}, reverse=True)
         for k in options:  # the latest-produced operand's group first
-            group[d] = k
-            if quotient_acyclic({}):
+            if not reaches(k, operands - {k}):
+                group[d] = k
                 members[k].append(d)
                 break
-            del group[d]
         else:
             new_group(d, False)
+        link([d])
     # prologues: an elementwise group whose values all feed one anchored group joins it
     changed = True
     while changed:

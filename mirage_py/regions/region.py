@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
@@ -77,6 +77,14 @@ class PartDag:
         self._operands: dict[str, list[str]] = {
             t.digest: list(dict.fromkeys(x.digest for x in t.inputs if x.digest in self.by_digest))
             for t in self.nodes}
+        # regions extracted so far, by their operators: a region one period after one of them
+        # (identical layers, :attr:`repeat`) is that region translated, not extracted again
+        self.extracted: dict[frozenset, Region] = {}
+
+    @cached_property
+    def repeat(self) -> "Repeat | None":
+        """How the part repeats itself (identical layers), if it does (:func:`find_repeat`)."""
+        return find_repeat(self)
 
     def operands(self, d: str) -> list[str]:
         """Digests of the operator nodes ``d`` reads (inputs and constants left out)."""
@@ -165,6 +173,105 @@ class PartDag:
         return self.hull(ops) == ops
 
 
+@dataclass(frozen=True, eq=False)
+class Repeat:
+    """A part that repeats itself -- identical layers -- as a translation of its operators by
+    ``period`` positions in the part's order. ``valid[i]``: the operator at position ``i`` and
+    the one at ``i + period`` are alike (:func:`_position_label`: operator, attributes, shape,
+    dtype, users at the same offsets, a part output or not) and read alike -- operators at the
+    same offsets, the same constants and masks, part inputs of the same shapes and dtypes that
+    ``inputs`` pairs one to one (a layer's weights with the next layer's; an input every layer
+    reads, with itself). Around valid positions the translation is an isomorphism of the part:
+    what the region layer derives from them alone (the regions enumerated there, a region's
+    program, inputs and outputs) is the earlier layer's, translated."""
+
+    period: int
+    valid: tuple[bool, ...]
+    inputs: dict  # part input digest -> the input read in its place one period later
+
+    def all_valid(self, positions) -> bool:
+        """Do the operators at ``positions`` all translate?"""
+        n = len(self.valid)
+        return all(0 <= i < n and self.valid[i] for i in positions)
+
+    def shifted(self, dag: PartDag, d: str) -> str:
+        """The digest of what stands in ``d``'s place one period later: an operator by its
+        position, a part input by ``inputs``, a constant or a mask is itself. Only for what
+        operators at valid positions are and read."""
+        if d in dag.pos:
+            return dag.nodes[dag.pos[d] + self.period].digest
+        return self.inputs.get(d, d)
+
+    def earlier(self, dag: PartDag, ops: frozenset) -> frozenset | None:
+        """``ops`` one period earlier, where each of those operators translates onto ``ops``;
+        None otherwise."""
+        p = self.period
+        pos = [dag.pos[d] - p for d in ops]
+        if not self.all_valid(pos):
+            return None
+        return frozenset(dag.nodes[i].digest for i in pos)
+
+
+def _position_label(dag: PartDag, i: int) -> tuple:
+    """What the operator at position ``i`` is, with every position relative to ``i``: alike
+    labels at ``i`` and ``i + p`` make the translation by ``p`` an isomorphism there (inputs
+    known by shape and dtype here, paired by :func:`find_repeat`)."""
+    t = dag.nodes[i]
+    operands = tuple(("op", dag.pos[x.digest] - i) if x.digest in dag.pos else
+                     (x.op, x.digest) if x.op in ("const", "mask") else
+                     ("in", x.shape, x.dtype) for x in t.inputs)
+    users = tuple(sorted(dag.pos[c] - i for c in dag.consumers[t.digest]))
+    return (t.op, t.attrs, t.shape, t.dtype, operands, users, t.digest in dag.output_names)
+
+
+def find_repeat(dag: PartDag, candidates: int = 4) -> "Repeat | None":
+    """The translation by which the part repeats itself the most (see :class:`Repeat`), or None
+    where no period covers one whole period of valid positions. Periods tried: the
+    ``candidates`` most frequent distances between consecutive operators with the same label;
+    the one with the most valid positions wins (the shorter on a tie)."""
+    n = len(dag.nodes)
+    labels = [_position_label(dag, i) for i in range(n)]
+    at: dict[tuple, int] = {}
+    gaps: dict[int, int] = {}
+    for i, lab in enumerate(labels):
+        if lab in at:
+            g = i - at[lab]
+            gaps[g] = gaps.get(g, 0) + 1
+        at[lab] = i
+    best: tuple[int, int] | None = None
+    for p in sorted(gaps, key=lambda g: (-gaps[g], g))[:candidates]:
+        same = sum(labels[i] == labels[i + p] for i in range(n - p))
+        if same >= p and (best is None or (same, -p) > (best[0], -best[1])):
+            best = (same, p)
+    if best is None:
+        return None
+    p = best[1]
+    valid = [i + p < n and labels[i] == labels[i + p] for i in range(n)]
+    # part inputs paired one to one by the valid positions that read them: an input read at a
+    # position whose pairing conflicts with another's invalidates every valid position reading
+    # it (one pass suffices: dropping positions only drops pairs)
+    pairs: dict[str, set] = {}
+    back: dict[str, set] = {}
+    readers: dict[str, list[int]] = {}
+    for i in range(n):
+        if not valid[i]:
+            continue
+        for x, y in zip(dag.nodes[i].inputs, dag.nodes[i + p].inputs):
+            if x.op == "input":
+                pairs.setdefault(x.digest, set()).add(y.digest)
+                back.setdefault(y.digest, set()).add(x.digest)
+                readers.setdefault(x.digest, []).append(i)
+    bad = {x for x, ys in pairs.items() if len(ys) > 1}
+    bad |= {x for xs in back.values() if len(xs) > 1 for x in xs}
+    for x in bad:
+        for i in readers[x]:
+            valid[i] = False
+    inputs = {x: next(iter(ys)) for x, ys in pairs.items() if x not in bad}
+    if sum(valid) < p:
+        return None
+    return Repeat(p, tuple(valid), inputs)
+
+
 def _shape_digest(t: Tensor, inside: set[str], memo: dict[str, str]) -> str:
     """A digest of ``t``'s structure within a region with the region's inputs anonymous (known
     by shape and dtype only): the order of outputs must not depend on names."""
@@ -225,7 +332,33 @@ class Region:
 
 
 def extract(dag: PartDag, ops: frozenset, tags: frozenset = frozenset()) -> Region:
-    """The region computing ``ops`` (a convex set of ``dag``'s operator digests)."""
+    """The region computing ``ops`` (a convex set of ``dag``'s operator digests). A region one
+    period after one extracted before (identical layers, :attr:`PartDag.repeat`) is that one
+    translated: the same program, its operators, inputs and outputs one period later."""
+    ops = frozenset(ops)
+    region = dag.extracted.get(ops)
+    if region is None:
+        rep = dag.repeat
+        before = None if rep is None else rep.earlier(dag, ops)
+        prev = None if before is None else dag.extracted.get(before)
+        region = _extracted(dag, ops) if prev is None else _translated(dag, rep, prev)
+        dag.extracted[ops] = region
+    return region if not tags else replace(region, tags=tags)
+
+
+def _translated(dag: PartDag, rep: Repeat, prev: Region) -> Region:
+    """``prev`` one period later (its operators translate: :meth:`Repeat.earlier`)."""
+    def move(d: str) -> str:
+        return rep.shifted(dag, d)
+    ops = frozenset(move(d) for d in prev.ops)
+    return Region(ops, tuple(move(d) for d in prev.inputs), tuple(move(d) for d in prev.outputs),
+                  prev.program, prev.anchors, len(ops) == len(dag.by_digest), frozenset(),
+                  {move(d): v for d, v in prev.local.items()})
+
+
+def _extracted(dag: PartDag, ops: frozenset) -> Region:
+    """:func:`extract`, computed."""
+    tags = frozenset()
     inside = set(ops)
     written = [d for d in ops if d in dag.output_names or
                any(c not in inside for c in dag.consumers.get(d, ()))]

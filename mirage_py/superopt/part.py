@@ -90,6 +90,9 @@ SUB_REGION_KERNELS = 2
 # cost over this, never below their lower bound (``tuned_floor``); and a sub-region's search
 # keeps kernel sequences up to its break-even cost times this (``PartCover._break_even``)
 TUNE_SLACK = 2.0
+# under a budget, the check of a structure's best option that cannot end in time gives way to
+# the first of its next options (of this many best) whose check can (``PartCover._checkable``)
+CHECK_OPTIONS = 4
 # a cover solve gets at least this long even when the budget is spent (the 0/1 programs of 32
 # stacked decoder layers take 0.05-1.5 s; a quick one over verified answers alone, the first)
 COVER_LEAST_SECONDS = 0.5
@@ -168,6 +171,8 @@ class PartCover:
         self._graphs: dict = {}  # id(cover) -> (cover, what _assembled made of it)
         self._verified_costs: dict = {}  # (structure, verified candidates) -> _verified_cost
         self._places: dict[str, list] = {}  # structure key -> its search regions' operators
+        self._region_io: dict[frozenset, tuple] = {}  # a region's operators -> :meth:`_io`
+        self._done_ops: tuple | None = None  # (verified candidates, operator -> their indices)
 
     # -- the candidates ---------------------------------------------------------------------
     def _naive_candidates(self) -> None:
@@ -208,8 +213,12 @@ class PartCover:
         for ops in floor_sets + search_sets:
             if ops not in self.regions:
                 self.regions[ops] = extract(self.dag, ops)
-        self.floor_sets = [g for g in floor_sets if self.regions[g].program.verifiable]
-        self.search_sets = [g for g in search_sets if self.regions[g].program.verifiable]
+        verifiable: dict[str, bool] = {}  # by structure: identical layers' regions ask once
+        for r in self.regions.values():
+            if r.key not in verifiable:
+                verifiable[r.key] = r.program.verifiable
+        self.floor_sets = [g for g in floor_sets if verifiable[self.regions[g].key]]
+        self.search_sets = [g for g in search_sets if verifiable[self.regions[g].key]]
         for r in self.regions.values():
             if r.key not in run.structures:
                 run.structures[r.key] = Structure.of(r.program, run.model, run.target)
@@ -234,21 +243,25 @@ class PartCover:
             res = st.floor if floor_only or st.status is not Status.VERIFIED else st.result
             if res is not None:
                 k = f"floor:{self.dag.pos[min(ops, key=self.dag.pos.get)]}:{len(what)}"
-                cands.append(CoverCandidate(k, self._reads(r), frozenset(r.outputs),
-                                            res.estimated_us, ops))
+                cands.append(CoverCandidate(k, *self._io(r), res.estimated_us, ops))
                 what[k] = (r, res)
         if not floor_only:
             for ops in self.search_sets:
                 r = self.regions[ops]
                 st = self.run.structures[r.key]
                 k = f"region:{len(what)}"
-                cands.append(CoverCandidate(k, self._reads(r), frozenset(r.outputs),
+                cands.append(CoverCandidate(k, *self._io(r),
                                             math.inf if r.key in left_out else st.cost, ops))
                 what[k] = (r, None)
         return cands, what
 
-    def _reads(self, r: Region) -> frozenset:
-        return frozenset(v for v in r.inputs if v in self.inner)
+    def _io(self, r: Region) -> tuple[frozenset, frozenset]:
+        """What a region reads of the part's values, and what it writes (kept per region)."""
+        got = self._region_io.get(r.ops)
+        if got is None:
+            got = self._region_io[r.ops] = (frozenset(v for v in r.inputs if v in self.inner),
+                                            frozenset(r.outputs))
+        return got
 
     def _solve(self, cands: list, exact: bool = True) -> Cover:
         return self.covers.solve(cands, exact=exact, time_limit_s=self._solve_limit())
@@ -359,7 +372,8 @@ class PartCover:
         at the 8B size: 1-3e-7 s per input element) are what the time goes to: of the wanted
         structures, one search per worker (:meth:`_search`: the most they can save per second
         of their check first, only those whose check can still end in time), one tuning per
-        worker, and the check of every tuned one that can end in time, the most worth per
+        worker (a worker left idle searching the next structure the cover wants, tuned the
+        next round), and the check of every tuned one that can end in time, the most worth per
         second first -- so what a round finds is checked before the next round searches, and
         the answer at any moment has the structures worth the most (each verified structure
         serves every place it occurs: identical layers). False when nothing could be done."""
@@ -370,13 +384,35 @@ class PartCover:
         untuned = [st for st in todo if st.status is Status.EXPLORED and st.prior is not None]
         if untuned:
             done = self._verified_candidates()
-            self._tune(sorted(untuned, key=lambda st: -self._saving_rate(st, done))[
-                :max(1, run.workers)])
+            tuning = sorted(untuned, key=lambda st: -self._saving_rate(st, done))[
+                :max(1, run.workers)]
+            # a worker the tunings leave idle searches the next structure the cover wants
+            # (tuned and checked the next round): a tuning took 0.3-0.8 s of a round on the
+            # 32-layer decoder with the other worker idle
+            spare = max(0, run.workers - len(tuning))
+            more = [st for st in todo if st.status is Status.OPEN]
+            extra = self._searches(more, limit=spare, speculate=False) \
+                if spare and more and not run.expired() else []
+            self._tune(tuning, extra)
         ready = [st for st in todo if st.status is Status.EXPLORED and st.prior is None and
-                 run.room_for_check(st.program, **self._candidate(st))]
+                 self._checkable(st)]
         if ready:
             self._verify_all(ready)
         return bool(opened or untuned or ready)
+
+    def _checkable(self, st: Structure) -> bool:
+        """Can the check of one of the structure's best ``CHECK_OPTIONS`` options end before
+        the budget does? The first that can is put first: an option a little dearer that is
+        checked now beats the best one whose check cannot end (on the 32-layer 8B-size decoder
+        some tuned attention candidates verify at shrunk sizes in 0.1 s, others only at full
+        size, 8-15 s: with the best one first the attention was never checked in 40 % of the
+        unhurried time)."""
+        for i, o in enumerate(st.options[:CHECK_OPTIONS]):
+            if self.run.room_for_check(st.program, key=st.key, graph=o.graph):
+                if i:
+                    st.options.insert(0, st.options.pop(i))
+                return True
+        return False
 
     def _quick_option(self, cands: list, what: dict) -> list[tuple[Cover, dict]]:
         """A quick cover of ``cands`` as one more option for the answer kept at the end, or
@@ -438,6 +474,13 @@ class PartCover:
     def _search(self, opened: list[Structure]) -> None:
         """Search the opened structures (and what the cover would want next while workers
         idle), each under its break-even cap."""
+        self._explore_all(self._searches(opened))
+
+    def _searches(self, opened: list[Structure], limit: int | None = None,
+                  speculate: bool = True) -> list[Structure]:
+        """Of the opened structures, those to search now, each with its break-even cap: under
+        a budget at most ``limit`` (default one per worker), and unless ``speculate`` is
+        False, what the cover would want next while workers idle."""
         run = self.run
         if run.expired():  # no search starts again: every unsearched structure is out at once
             # (skipping only the wanted ones cost a cover solve per round for each next few the
@@ -445,7 +488,7 @@ class PartCover:
             for st in opened + [run.structures[k] for k in self.search_keys]:
                 if st.status is Status.OPEN:
                     st.skip()
-            return
+            return []
         if run.budget_s is not None:  # a search only where its answer's check could end in
             # time, the most it can save per second of that check first. Before a search there
             # is no candidate: its check is guessed at the size the naive lowering's would run
@@ -462,9 +505,9 @@ class PartCover:
             done = self._verified_candidates()
             opened = sorted((st for st in opened if st.status is Status.OPEN),
                             key=lambda st: -self._potential_rate(st, done))[
-                                :max(1, run.workers)]
+                                :max(1, run.workers) if limit is None else limit]
             if not opened:
-                return
+                return []
         # regions whose bound is two kernels' (one kernel would load too much in a block) wait
         # while others the cover wants are searched: their answers mostly pass program values
         # between the kernels, which the cover composes from smaller regions, and once those
@@ -472,19 +515,21 @@ class PartCover:
         first = [st for st in opened if not st.two_kernels]
         if first:
             opened = first
-        searching = opened + self._speculate(opened)
+        searching = opened + (self._speculate(opened) if speculate else [])
         verified = self._verified_candidates()
         for st in searching:
             st.cap = self._break_even(st, verified)
-        self._explore_all(searching)
+        return searching
 
-    def _tune(self, untuned: list[Structure]) -> None:
+    def _tune(self, untuned: list[Structure], searches: list[Structure] = ()) -> None:
+        """Tune the structures whose tuning waits (with ``searches`` beside them, searched
+        alike: :meth:`_searches`)."""
         if self.run.expired():  # no time left to tune: their untuned options stand
             for st in untuned:
                 st.drop_tuning()
             self._measure_all(untuned)
         else:
-            self._explore_all(untuned)
+            self._explore_all(list(untuned) + list(searches))
 
     def _speculate(self, opened: list[Structure]) -> list[Structure]:
         """Structures to search alongside ``opened`` while workers would otherwise idle: those
@@ -546,7 +591,7 @@ class PartCover:
         for ops in self._places.get(st.key, []):
             r = self.regions[ops]
             inside = [CoverCandidate(c.key, c.reads & ops, c.writes, c.cost, c.computes)
-                      for c in done if c.computes and c.computes <= ops]
+                      for c in self._computing_within(done, ops)]
             loc = r.local
             sig = frozenset((c.cost, frozenset(loc[v] for v in c.reads),
                              frozenset(loc[v] for v in c.writes),
@@ -560,6 +605,20 @@ class PartCover:
                     return None  # no cover of it from verified pieces yet: search it unbounded
             worst = max(worst, solved[sig])
         return worst or None
+
+    def _computing_within(self, done: list, ops: frozenset) -> list:
+        """The candidates of ``done`` that compute operators of ``ops`` only (some), in
+        ``done``'s order; ``done`` indexed by operator once (32 layers: 5,400 candidates for
+        each of a structure's 32 places took a round 0.3 s)."""
+        if self._done_ops is None or self._done_ops[0] is not done:
+            by_op: dict[str, list[int]] = {}
+            for i, c in enumerate(done):
+                for d in c.computes:
+                    by_op.setdefault(d, []).append(i)
+            self._done_ops = (done, by_op)
+        by_op = self._done_ops[1]
+        near = sorted({i for d in ops for i in by_op.get(d, ())})
+        return [done[i] for i in near if done[i].computes <= ops]
 
     def _verified_candidates(self) -> list:
         """The cover's candidates that are verified answers (all but unverified regions)."""
@@ -642,8 +701,15 @@ class PartCover:
     def _potential_rate(self, st: Structure, done: list) -> float:
         """What an unsearched structure can save at most per second of its answer's check:
         at every place it occurs, what the verified candidates ``done`` cover its operators
-        for (:meth:`_verified_cost`) above its lower bound, over :meth:`Run.check_guess`."""
-        return self._rate(st, done, st.lb)
+        for (:meth:`_verified_cost`) above its lower bound, over :meth:`Run.check_guess` --
+        guessed, as the search's gate guesses it (:meth:`_searches`), at the size its naive
+        lowering's check would run at. (Guessed without a graph, a program with an exp was
+        guessed at full size: 12.9 s for the 32-layer 8B-size decoder's attention, whose tuned
+        candidates verify shrunk in 0.1 s; ranked last, it was never searched in 40 % of the
+        unhurried time.)"""
+        run = self.run
+        return self._rate(st, done, st.lb,
+                          dict(key=st.key, graph=st.naive(run.model, run.target).graph))
 
     def _saving_rate(self, st: Structure, done: list) -> float:
         """What checking an explored structure's best option can save per second of its

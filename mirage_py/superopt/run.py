@@ -34,6 +34,13 @@ FULL_VERIFY_S_PER_ELEMENT = 3.5e-7
 # in the same time (1.014x the unhurried answer, 7.5 s of the budget unused)
 SEARCH_RESERVE = 0.1
 SEARCH_RESERVE_S = 1.0
+# ... and a check (verification and numerics check) starts only where it is guessed to end this
+# share of the budget, at least ``ANSWER_RESERVE_S``, before the budget does: what follows the
+# last check -- a cover solve, the kept cover's and the answer's assembly -- took 0.8-1.1 s on
+# the 32-layer 8B-size decoder at load 4.5, and a check ending at the budget's end made a 9 s
+# budget return after 10.1 s
+ANSWER_RESERVE = 0.03
+ANSWER_RESERVE_S = 0.25
 # a check of at least this many input elements measures a per-element rate; smaller ones mostly
 # measure fixed costs (0.1 s for 131 k elements would guess 45 s for a 58 M-element group) and
 # only bound the guesses of checks at least as large
@@ -225,12 +232,15 @@ class Run:
                        extra_s: float = 0.0, key: str | None = None, graph: Any = None) -> bool:
         """Can a candidate's check for ``program`` (:meth:`check_guess`, of ``graph`` where
         given; None: as long as the longest so far), after ``extra_s`` of other work, start and
-        end before the budget (or the grace after Ctrl-C) does?"""
+        end before the budget (less ``ANSWER_RESERVE`` of it for the answer) or the grace after
+        Ctrl-C does?"""
         if self.out_of_time():
             return False
         left = self.seconds_left()
         if left is None:
             return True
+        if self.budget_s is not None and not self.interrupted:  # room for the answer after it
+            left -= max(ANSWER_RESERVE_S, ANSWER_RESERVE * self.budget_s)
         guess = self.check_guess(program, known, key, graph) if program is not None else \
             self.numerics_times.longest + (0.0 if known else max(
                 self.verify_times.longest, self.verify_full_times.longest))
