@@ -22,9 +22,10 @@ TARGET = get_target("h100")
 D, H, KV, HD, PAST = 32, 4, 2, 8, 6
 
 
-def _layer() -> tuple[mp.Program, dict]:
-    """One attention half of a Llama decode layer in captured form; returns the program and
-    its operators by role (tensors)."""
+def _layer(bias: bool = False) -> tuple[mp.Program, dict]:
+    """One attention half of a Llama decode layer in captured form (``bias``: Qwen2's, with
+    biases on the q, k and v projections); returns the program and its operators by role
+    (tensors)."""
     p = mp.Program("captured_decode_attention")
     x = p.input("x", (1, 1, D))
     g = p.input("g", (D,))
@@ -46,17 +47,21 @@ def _layer() -> tuple[mp.Program, dict]:
         rot = mp.concat([-mp.slice(t, 3, half, HD), mp.slice(t, 3, 0, half)], axis=3)
         return t * cos + rot * sin
 
-    q = mp.reshape(rope(n @ wq), (1, KV, H // KV, 1, HD))
-    k = mp.concat([pk, rope(n @ wk)], axis=2)
+    def project(w, heads):
+        return n @ w + p.input(f"{w.name}_bias", (heads, 1, HD)) if bias else n @ w
+
+    q = mp.reshape(rope(project(wq, H)), (1, KV, H // KV, 1, HD))
+    k = mp.concat([pk, rope(project(wk, KV))], axis=2)
     kt = mp.transpose(mp.reshape(k, (1, KV, 1, PAST + 1, HD)), (0, 1, 2, 4, 3))
     s = (q @ kt) * (HD ** -0.5)
     e = mp.exp(s - mp.max(s, axis=4, keepdims=True))
     a = e / mp.sum(e, axis=4, keepdims=True)
-    v = mp.reshape(mp.concat([pv, n @ wv], axis=2), (1, KV, 1, PAST + 1, HD))
+    v = mp.reshape(mp.concat([pv, project(wv, KV)], axis=2), (1, KV, 1, PAST + 1, HD))
     o = mp.reshape(a @ v, (1, H, 1, HD))
     h = mp.sum(o @ wo, axis=1) + x
     p.output(h, name="h")
-    return p, {"n": n, "table": table, "kt": kt, "s": s, "a": a, "o": o, "h": h}
+    return p, {"n": n, "table": table, "kt": kt, "s": s, "a": a, "o": o, "h": h,
+               "caches": (pk, pv)}
 
 
 def _positions(p: mp.Program, dag: PartDag, t) -> set[int]:
@@ -135,6 +140,27 @@ def test_q_k_v_projections_of_one_token_are_one_region_and_one_kernel():
                sum(dag.by_digest[d].op == "add" for d in r) == 2 and
                not any(dag.by_digest[d].op in ("exp", "sum") for d in r)]
     _smallest_is_one_kernel(dag, regions, "the three projections and their rotary")
+
+
+def test_biased_q_k_v_projections_are_a_region_without_the_cache():
+    """With a bias on each projection (Qwen2), q, k and v with their biases and rotary
+    embeddings are still a region that leaves the KV cache's concatenations to the attention
+    (the epilogue core takes ``cat(past_v, v + b)`` in, since it reads nothing computed
+    outside; ``_trimmed`` offers the region without it), and one block computes it. Before,
+    every such region also wrote the cache, and the captured Qwen2 decode step ran the v
+    projection with the attention's value product: 15 kernels against Llama's 13."""
+    p, v = _layer(bias=True)
+    dag = PartDag(p)
+    mms = [d for d in dag.by_digest if dag.by_digest[d].op == "matmul" and
+           dag.by_digest[d].inputs[0].digest == v["n"].digest]
+    caches = {t.digest for t in v["caches"]}
+    assert len(mms) == 3
+    regions = [r for r in search_regions(dag) if set(mms) <= r and
+               sum(dag.by_digest[d].op == "add" for d in r) == 5 and
+               not any(dag.by_digest[d].op in ("exp", "sum") for d in r) and
+               not any(dag.by_digest[d].op == "concat" and
+                       {i.digest for i in dag.by_digest[d].inputs} & caches for d in r)]
+    _smallest_is_one_kernel(dag, regions, "the biased projections and their rotary")
 
 
 def test_norm_with_its_sibling_projections_is_one_region_and_one_kernel():
