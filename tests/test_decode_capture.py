@@ -193,6 +193,33 @@ def test_rotary_table_of_one_position_is_one_kernel():
     _check(p, cands[0].graph)
 
 
+def test_partial_rotary_key_concatenated_to_the_cache_is_one_kernel():
+    """GPT-NeoX's key: a rotary embedding of the first ``r`` features only,
+    ``cat(rope(k[..., :r]), k[..., r:])``, then the cache's ``cat(past, that)`` transposed for
+    the scores. The new row is made by a concatenation of its own, a round after the cache's
+    tile: the block search never tried the cache's concatenation with it (no candidate; the
+    captured decode step ran it as 13 naive kernels a layer). Also the plain ``cat(past, new)``
+    written as an output (no candidate before either)."""
+    half = 2
+    for scores in (True, False):
+        p = mp.Program("partial_rotary_key")
+        k = p.input("k", (1, H, 1, HD))
+        cos, sin = p.input("cos", (1, 1, 1, 2 * half)), p.input("sin", (1, 1, 1, 2 * half))
+        past = p.input("past", (1, H, PAST, HD))
+        r = mp.slice(k, 3, 0, 2 * half)
+        rot = mp.concat([-mp.slice(r, 3, half, 2 * half), mp.slice(r, 3, 0, half)], axis=3)
+        new = mp.concat([r * cos + rot * sin, mp.slice(k, 3, 2 * half, HD)], axis=3)
+        cache = mp.concat([past, new], axis=2)
+        if scores:
+            q = p.input("q", (1, H, 1, HD))
+            p.output(q @ mp.transpose(cache, (0, 1, 3, 2)), name="s")
+        else:
+            p.output(cache, name="cache")
+        cands = _found(p)
+        assert cands, f"no one-kernel candidate (scores={scores})"
+        _check(p, cands[0].graph)
+
+
 def test_normalised_row_written_beside_its_projection():
     """A region that writes the normalised token and its projection (the token is read by
     other projections outside it): one block holds the row whole."""
