@@ -23,6 +23,8 @@ already in the results file for the architectures not named, so decode can be ad
     python -m benchmarks.models --only --decode llama mistral --reuse   # decode rows only
 
 ``--time-budget S`` gives the decode rows' ``mp.compile`` a time budget (the table says so).
+``--covers`` prints each region's superopt summary after its row: the cover's pieces, which
+operators each kernel holds (why a layer takes the kernels it does).
 """
 
 from __future__ import annotations
@@ -150,7 +152,7 @@ def _main_output(out: Any) -> Any:
 
 
 def run_one(name: str, build: Callable[[], tuple[Any, dict]],
-            time_budget_s: float | None = None) -> dict[str, Any]:
+            time_budget_s: float | None = None, covers: bool = False) -> dict[str, Any]:
     import torch
     import mirage_py as mp
     torch.manual_seed(0)
@@ -171,6 +173,10 @@ def run_one(name: str, build: Callable[[], tuple[Any, dict]],
         row["error"] = float((got - ref).norm() / ref.norm())
         regions = cm.regions()
         eager = cm.eager_ops()
+        if covers:
+            for cap in cm.graphs.values():
+                for opt in cap.opts.values():
+                    print(opt.summary(), flush=True)
         if time_budget_s is not None:
             row["time_budget_s"] = time_budget_s
         row.update(
@@ -237,6 +243,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default=str(RESULTS / "models"))
     ap.add_argument("--time-budget", type=float, default=None,
                     help="mp.compile's time_budget_s for the decode rows (default: none)")
+    ap.add_argument("--covers", action="store_true",
+                    help="print each region's superopt summary (its cover's pieces)")
     args = ap.parse_args(argv)
     names = list(ARCHITECTURES) if args.only is None else args.only  # `--only`: none
     decode = [] if args.decode is None else (args.decode or list(DECODERS))
@@ -249,10 +257,11 @@ def main(argv: list[str] | None = None) -> None:
     for name in ARCHITECTURES:
         if name not in names and name not in decode and name not in old:
             continue
-        row = run_one(name, ARCHITECTURES[name]) if name in names or name not in old \
+        row = run_one(name, ARCHITECTURES[name], covers=args.covers) \
+            if name in names or name not in old \
             else old[name]
         if name in decode:
-            dec = run_one(name, _decode(ARCHITECTURES[name]), args.time_budget)
+            dec = run_one(name, _decode(ARCHITECTURES[name]), args.time_budget, args.covers)
             dec.pop("architecture", None)
             row["decode"] = dec
         elif name in old and "decode" in old[name]:

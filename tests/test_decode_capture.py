@@ -22,9 +22,10 @@ TARGET = get_target("h100")
 D, H, KV, HD, PAST = 32, 4, 2, 8, 6
 
 
-def _layer() -> tuple[mp.Program, dict]:
-    """One attention half of a Llama decode layer in captured form; returns the program and
-    its operators by role (tensors)."""
+def _layer(bias: bool = False) -> tuple[mp.Program, dict]:
+    """One attention half of a Llama decode layer in captured form (``bias``: Qwen2's, with
+    biases on the q, k and v projections); returns the program and its operators by role
+    (tensors)."""
     p = mp.Program("captured_decode_attention")
     x = p.input("x", (1, 1, D))
     g = p.input("g", (D,))
@@ -46,17 +47,21 @@ def _layer() -> tuple[mp.Program, dict]:
         rot = mp.concat([-mp.slice(t, 3, half, HD), mp.slice(t, 3, 0, half)], axis=3)
         return t * cos + rot * sin
 
-    q = mp.reshape(rope(n @ wq), (1, KV, H // KV, 1, HD))
-    k = mp.concat([pk, rope(n @ wk)], axis=2)
+    def project(w, heads):
+        return n @ w + p.input(f"{w.name}_bias", (heads, 1, HD)) if bias else n @ w
+
+    q = mp.reshape(rope(project(wq, H)), (1, KV, H // KV, 1, HD))
+    k = mp.concat([pk, rope(project(wk, KV))], axis=2)
     kt = mp.transpose(mp.reshape(k, (1, KV, 1, PAST + 1, HD)), (0, 1, 2, 4, 3))
     s = (q @ kt) * (HD ** -0.5)
     e = mp.exp(s - mp.max(s, axis=4, keepdims=True))
     a = e / mp.sum(e, axis=4, keepdims=True)
-    v = mp.reshape(mp.concat([pv, n @ wv], axis=2), (1, KV, 1, PAST + 1, HD))
+    v = mp.reshape(mp.concat([pv, project(wv, KV)], axis=2), (1, KV, 1, PAST + 1, HD))
     o = mp.reshape(a @ v, (1, H, 1, HD))
     h = mp.sum(o @ wo, axis=1) + x
     p.output(h, name="h")
-    return p, {"n": n, "table": table, "kt": kt, "s": s, "a": a, "o": o, "h": h}
+    return p, {"n": n, "table": table, "kt": kt, "s": s, "a": a, "o": o, "h": h,
+               "caches": (pk, pv)}
 
 
 def _positions(p: mp.Program, dag: PartDag, t) -> set[int]:
@@ -137,6 +142,27 @@ def test_q_k_v_projections_of_one_token_are_one_region_and_one_kernel():
     _smallest_is_one_kernel(dag, regions, "the three projections and their rotary")
 
 
+def test_biased_q_k_v_projections_are_a_region_without_the_cache():
+    """With a bias on each projection (Qwen2), q, k and v with their biases and rotary
+    embeddings are still a region that leaves the KV cache's concatenations to the attention
+    (the epilogue core takes ``cat(past_v, v + b)`` in, since it reads nothing computed
+    outside; ``_trimmed`` offers the region without it), and one block computes it. Before,
+    every such region also wrote the cache, and the captured Qwen2 decode step ran the v
+    projection with the attention's value product: 15 kernels against Llama's 13."""
+    p, v = _layer(bias=True)
+    dag = PartDag(p)
+    mms = [d for d in dag.by_digest if dag.by_digest[d].op == "matmul" and
+           dag.by_digest[d].inputs[0].digest == v["n"].digest]
+    caches = {t.digest for t in v["caches"]}
+    assert len(mms) == 3
+    regions = [r for r in search_regions(dag) if set(mms) <= r and
+               sum(dag.by_digest[d].op == "add" for d in r) == 5 and
+               not any(dag.by_digest[d].op in ("exp", "sum") for d in r) and
+               not any(dag.by_digest[d].op == "concat" and
+                       {i.digest for i in dag.by_digest[d].inputs} & caches for d in r)]
+    _smallest_is_one_kernel(dag, regions, "the biased projections and their rotary")
+
+
 def test_norm_with_its_sibling_projections_is_one_region_and_one_kernel():
     """Products of one operand with weights count as one anchor: the norm (its sum of squares)
     with the q, k and v projections that read it is a region (four anchors: none without the
@@ -167,6 +193,33 @@ def test_rotary_table_of_one_position_is_one_kernel():
     _check(p, cands[0].graph)
 
 
+def test_partial_rotary_key_concatenated_to_the_cache_is_one_kernel():
+    """GPT-NeoX's key: a rotary embedding of the first ``r`` features only,
+    ``cat(rope(k[..., :r]), k[..., r:])``, then the cache's ``cat(past, that)`` transposed for
+    the scores. The new row is made by a concatenation of its own, a round after the cache's
+    tile: the block search never tried the cache's concatenation with it (no candidate; the
+    captured decode step ran it as 13 naive kernels a layer). Also the plain ``cat(past, new)``
+    written as an output (no candidate before either)."""
+    half = 2
+    for scores in (True, False):
+        p = mp.Program("partial_rotary_key")
+        k = p.input("k", (1, H, 1, HD))
+        cos, sin = p.input("cos", (1, 1, 1, 2 * half)), p.input("sin", (1, 1, 1, 2 * half))
+        past = p.input("past", (1, H, PAST, HD))
+        r = mp.slice(k, 3, 0, 2 * half)
+        rot = mp.concat([-mp.slice(r, 3, half, 2 * half), mp.slice(r, 3, 0, half)], axis=3)
+        new = mp.concat([r * cos + rot * sin, mp.slice(k, 3, 2 * half, HD)], axis=3)
+        cache = mp.concat([past, new], axis=2)
+        if scores:
+            q = p.input("q", (1, H, 1, HD))
+            p.output(q @ mp.transpose(cache, (0, 1, 3, 2)), name="s")
+        else:
+            p.output(cache, name="cache")
+        cands = _found(p)
+        assert cands, f"no one-kernel candidate (scores={scores})"
+        _check(p, cands[0].graph)
+
+
 def test_normalised_row_written_beside_its_projection():
     """A region that writes the normalised token and its projection (the token is read by
     other projections outside it): one block holds the row whole."""
@@ -181,17 +234,19 @@ def test_normalised_row_written_beside_its_projection():
 
 
 @pytest.mark.slow
-def test_tiny_llama_decode_step_fuses_like_the_hand_written_block():
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_tiny_decode_step_fuses_like_the_hand_written_block(arch):
     """The tiny Llama of ``benchmarks/models.py`` at decode (2 layers, one token over a cache of
     16) through ``mp.compile``: one region, nothing eager, equal to eager, and at most 13
     kernels -- the embedding lookup and the rotary table, then about five a layer like the
     hand-written decode block, the final norm and head fused into the last (25 before the
     KV cache's concatenation joined the attention region, the three projections one region and
-    the rotary table one kernel). Minutes of search: slow."""
+    the rotary table one kernel). Qwen2 (biases on q, k and v) too: 15 before ``_trimmed``.
+    Minutes of search: slow."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from benchmarks.models import ARCHITECTURES, _decode
-    model, inputs = _decode(ARCHITECTURES["llama"])()
+    model, inputs = _decode(ARCHITECTURES[arch])()
     model = model.eval()
     g = torch.Generator().manual_seed(1)
     for prm in model.parameters():

@@ -434,7 +434,11 @@ def _slices_and_concats(cur: list[Val], new_from: int, n: int, add, ctx: Context
                     a.cost + 1)
     fresh = {_whole(d, ctx) for v in cur[new_from:n] for d in v.dims} - {None}
     for parts, out in ctx.concats.items():
-        if not fresh & set(parts):  # every combination needs a value new in this round
+        # every combination needs a value new in this round; a size-1 part (None: the new row
+        # of a KV cache's cat(past, new)) is any value's, so a new value can be it -- the new
+        # row made by a concatenation of its own (GPT-NeoX's partial rotary, cat(rope(k[..., :r]),
+        # k[..., r:])) came a round after the cache's tile and was never tried
+        if not fresh & set(parts) and (None not in parts or new_from >= n):
             continue
         # per part, the values with one dim that is that part whole: (value, axis)
         cands = [[(v, j) for v in cur for j, d in enumerate(v.dims) if _whole(d, ctx) == p]

@@ -434,7 +434,8 @@ def _variants(dag: PartDag, ats: list[Atom], nbrs: dict, s: frozenset,
         return []
     inside = {k for k, a in enumerate(ats) if a.ops <= core}
     out: list[frozenset] = []
-    for base in (inside, _epilogues(dag, ats, nbrs, inside, close)):
+    grown = _epilogues(dag, ats, nbrs, inside, close)
+    for base in (inside, grown):
         if base is not inside and base == inside:
             continue
         optional = sorted({j for k in base for j in nbrs[k]
@@ -450,7 +451,25 @@ def _variants(dag: PartDag, ats: list[Atom], nbrs: dict, s: frozenset,
             ops = close(base | c)
             if ops is not None and ops not in out:
                 out.append(ops)
+        if base is grown:
+            ops = close(_trimmed(dag, ats, base | set(optional), base - inside))
+            if ops is not None and ops not in out:
+                out.append(ops)
     return out
+
+
+def _trimmed(dag: PartDag, ats: list[Atom], ids: set[int], taken: set[int]) -> set[int]:
+    """``ids`` without the atoms of ``taken`` (glue the epilogue core took in) that no other
+    atom of ``ids`` reads. The core grows through every piece of glue that reads nothing
+    computed outside it, and one that leads nowhere inside the region is a choice, not a need:
+    a bias added to the v projection takes the KV cache's ``cat(past, v + b)`` and its view into
+    the core, and without this variant (offered for the largest choice around the core only)
+    every region holding q, k and v with their rotary embeddings also wrote the cache's
+    concatenation -- none held them as the bias-free projections' regions do, and Qwen2's v
+    projection went with the attention's value product, one kernel a layer more than Llama."""
+    ops = set().union(*(ats[k].ops for k in ids))
+    return ids - {k for k in taken & ids
+                  if not any(set(dag.consumers[d]) & ops - ats[k].ops for d in ats[k].ops)}
 
 
 def _epilogues(dag: PartDag, ats: list[Atom], nbrs: dict, inside: set[int], close) -> set[int]:
