@@ -182,16 +182,11 @@ def input_sources(program: Any, model: Any, inputs: tuple) -> list[dict]:
 
 
 def _kb_search(path: Path, budget_s: float) -> dict:
-    """In a child: capture on meta tensors, superopt within the budget, the answer as JSON."""
-    import torch
-
+    """In a child: capture (meta tensors where they do), superopt within the budget, the answer
+    as JSON."""
     import mirage_py as mp
-    from benchmarks.kernelbench import load_problem
-    prob = load_problem(path, 1)
-    with torch.device("meta"):
-        model = prob.Model(*prob.get_init_inputs()).eval()
-        inputs = tuple(prob.get_inputs())
-    program = mp.from_torch(model, inputs)
+    from benchmarks.published_gpu import problem_program
+    program, model, inputs = problem_program(path)
     sources = input_sources(program, model, inputs)
     t0 = time.perf_counter()
     opt = mp.superopt(program, time_budget_s=budget_s, workers=1, progress=False,

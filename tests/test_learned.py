@@ -304,3 +304,61 @@ def sample_primary_record():
     from mirage_py.learned import Record
     return Record("level1/19_ReLU", "relu", pg.PRIMARY, (), 1, 1.0, "src", "p", True,
                   {"commit": pg._primary_commit()})
+
+
+MINGPT_STYLE = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    """Causal attention with its mask a buffer compared with 0 (minGPT's masked_fill)."""
+
+    def __init__(self, d, max_len):
+        super().__init__()
+        self.qkv = nn.Linear(d, 3 * d)
+        self.register_buffer("bias", torch.tril(torch.ones(max_len, max_len))
+                             .view(1, max_len, max_len))
+
+    def forward(self, x):
+        T = x.size(1)
+        q, k, v = self.qkv(x).split(x.size(2), dim=2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / 4.0)
+        att = att.masked_fill(self.bias[:, :T, :T] == 0, float("-inf"))
+        return torch.softmax(att, dim=-1) @ v
+
+
+batch_size = 2
+seq_len = 8
+d = 16
+max_len = 16
+
+
+def get_inputs():
+    return [torch.randn(batch_size, seq_len, d)]
+
+
+def get_init_inputs():
+    return [d, max_len]
+'''
+
+
+def test_a_buffer_mask_is_captured_on_the_cpu_where_meta_tensors_fail(tmp_path):
+    """KernelBench's minGPT problems (level3/43, 44, 50) mask with a buffer compared with 0:
+    on meta tensors its values are unknown and the comparison has no operator, so the problem
+    is captured on the CPU (it fits CPU_CAPTURE_BYTES), where the buffer is a constant causal
+    mask; the program equals the model."""
+    import numpy as np
+    import torch
+
+    import benchmarks.published_gpu as pg
+    path = tmp_path / "1_MinGPTStyle.py"
+    path.write_text(MINGPT_STYLE)
+    program, model, inputs = pg.problem_program(path)
+    assert next(model.parameters()).device.type == "cpu"
+    assert any(t.op == "mask" for t in program.nodes())
+    got = program.evaluate(program.bind(model, *inputs))
+    (out,) = got.values()
+    with torch.no_grad():
+        want = model(*inputs).double().numpy()
+    assert np.allclose(out, want, atol=1e-5)
