@@ -273,11 +273,13 @@ def build(repo: Path, log=print) -> None:
     rows = read_timings(repo)
     commits = sorted({r["commit"] for r in rows})
     programs: dict[str, dict] = {}  # sha of the file -> trace
-    known: dict[str, dict] = {}  # captures of an earlier build, by sha: capturing is the slow part
+    # captures of an earlier build, by sha: capturing is the slow part. Only successes are
+    # kept: a failure is tried again, the frontend (or problem_program) may capture it now
+    known: dict[str, dict] = {}
     if PROGRAMS.exists():
         for line in PROGRAMS.read_text().splitlines():
             d = json.loads(line)
-            if "captured" in d:
+            if d.get("captured"):
                 known[d["sha"]] = {k: d[k] for k in ("captured", "program_nodes",
                                                      "capture_error") if k in d}
     keys: dict[tuple[str, str], str] = {}  # (problem, commit) -> sha
