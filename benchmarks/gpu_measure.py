@@ -648,7 +648,10 @@ def store_records(d: Path, db_path: str, export: str | None) -> int:
     pipeline stages, predicted and measured time, the device as the runner -- and, with
     ``export``, the database's measured records written as a training set
     (``mirage_py.tuning.export``, JSONL or CSV by suffix). Returns the records added."""
+    from benchmarks.gpu_prepare import annotated_json
     from mirage_py.lax.program import Program
+    from mirage_py.superopt.result import OptimizedProgram
+    from mirage_py.tuning import AnnotatedGraph
     from mirage_py.tuning.database import ResultsDB, TuningRecord
     from mirage_py.tuning.export import export_training_set
     facts = (d / "machine.txt").read_text() if (d / "machine.txt").exists() else ""
@@ -667,12 +670,9 @@ def store_records(d: Path, db_path: str, export: str | None) -> int:
         if "name" not in r or "times" not in r:
             continue
         doc = json.loads((BUNDLE / "bench" / f"{r['name']}-bs{r['bs']}.json").read_text())
-        from mirage_py.superopt.result import OptimizedProgram
         opt = OptimizedProgram.from_json(doc["opt"])
         for label, ag in (("ours", opt.annotated), ("ours_naive", opt.naive_graph)):
             if label in r["times"]:
-                from benchmarks.gpu_prepare import annotated_json
-                from mirage_py.tuning import AnnotatedGraph
                 ag = ag if isinstance(ag, AnnotatedGraph) else AnnotatedGraph(ag)
                 by_bench.setdefault((r["name"], r["bs"]), []).append(
                     ({"label": label, "predicted_us": r["predicted_us"], **annotated_json(ag)},
