@@ -41,9 +41,11 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.gpu_prepare import BUNDLE, annotated_from_json  # noqa: E402
+from benchmarks.gpu_prepare import BUNDLE  # noqa: E402
+from mirage_py.examples.torch_baselines import (copy_bandwidth, cuda_samples,  # noqa: E402
+                                                rel_err)
+from mirage_py.tuning import AnnotatedGraph  # noqa: E402
 
-FLUSH_BYTES = 256 << 20  # more than any L2 (H100 50 MB, H200 60 MB)
 ATOL = RTOL = 1e-2
 
 
@@ -86,7 +88,6 @@ class Device:
               budget_s: float = 3.0) -> dict:
         """Median time of ``fn()`` in us (CUDA events, L2 flushed before each timed call);
         fewer runs when one call is long (at most about ``budget_s`` of timed calls)."""
-        import torch
         for _ in range(warmup):
             fn()
         self.sync()
@@ -96,35 +97,16 @@ class Device:
         one = time.perf_counter() - t0
         budget_s = min(budget_s, self.budget_s)
         repeat = max(5, min(repeat, int(budget_s / max(one, 1e-6))))
-        samples = []
         if self.dry:
+            samples = []
             for _ in range(repeat):
                 t0 = time.perf_counter()
                 fn()
                 samples.append((time.perf_counter() - t0) * 1e6)
+            samples.sort()
         else:
-            flush = _flush_buffer()
-            for _ in range(repeat):
-                flush.zero_()
-                start = torch.cuda.Event(enable_timing=True)
-                end = torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                end.synchronize()
-                samples.append(start.elapsed_time(end) * 1e3)
-        samples.sort()
+            samples = cuda_samples(fn, repeat, flush=True)
         return {"us": samples[len(samples) // 2], "min_us": samples[0], "runs": len(samples)}
-
-
-_FLUSH: list = []
-
-
-def _flush_buffer():
-    import torch
-    if not _FLUSH:
-        _FLUSH.append(torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device="cuda"))
-    return _FLUSH[0]
 
 
 def torch_graph(fn: Callable[[], Any]) -> Callable[[], Any]:
@@ -140,13 +122,6 @@ def torch_graph(fn: Callable[[], Any]) -> Callable[[], Any]:
     with torch.cuda.graph(g):
         fn()
     return g.replay
-
-
-def rel_err(a, b) -> float:
-    import torch
-    a, b = a.double(), b.double()
-    den = float(torch.linalg.vector_norm(b))
-    return float(torch.linalg.vector_norm(a - b)) / max(den, 1e-300)
 
 
 def close(a, b) -> bool:
@@ -170,6 +145,12 @@ def predict_on(graph: Any, target: str) -> float:
 
 
 # ---- our answers on a device ------------------------------------------------------------------
+
+def _on_device(inputs: dict) -> dict:
+    """Torch CUDA tensors as CuPy arrays over the same memory (DLPack)."""
+    import cupy as cp
+    return {k: cp.from_dlpack(v.contiguous()) for k, v in inputs.items()}
+
 
 class Ours:
     """A stored answer's graph, compiled (or, dry, interpreted), with poisoned output buffers:
@@ -215,8 +196,7 @@ class Ours:
                 res = g.run(x, precision="gpu")
                 return {k: torch.from_numpy(np.asarray(v, np.float32)) for k, v in res.items()}
             return run_cpu
-        import cupy as cp
-        cx = {k: cp.from_dlpack(v.contiguous()) for k, v in inputs.items()}
+        cx = _on_device(inputs)
         self.outs = self.poisoned()
         compiled = self.compiled
 
@@ -228,9 +208,7 @@ class Ours:
 
     def graph_call(self, inputs: dict) -> Callable[[], dict]:
         """The call on ``inputs`` recorded as a CUDA graph (``CompiledGraph.capture``)."""
-        import cupy as cp
-        cx = {k: cp.from_dlpack(v.contiguous()) for k, v in inputs.items()}
-        return self.compiled.capture(cx, self.poisoned())
+        return self.compiled.capture(_on_device(inputs), self.poisoned())
 
     def check_call(self, inputs: dict) -> dict:
         """One call with poisoned outputs and workspace: the outputs as torch tensors."""
@@ -238,9 +216,8 @@ class Ours:
         if self.dev.dry:
             return self.prepare(inputs)()
         import cupy as cp
-        cx = {k: cp.from_dlpack(v.contiguous()) for k, v in inputs.items()}
         outs = self.poisoned()
-        self.compiled(cx, outputs=outs, poison=True)
+        self.compiled(_on_device(inputs), outputs=outs, poison=True)
         cp.cuda.Device().synchronize()
         return {k: torch.from_dlpack(v) for k, v in outs.items()}
 
@@ -258,7 +235,7 @@ def measure_bench(dev: Device, only: list[str] | None) -> None:
     import torch
 
     from benchmarks.programs import get_inputs
-    from mirage_py.examples.torch_baselines import sdpa_fn, torch_fn
+    from mirage_py.examples.torch_baselines import torch_fn
     from mirage_py.superopt.result import OptimizedProgram
     if not dev.dry:
         append("bench", {"copy_bandwidth": copy_bandwidth()})
@@ -351,16 +328,6 @@ def _graph_time(dev: Device, row: dict, label: str, make: Callable[[], Callable]
         row["errors"][label] = f"{type(e).__name__}: {e}"[:400]
 
 
-def copy_bandwidth() -> float:
-    """Device-to-device copy bandwidth in bytes/s (read + write), 1 GiB, median of 20."""
-    import torch
-    a = torch.empty(1 << 29, dtype=torch.float16, device="cuda")
-    b = torch.empty_like(a)
-    dev = Device(False)
-    us = dev.timer(lambda: b.copy_(a), warmup=3, repeat=20)["us"]
-    return 2 * a.numel() * 2 / (us * 1e-6)
-
-
 def _bench_line(r: dict) -> str:
     if "error" in r:
         return f"{r['name']} bs={r['bs']}: ERROR {r['error'][:300]}"
@@ -399,7 +366,7 @@ def measure_tuning(dev: Device, only: list[str] | None, bs: int | None = None) -
             row = {"name": doc["name"], "bs": doc["bs"], "label": r["label"],
                    "predicted_us": r["predicted_us"], "kernels": r["kernels"]}
             try:
-                ag = annotated_from_json(r)
+                ag = AnnotatedGraph.from_json(r)
                 row["device_target"] = device_target(dev)
                 row["predicted_us_device"] = predict_on(ag, row["device_target"])
                 ours = Ours(ag, doc["target"], dev)
@@ -463,7 +430,7 @@ def measure_best(dev: Device, paths: list[Path], top: int = 3) -> None:
                    "predicted_us": by_label[label]["predicted_us"],
                    "earlier_us": next((r["us"] for r in rows if r["label"] == label), None)}
             try:
-                row.update(_checked_time(dev, annotated_from_json(by_label[label]),
+                row.update(_checked_time(dev, AnnotatedGraph.from_json(by_label[label]),
                                          doc["target"], name, bs))
             except Exception as e:  # noqa: BLE001
                 row["error"] = f"{type(e).__name__}: {e}"[:600]
@@ -648,10 +615,8 @@ def store_records(d: Path, db_path: str, export: str | None) -> int:
     pipeline stages, predicted and measured time, the device as the runner -- and, with
     ``export``, the database's measured records written as a training set
     (``mirage_py.tuning.export``, JSONL or CSV by suffix). Returns the records added."""
-    from benchmarks.gpu_prepare import annotated_json
     from mirage_py.lax.program import Program
     from mirage_py.superopt.result import OptimizedProgram
-    from mirage_py.tuning import AnnotatedGraph
     from mirage_py.tuning.database import ResultsDB, TuningRecord
     from mirage_py.tuning.export import export_training_set
     facts = (d / "machine.txt").read_text() if (d / "machine.txt").exists() else ""
@@ -675,7 +640,7 @@ def store_records(d: Path, db_path: str, export: str | None) -> int:
             if label in r["times"]:
                 ag = ag if isinstance(ag, AnnotatedGraph) else AnnotatedGraph(ag)
                 by_bench.setdefault((r["name"], r["bs"]), []).append(
-                    ({"label": label, "predicted_us": r["predicted_us"], **annotated_json(ag)},
+                    ({"label": label, "predicted_us": r["predicted_us"], **ag.to_json()},
                      {"us": r["times"][label]["us"], "device_target": r.get("device_target"),
                       "predicted_us_device": r.get("predicted_us_device")}))
     for (name, bs), pairs in by_bench.items():
@@ -683,7 +648,7 @@ def store_records(d: Path, db_path: str, export: str | None) -> int:
         program = Program.from_json(doc["opt"]["program"])
         recs = []
         for row, m in pairs:
-            ag = annotated_from_json(row)
+            ag = AnnotatedGraph.from_json(row)
             target = m.get("device_target") or "h100"
             recs.append(TuningRecord(
                 graph=row["graph"], target=target, graph_hash=ag.graph.structural_hash(),
@@ -709,7 +674,7 @@ def measured_graphs(d: Path) -> list[dict]:
             row = next(x for x in doc["rows"] if x["label"] == r["label"])
             out.append({"name": r["name"], "bs": r["bs"], "label": r["label"],
                         "target": r.get("device_target", "h100"), "us": r["us"],
-                        "graph": annotated_from_json(row)})
+                        "graph": AnnotatedGraph.from_json(row)})
     return out
 
 
@@ -781,7 +746,7 @@ def learned_predictions(train: list[dict], test: list[dict]) -> list[float]:
     ``train`` graphs' measurements, predicting the ``test`` graphs."""
     from dataclasses import replace
 
-    from mirage_py.learned.model import ModelKind, graph_record, train as fit
+    from mirage_py.learned.model import graph_record, train as fit
 
     def records(rows: list[dict]) -> list:
         return [replace(graph_record(r["graph"], r["target"]), measured_us=r["us"],

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shutil
 import sys
@@ -44,6 +43,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from mirage_py.tuning import AnnotatedGraph  # noqa: E402
 
 BUNDLE = Path(os.environ.get("MIRAGE_PY_GPU_BUNDLE", ROOT / "gpu-bundle"))
 # the searches' results database: beside the bundle, not in it (the bundle travels)
@@ -60,17 +61,6 @@ def _write(path: Path, doc: dict) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(doc))
     os.replace(tmp, path)
-
-
-def annotated_json(ag: Any) -> dict:
-    """An AnnotatedGraph (a graph and its pipeline stages) as JSON."""
-    return {"graph": ag.graph.to_json(), "stages": list(ag.stages)}
-
-
-def annotated_from_json(doc: dict) -> Any:
-    from mirage_py.tuning import AnnotatedGraph
-    from mirage_py.ugraph.graph import KernelGraph
-    return AnnotatedGraph(KernelGraph.from_json(doc["graph"]), tuple(doc["stages"]))
 
 
 # ---- the nine benchmarks ----------------------------------------------------------------------
@@ -111,7 +101,6 @@ def prepare_tuning(names: list[str], bs: int, workers: int, log=print) -> None:
     from mirage_py.superopt.result import OptimizedProgram
     from mirage_py.superopt.search import _parallel_search, _rank
     from mirage_py.targets import get_target
-    from mirage_py.tuning import AnnotatedGraph
     from mirage_py.tuning.tuner import make_task
     model = default_model()
     for name in names:
@@ -143,7 +132,7 @@ def prepare_tuning(names: list[str], bs: int, workers: int, log=print) -> None:
         rows = []
         for label, ag in graphs:
             rows.append({"label": label, "predicted_us": float(model.predict(ag, tgt)),
-                         "kernels": ag.graph.num_kernels, **annotated_json(ag)})
+                         "kernels": ag.graph.num_kernels, **ag.to_json()})
         _write(path, {"name": name, "bs": bs, "target": opt.target, "rows": rows})
         log(f"tuning {name} bs={bs}: {len(rows)} graphs")
 
@@ -243,7 +232,7 @@ def bundle_graphs() -> list[tuple[str, Any]]:
             out += [(f.stem, opt.annotated), (f.stem + ":naive", opt.naive_graph)]
     for f in sorted((BUNDLE / "tuning").glob("*.json")):
         for r in json.loads(f.read_text())["rows"]:
-            out.append((f"{f.stem}:{r['label']}", annotated_from_json(r)))
+            out.append((f"{f.stem}:{r['label']}", AnnotatedGraph.from_json(r)))
     for bs in (1, 8):
         for n in NAMES:
             out += [(f"test:{n}-{bs}", hand_built(n, bs)),

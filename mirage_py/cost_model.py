@@ -366,11 +366,10 @@ def _graph_kernel_cost(op: GraphKernel, info, tensors: dict, t: Target, stages: 
         reps = F if body else 1
         runs = iterations if body else launched  # how often the kernel computes this node
         # shared-memory traffic: what the node reads and writes there, per run
-        reads_of = getattr(n, "operands", None) or \
-            tuple(x for x in (getattr(n, "input", None),) if isinstance(x, str))
         if isinstance(n, Accum):  # reads the product and itself, writes itself, per iteration
             traffic += (tile_bytes(n.input) + 2 * tile_bytes(n.out)) * iterations
         else:
+            reads_of = getattr(n, "operands", None) or (getattr(n, "input", None),)
             traffic += (sum(tile_bytes(x) for x in reads_of) +
                         tile_bytes(getattr(n, "out", None))) * runs
         if isinstance(n, InputIter) and n.gather >= 0:

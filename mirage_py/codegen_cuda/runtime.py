@@ -53,10 +53,11 @@ def load_module(code: str, options: tuple[str, ...] = ("--std=c++17",)) -> Any:
     its own on-disk cache of NVRTC output, keyed by the source too). On an sm_90 device the
     code is built for sm_90a (warpgroup MMA) unless ``MIRAGE_PY_NO_WGMMA`` is set."""
     cp = _cupy()
-    key = module_key(code, options, _hopper(cp))
+    hopper = _hopper(cp)
+    key = module_key(code, options, hopper)
     mod = _MODULES.get(key)
     if mod is None:
-        mod, built = _hopper_module(cp, code, options, key) if _hopper(cp) else (None, "")
+        mod, built = _hopper_module(cp, code, options, key) if hopper else (None, "")
         COMPILED_FOR.pop(key, None)  # the latest compile last
         COMPILED_FOR[key] = built or "cupy default"
         if mod is None:
@@ -248,10 +249,10 @@ class CompiledGraph:
         self.source = graph if isinstance(graph, CudaSource) else emit_cuda(graph, target)
         self.tma = any(s.tensor_maps for s in self.source.launches) and tma_enabled(cp)
         options = module_options(self.source, self.tma)
-        self.module = load_module(self.source.device_code(), options)
+        code = self.source.device_code()
+        self.module = load_module(code, options)
         # how this module was built: "sm_90a (prebuilt cubin)", "sm_90a" or "cupy default"
-        self.built_for = COMPILED_FOR.get(module_key(self.source.device_code(), options,
-                                                     _hopper(cp)), "")
+        self.built_for = COMPILED_FOR.get(module_key(code, options, _hopper(cp)), "")
         self._maps: dict[tuple, Any] = {}  # (kernel, map, address) -> encoded map
         self.kernels = {}
         for spec in self.source.launches:
@@ -287,6 +288,12 @@ class CompiledGraph:
             a = cp.ascontiguousarray(a).copy()
         return a
 
+    def _dims(self, sizes: Mapping[str, int] | None) -> dict[str, Any]:
+        """The dims' sizes the kernels take by value (none for a graph without masks)."""
+        if not self.source.dims:
+            return {}
+        return {d: np.int32(v[0]) for d, v in dim_values(self.source, sizes).items()}
+
     def _arrays(self, inputs: Mapping[str, Any], outputs: Mapping[str, Any] | None,
                 cp: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         """Every array a launch names (inputs checked, outputs allocated or checked,
@@ -317,8 +324,7 @@ class CompiledGraph:
         """Run on ``inputs`` (``sizes``: the sizes of the dims a padded graph's masks name,
         passed to its kernels)."""
         cp = _cupy()
-        dims = {d: np.int32(v[0]) for d, v in dim_values(self.source, sizes).items()} \
-            if self.source.dims else {}
+        dims = self._dims(sizes)
         arrays, result = self._arrays(inputs, outputs, cp)
         if poison:
             self._workspace.fill(0xFF)
@@ -342,8 +348,7 @@ class CompiledGraph:
         ``mode="reduce-overhead"`` does). The buffers are the graph's: write new inputs into
         ``inputs``' arrays and read the results from :attr:`CapturedCall.outputs`."""
         cp = _cupy()
-        dims = {d: np.int32(v[0]) for d, v in dim_values(self.source, sizes).items()} \
-            if self.source.dims else {}
+        dims = self._dims(sizes)
         arrays, result = self._arrays(inputs, outputs, cp)
         stream = cp.cuda.Stream(non_blocking=True)
         with stream:

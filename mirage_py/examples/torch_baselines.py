@@ -83,22 +83,40 @@ def sdpa_fn(name: str) -> Callable[[dict], dict] | None:
     return run
 
 
-def time_cuda(fn: Callable[[], Any], warmup: int = 10, repeat: int = 50) -> float:
-    """Median time of ``fn()`` in microseconds, with CUDA events, after ``warmup`` calls."""
+FLUSH_BYTES = 256 << 20  # more than any L2 (H100 50 MB, H200 60 MB)
+_FLUSH: list = []
+
+
+def cuda_samples(fn: Callable[[], Any], repeat: int, flush: bool = False) -> list[float]:
+    """``repeat`` CUDA-event times of ``fn()`` in microseconds, sorted; with ``flush`` the L2
+    cache is flushed (a 256 MiB buffer written) before each timed call, as KernelBench does."""
     import torch
 
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
+    if flush and not _FLUSH:
+        _FLUSH.append(torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device="cuda"))
     times = []
     for _ in range(repeat):
+        if flush:
+            _FLUSH[0].zero_()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3)
-    times.sort()
+    return sorted(times)
+
+
+def time_cuda(fn: Callable[[], Any], warmup: int = 10, repeat: int = 50,
+              flush: bool = False) -> float:
+    """Median time of ``fn()`` in microseconds, with CUDA events, after ``warmup`` calls
+    (``flush``: the L2 cache flushed before each timed call)."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = cuda_samples(fn, repeat, flush)
     return times[len(times) // 2]
 
 
@@ -113,7 +131,8 @@ def copy_bandwidth(nbytes: int = 1 << 30) -> float:
 
 
 def rel_err(a, b) -> float:
+    """Norm-wise relative error of ``a`` against ``b``, computed in float64."""
     import torch
-    a, b = a.float(), b.float()
-    return float(torch.linalg.vector_norm(a - b) / max(float(torch.linalg.vector_norm(b)),
-                                                         math.ulp(1.0)))
+    a, b = a.double(), b.double()
+    return float(torch.linalg.vector_norm(a - b)) / max(float(torch.linalg.vector_norm(b)),
+                                                        math.ulp(1.0))

@@ -53,6 +53,18 @@ class AnnotatedGraph:
         return {"threads": [gk.block.threads for gk in self.graph.graph_kernels()],
                 "stages": list(self.stages_full())}
 
+    def to_json(self) -> dict[str, Any]:
+        """The graph (``KernelGraph.to_json``) and its stages as given."""
+        return {"graph": self.graph.to_json(), "stages": list(self.stages)}
+
+    @classmethod
+    def from_json(cls, doc: Any) -> "AnnotatedGraph":
+        try:
+            return cls(KernelGraph.from_json(doc["graph"]), tuple(int(s) for s in doc["stages"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise SerializationError(f"malformed annotated graph: {type(e).__name__}: {e}") \
+                from None
+
 
 def with_storage(graph: KernelGraph, dtypes: dict[str, str]) -> KernelGraph:
     """The same graph with the named graph-kernel outputs stored in other dtypes."""
