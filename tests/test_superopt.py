@@ -193,3 +193,36 @@ def test_interrupt_with_workers_keeps_what_arrived(monkeypatch):
     found, stats = so._parallel_search(sub, so.get_target("h100"), 3, None, 2,
                                        so._Progress("x", False))
     assert stats.interrupted and len(found) >= 1
+
+
+def test_a_check_that_does_not_fit_in_memory_rejects_its_candidate_and_the_search_goes_on(
+        monkeypatch):
+    """A candidate's verification or numerics check that runs out of memory (a MemoryError
+    from NumPy: KernelBench's (4096, 393216) softmax sampled 512 full rows) rejects that
+    candidate -- never accepts it -- and the search ends with a verified answer instead of
+    dying with the error."""
+    import mirage_py.verifier as verifier
+    from mirage_py.ugraph.lower import naive_lowering
+    from mirage_py.verifier.equivalence import Verifier
+
+    p = mp.Program("ew")
+    x = p.input("x", (64, 256), "float32")
+    p.output(mp.exp(x * 0.5) + x, name="y")
+    ref = Verifier(p)
+
+    def no_memory(*a, **k):
+        raise MemoryError("Unable to allocate 12.0 GiB")
+    monkeypatch.setattr(Verifier, "_check", no_memory)
+    v = ref.check(naive_lowering(p))
+    assert not v.equivalent and "memory" in v.reason
+    monkeypatch.undo()
+    monkeypatch.setattr(verifier, "numerics_verdict", no_memory)
+    with pytest.warns(RuntimeWarning, match="did not fit in memory"):
+        opt = mp.superopt(p, time_budget_s=20, workers=1, progress=False, database=False)
+    # every fused candidate was rejected: the answer is the verified naive lowering
+    assert opt.num_kernels == opt.naive_num_kernels
+    assert all(v.equivalent for v in opt.verification)
+    xs = {"x": np.random.default_rng(0).standard_normal((64, 256)).astype(np.float32)}
+    got = opt.run_numpy(xs, precision="float64")["y"]
+    x64 = xs["x"].astype(np.float64)
+    np.testing.assert_allclose(got, np.exp(x64 * 0.5) + x64, rtol=1e-5, atol=1e-6)

@@ -418,3 +418,39 @@ def test_zero_divisors_make_a_test_inconclusive_not_a_counterexample():
     assert sum(r.inconclusive for r in results) >= 1
     assert all(r.zero_divisor_tests >= r.inconclusive for r in results)
     assert not any(Tiny(ref, seed=s).check(other).equivalent for s in range(5))
+
+
+def test_degree_bounds_of_a_tiled_division_never_take_the_tensors_size():
+    """softsign ``x / (1 + |x|)`` as one kernel on a 2-D grid: its divisor is distinct at
+    every element, so its instance map is a key per axis; placing the blocks' tiles into the
+    output (the saver) used to reshape keys broadcast to the whole output -- KernelBench's
+    (4096, 393216) softsign asked for 12 GiB and the search died. The degree run's peak
+    allocation is now a few keys the size of one axis, and the bounds are the program's."""
+    import tracemalloc
+
+    from ugraph_cases import R, one_kernel, thread
+
+    from mirage_py.ugraph import DTensor, Fused, InputIter, OutputSaver
+    from mirage_py.ugraph.interp import run
+    from mirage_py.verifier.degree import DegreeBackend, Shaped
+
+    M, N = 2048, 16384  # 33.5 M elements: 268 MB as int64 keys
+    g = one_kernel("softsign", [DTensor("x", (M, N))], [DTensor("y", (M, N))], (16, 128, 1), 1, [
+        InputIter("xt", 0, (0, 1, R)),
+        Fused("yt", ("xt",), thread(("a", "abs", "in0"), ("d", "add", "a", 1.0),
+                                    ("o", "div", "in0", "d"), ninputs=1)),
+        OutputSaver("yt", 0, (0, 1, R)),
+    ])
+    tracemalloc.start()
+    try:
+        deg = run(g, {"x": Shaped((M, N))}, backend=DegreeBackend())["y"]
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20, peak
+    assert deg.shape == (M, N) and (deg.dn, deg.dd) == (1, 1)
+    p = mp.Program("softsign")
+    xi = p.input("x", (M, N), "float32")
+    p.output(xi / (1.0 + mp.abs(xi)), name="y")
+    want = p.evaluate({"x": Shaped((M, N))}, backend=DegreeBackend())["y"]
+    assert (want.dn, want.dd) == (deg.dn, deg.dd)

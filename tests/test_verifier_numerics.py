@@ -86,3 +86,24 @@ def test_nan_and_division_by_zero_are_flagged():
     r = mp.check_numerics(p, inf)
     assert r.events[0].kind == "inf" and "division by zero" in r.events[0].detail
     assert not r.ok and not r.outputs["Y"].finite
+
+
+def test_the_kept_float64_references_stay_within_their_byte_budget(monkeypatch):
+    """References are kept per (program, probe, seed) so a structure's candidates share one;
+    their bytes are bounded (oldest dropped), and one larger than the bound is not kept --
+    the verdicts are the same either way."""
+    from mirage_py.verifier import numerics
+
+    monkeypatch.setattr(numerics, "_REFERENCES", {})
+    monkeypatch.setattr(numerics, "REFERENCE_BYTES", 96 * 1024)
+    verdicts = []
+    for n in (32, 48, 64, 96, 128):  # outputs of 8-128 KB as float64
+        p = mp.Program(f"scale{n}")
+        x = p.input("x", (n, 128), "float32")
+        p.output(mp.exp(x * 0.25) * 2.0, name="y")
+        g = naive_lowering(p)
+        verdicts.append(numerics.numerics_verdict(p, g, g, sample=False).ok)
+        kept = sum(numerics._nbytes(r) for r in numerics._REFERENCES.values())
+        assert kept <= numerics.REFERENCE_BYTES
+    assert all(verdicts)
+    assert not any(k[0] == p.structural_hash() for k in numerics._REFERENCES)  # 128 KB: not kept

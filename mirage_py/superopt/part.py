@@ -38,6 +38,7 @@ import math
 import signal
 import threading
 import time
+import warnings
 from dataclasses import replace
 from typing import Any, Iterator
 
@@ -1030,8 +1031,13 @@ def _finite(st: Structure, graph: KernelGraph, run: Run) -> bool:
     of squares stored in float16)."""
     from ..verifier import numerics_verdict
     t0 = time.perf_counter()
-    v = numerics_verdict(st.program, graph, st.naive(run.model, run.target).graph,
-                         seed=run.settings.seed, target=run.target, sizes=run.sizes)
+    try:
+        v = numerics_verdict(st.program, graph, st.naive(run.model, run.target).graph,
+                             seed=run.settings.seed, target=run.target, sizes=run.sizes)
+    except MemoryError as e:  # the candidate is not accepted; the search goes on
+        warnings.warn(f"superopt: a candidate's numerics check did not fit in memory ({e}); "
+                      "the candidate is rejected", RuntimeWarning, stacklevel=2)
+        return False
     run.numerics_times.note(v.elements, time.perf_counter() - t0)
     return v.ok
 

@@ -355,7 +355,17 @@ class Verifier:
         return dict(got.sizes) if got else None
 
     def check(self, graph: KernelGraph, tests: int | None = None) -> VerifyResult:
+        """Verify ``graph`` against the program (``tests`` random tests; by default as many
+        as the bound target needs). A check whose arrays do not fit in memory rejects the
+        candidate with that reason (never accepts it): a search goes on with the others."""
         start = time.perf_counter()
+        try:
+            return self._check(graph, tests, start)
+        except MemoryError as e:
+            return VerifyResult(False, 1.0, 0, time.perf_counter() - start, 1.0, 0, 0, 0, False,
+                                reason=f"the check did not fit in memory ({e})")
+
+    def _check(self, graph: KernelGraph, tests: int | None, start: float) -> VerifyResult:
         graph = bind(graph, self.sizes)
         check_interface(self.program, graph)
         validate(graph, self.target)

@@ -401,6 +401,13 @@ _NAIVE_REPORTS_KEPT = 256
 # compared on the same inputs, so the reference is evaluated once (its inputs drawn once)
 _REFERENCES: dict[tuple, dict[str, Any]] = {}
 _REFERENCES_KEPT = 64
+#: ... and at most this many bytes of them (oldest dropped first): a KernelBench softmax's
+#: sampled reference is 1.5 GB, 64 of them would not fit any machine
+REFERENCE_BYTES = 1 << 30
+
+
+def _nbytes(outputs: Mapping[str, Any]) -> int:
+    return sum(int(getattr(v, "nbytes", 0)) for v in outputs.values())
 
 
 def _reference(program: Program, probe: Probe, seed: int, x: Mapping[str, Any]
@@ -409,9 +416,12 @@ def _reference(program: Program, probe: Probe, seed: int, x: Mapping[str, Any]
     ref = _REFERENCES.get(key)
     if ref is None:
         ref = program.evaluate(x)
-        if len(_REFERENCES) >= _REFERENCES_KEPT:
+        size = _nbytes(ref)
+        while _REFERENCES and (len(_REFERENCES) >= _REFERENCES_KEPT or
+                               sum(map(_nbytes, _REFERENCES.values())) + size > REFERENCE_BYTES):
             _REFERENCES.pop(next(iter(_REFERENCES)))
-        _REFERENCES[key] = ref
+        if size <= REFERENCE_BYTES:
+            _REFERENCES[key] = ref
     return ref
 
 
