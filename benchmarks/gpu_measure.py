@@ -60,6 +60,8 @@ def append(step: str, row: dict) -> None:
 
 
 def _jsonable(x: Any) -> Any:
+    if hasattr(x, "to_json"):  # a Timing
+        return x.to_json()
     if hasattr(x, "item"):
         return x.item()
     return str(x)
@@ -379,17 +381,17 @@ def measure_kernelbench(dev: Device, only: list[str] | None) -> None:
                 got = ours.check_call(ins)[name]
                 row["rel_err"] = rel_err(got.reshape(ref.shape), ref)
                 row["correct"] = close(got.reshape(ref.shape), ref)
-                row["times"]["ours"] = dev.timer(ours.prepare(ins))
+                row["times"]["ours"] = dev.timer(ours.prepare(ins)).to_json()
                 if not dev.dry:
                     row["ours_compile_s"] = round(ours.compile_s, 3)
-                row["times"]["eager"] = dev.timer(lambda: model(*inputs))
+                row["times"]["eager"] = dev.timer(lambda: model(*inputs)).to_json()
                 try:
                     t0 = time.perf_counter()
                     cm = torch.compile(model)
                     out = cm(*inputs)
                     row["torch_compile_s"] = round(time.perf_counter() - t0, 2)
                     row["compile_correct"] = close(out, ref)
-                    row["times"]["torch_compile"] = dev.timer(lambda: cm(*inputs))
+                    row["times"]["torch_compile"] = dev.timer(lambda: cm(*inputs)).to_json()
                 except Exception as e:  # noqa: BLE001
                     row["errors"]["torch_compile"] = f"{type(e).__name__}: {e}"[:400]
         except Exception as e:  # noqa: BLE001 -- a failure is a row
