@@ -41,9 +41,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.gpu_prepare import BUNDLE  # noqa: E402
-from mirage_py.examples.measure import (Build, Device, Measured, Ours, References,  # noqa: E402
-                                       close, measure_baselines, measure_ours, random_inputs,
-                                       references, time_graph, torch_inputs)
+from mirage_py.examples.measure import (Build, Device, MeasuredSystem, Ours,  # noqa: E402
+                                       References, close, measure_baselines, measure_ours,
+                                       random_inputs, references, time_graph, torch_inputs)
 from mirage_py.examples.torch_baselines import copy_bandwidth, rel_err  # noqa: E402
 from mirage_py.tuning import AnnotatedGraph  # noqa: E402
 
@@ -115,7 +115,7 @@ def measure_bench(dev: Device, only: list[str] | None) -> None:
         print(_bench_line(row), flush=True)
 
 
-def _times(row: dict, m: Measured) -> None:
+def _times(row: dict, m: MeasuredSystem) -> None:
     """``m``'s times into ``row["times"]`` (per call as its label, replay as ``<label>_graph``)
     and its failures into ``row["errors"]``."""
     if m.call is not None:

@@ -17,7 +17,7 @@ Its callers keep their own jobs -- what they search or load and what they write:
 * :class:`Ours` -- a graph compiled (``CompiledGraph``; a :class:`Build` may turn TMA or
   warpgroup MMA off) or, dry, interpreted, writing into NaN-poisoned outputs.
 * :func:`measure_ours`, :func:`measure_baselines` and :func:`time_graph` give a
-  :class:`Measured` per system: its check, its times, what failed.
+  :class:`MeasuredSystem` per system: its check, its times, what failed.
 
 Only PyTorch, and CuPy on a GPU, are needed; both are imported inside the functions.
 """
@@ -202,7 +202,7 @@ def check(got: dict, refs: References) -> Check:
 # ---- systems measured -------------------------------------------------------------------------
 
 @dataclass
-class Measured:
+class MeasuredSystem:
     """One system measured on one set of inputs: its check, its time per call and as a CUDA
     graph replay (GPU only), what it took to build; ``error``: it failed (nothing after the
     failure was measured), ``graph_error``: only its CUDA-graph capture or replay failed."""
@@ -328,7 +328,7 @@ def _as_torch(outs: dict) -> dict:
             for k, v in outs.items()}
 
 
-def _graph_timing(dev: Device, m: Measured, make: Callable[[], Callable[[], Any]],
+def _graph_timing(dev: Device, m: MeasuredSystem, make: Callable[[], Callable[[], Any]],
                   refs: References | None) -> None:
     """``m``'s CUDA-graph replay (made by ``make``) checked against ``refs`` and timed."""
     try:
@@ -344,12 +344,12 @@ def _graph_timing(dev: Device, m: Measured, make: Callable[[], Callable[[], Any]
 
 def measure_ours(dev: Device, graph: Any, target: Any, inputs: dict, refs: References,
                  label: str = "ours", build: Build = Build.DEFAULT,
-                 graphs: bool = True) -> Measured:
+                 graphs: bool = True) -> MeasuredSystem:
     """Our ``graph`` on ``inputs``: one call with poisoned outputs and workspace checked
     against ``refs``, then timed per call and (on a GPU, with ``graphs``) as a CUDA graph
     replay, itself checked. A failure to build or run raises."""
     ours = Ours(graph, target, dev, build)
-    m = Measured(label, compile_s=ours.compile_s, built_for=ours.built_for, tma=ours.tma)
+    m = MeasuredSystem(label, compile_s=ours.compile_s, built_for=ours.built_for, tma=ours.tma)
     m.check = check(ours.check_call(inputs), refs)
     m.call = dev.timer(ours.prepare(inputs))
     if graphs and not dev.dry:
@@ -358,7 +358,7 @@ def measure_ours(dev: Device, graph: Any, target: Any, inputs: dict, refs: Refer
 
 
 def measure_baselines(dev: Device, name: str, program: Any, inputs: dict, refs: References,
-                      graphs: bool = True) -> list[Measured]:
+                      graphs: bool = True) -> list[MeasuredSystem]:
     """PyTorch eager (its check: against float64 only, by definition), ``torch.compile`` of it
     (a compiler failure is its ``error``) and, for the attention benchmarks,
     ``scaled_dot_product_attention``, on ``inputs``: each checked and timed per call and (on a
@@ -369,8 +369,9 @@ def measure_baselines(dev: Device, name: str, program: Any, inputs: dict, refs: 
     eager = torch_fn(program)
     out = []
     with torch.no_grad():
-        def timed(label: str, fn: Callable[[], dict], result: dict, compile_s=None) -> Measured:
-            m = Measured(label, check=check(result, refs), compile_s=compile_s)
+        def timed(label: str, fn: Callable[[], dict], result: dict,
+                  compile_s: float | None = None) -> MeasuredSystem:
+            m = MeasuredSystem(label, check=check(result, refs), compile_s=compile_s)
             m.call = dev.timer(fn)
             if graphs and not dev.dry:
                 _graph_timing(dev, m, lambda: torch_graph(fn), None)
@@ -383,7 +384,7 @@ def measure_baselines(dev: Device, name: str, program: Any, inputs: dict, refs: 
             out.append(timed("torch_compile", lambda: compiled(inputs), result,
                              round(time.perf_counter() - t0, 2)))
         except Exception as e:  # noqa: BLE001 -- a compiler failure is a result too
-            out.append(Measured("torch_compile", error=failure(e)))
+            out.append(MeasuredSystem("torch_compile", error=failure(e)))
         sd = sdpa_fn(name)
         if sd is not None:
             out.append(timed("sdpa", lambda: sd(inputs), sd(inputs)))
@@ -392,14 +393,14 @@ def measure_baselines(dev: Device, name: str, program: Any, inputs: dict, refs: 
 
 def time_graph(dev: Device, graph: Any, target: Any, label: str = "ours",
                inputs: dict | None = None, seed: int = 0, warmup: int | None = None,
-               repeat: int | None = None, budget_s: float | None = None) -> Measured:
+               repeat: int | None = None, budget_s: float | None = None) -> MeasuredSystem:
     """Our ``graph`` timed per call on ``inputs`` (default: :func:`random_inputs`), unchecked:
     a schedule against the cost model. A graph that fails to build or run is a
-    :class:`Measured` with its ``error``."""
+    :class:`MeasuredSystem` with its ``error``."""
     try:
         ours = Ours(graph, target, dev)
         call = ours.prepare(inputs if inputs is not None else random_inputs(graph, dev, seed))
-        return Measured(label, call=dev.timer(call, warmup, repeat, budget_s),
+        return MeasuredSystem(label, call=dev.timer(call, warmup, repeat, budget_s),
                         compile_s=ours.compile_s, built_for=ours.built_for, tma=ours.tma)
     except Exception as e:  # noqa: BLE001 -- compile error, launch failure: recorded
-        return Measured(label, error=failure(e))
+        return MeasuredSystem(label, error=failure(e))
