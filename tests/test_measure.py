@@ -174,3 +174,22 @@ def test_ours_gpu_branch_on_fake_cupy(monkeypatch):
     assert right.finite and right.rel_err_vs_float64 < 2e-3
     wrong = check(Ours(naive_lowering(_lora_wrong_sign()), "h100", gpu).check_call(tx), refs)
     assert wrong.finite and wrong.rel_err_vs_float64 > 0.8 and not wrong.allclose_eager
+
+
+def test_tuning_table_measure_candidates_dry():
+    """tuning_table's measurement through the core, dry: every graph timed (the naive lowering,
+    a candidate, the chosen graph), its prediction beside it, and the Kendall tau over them."""
+    from benchmarks.tuning_table import measure_candidates
+    from mirage_py.superopt import default_model
+    from mirage_py.tuning import AnnotatedGraph
+    fixture = hand_built("lora", 1)
+    opt = types.SimpleNamespace(
+        parts=[types.SimpleNamespace(naive=naive_lowering(get_program("lora", 1)),
+                                     annotated=AnnotatedGraph(fixture))],
+        model=default_model())
+    ranked = [(0.0, types.SimpleNamespace(graph=fixture))]
+    out = measure_candidates(None, "h100", ranked, opt, dev=DRY)
+    assert [r["label"] for r in out["rows"]] == ["naive", "candidate0", "chosen"]
+    assert out["measured"] == out["total"] == 3 and -1 <= out["kendall_tau"] <= 1
+    for r in out["rows"]:
+        assert r["predicted_us"] > 0 and r["measured_us"] > 0 and r["error"] is None
