@@ -33,7 +33,6 @@ import platform
 import sys
 import time
 import traceback
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -42,11 +41,11 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.gpu_prepare import BUNDLE  # noqa: E402
-from mirage_py.examples.torch_baselines import (copy_bandwidth, cuda_samples,  # noqa: E402
-                                                rel_err)
+from mirage_py.examples.measure import (Build, Device, MeasuredSystem, Ours,  # noqa: E402
+                                       References, close, measure_baselines, measure_ours,
+                                       random_inputs, references, time_graph, torch_inputs)
+from mirage_py.examples.torch_baselines import copy_bandwidth, rel_err  # noqa: E402
 from mirage_py.tuning import AnnotatedGraph  # noqa: E402
-
-ATOL = RTOL = 1e-2
 
 
 def out_dir() -> Path:
@@ -61,73 +60,14 @@ def append(step: str, row: dict) -> None:
 
 
 def _jsonable(x: Any) -> Any:
+    if hasattr(x, "to_json"):  # a Timing
+        return x.to_json()
     if hasattr(x, "item"):
         return x.item()
     return str(x)
 
 
-# ---- devices and timers -----------------------------------------------------------------------
-
-@dataclass
-class Device:
-    """Where a step runs: a CUDA device, or the CPU for a dry run."""
-
-    dry: bool
-    budget_s: float = 3.0  # at most about this long timing one variant
-
-    @property
-    def torch_device(self) -> str:
-        return "cpu" if self.dry else "cuda"
-
-    def sync(self) -> None:
-        if not self.dry:
-            import torch
-            torch.cuda.synchronize()
-
-    def timer(self, fn: Callable[[], Any], warmup: int = 5, repeat: int = 50,
-              budget_s: float = 3.0) -> dict:
-        """Median time of ``fn()`` in us (CUDA events, L2 flushed before each timed call);
-        fewer runs when one call is long (at most about ``budget_s`` of timed calls)."""
-        for _ in range(warmup):
-            fn()
-        self.sync()
-        t0 = time.perf_counter()
-        fn()
-        self.sync()
-        one = time.perf_counter() - t0
-        budget_s = min(budget_s, self.budget_s)
-        repeat = max(5, min(repeat, int(budget_s / max(one, 1e-6))))
-        if self.dry:
-            samples = []
-            for _ in range(repeat):
-                t0 = time.perf_counter()
-                fn()
-                samples.append((time.perf_counter() - t0) * 1e6)
-            samples.sort()
-        else:
-            samples = cuda_samples(fn, repeat, flush=True)
-        return {"us": samples[len(samples) // 2], "min_us": samples[0], "runs": len(samples)}
-
-
-def torch_graph(fn: Callable[[], Any]) -> Callable[[], Any]:
-    """``fn`` (PyTorch work) captured as a CUDA graph: a callable that replays it."""
-    import torch
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return g.replay
-
-
-def close(a, b) -> bool:
-    import torch
-    return bool(torch.allclose(a.float(), b.float(), atol=ATOL, rtol=RTOL))
-
+# ---- devices ---------------------------------------------------------------------------------
 
 def device_target(dev: Device) -> str:
     """Our target of the device measured (H200 -> ``h200``, H100 PCIe -> ``h100_pcie``, any
@@ -144,98 +84,10 @@ def predict_on(graph: Any, target: str) -> float:
     return float(default_model().predict(graph, target))
 
 
-# ---- our answers on a device ------------------------------------------------------------------
-
-def _on_device(inputs: dict) -> dict:
-    """Torch CUDA tensors as CuPy arrays over the same memory (DLPack)."""
-    import cupy as cp
-    return {k: cp.from_dlpack(v.contiguous()) for k, v in inputs.items()}
-
-
-class Ours:
-    """A stored answer's graph, compiled (or, dry, interpreted), with poisoned output buffers:
-    ``ours(inputs)`` -> {output name: torch tensor}."""
-
-    def __init__(self, graph: Any, target: str, dev: Device):
-        self.graph, self.dev = graph, dev
-        self.compile_s = 0.0
-        if not dev.dry:
-            from mirage_py.codegen_cuda.runtime import CompiledGraph
-            t0 = time.perf_counter()
-            self.compiled = CompiledGraph(graph, target)
-            self.compile_s = time.perf_counter() - t0
-            self.built_for = self.compiled.built_for
-            self.tma = self.compiled.tma
-        self.outs = None
-
-    def _plain(self):
-        return getattr(self.graph, "graph", self.graph)
-
-    def poisoned(self) -> dict:
-        import cupy as cp
-        import numpy as np
-        g = self._plain()
-        out = {}
-        for n in g.outputs:
-            t = g.tensors()[n]
-            if t.dtype == "bfloat16":
-                out[n] = cp.full(t.shape, 0x7FC0, cp.uint16)
-            else:
-                out[n] = cp.full(t.shape, np.nan, t.dtype)
-        return out
-
-    def prepare(self, inputs: dict) -> Callable[[], dict]:
-        """A no-argument call on ``inputs`` (torch tensors), outputs poisoned first."""
-        import torch
-        if self.dev.dry:
-            import numpy as np
-            g = self._plain()
-            x = {k: v.detach().float().numpy() for k, v in inputs.items()}
-
-            def run_cpu() -> dict:
-                res = g.run(x, precision="gpu")
-                return {k: torch.from_numpy(np.asarray(v, np.float32)) for k, v in res.items()}
-            return run_cpu
-        cx = _on_device(inputs)
-        self.outs = self.poisoned()
-        compiled = self.compiled
-
-        def run_gpu() -> dict:
-            compiled(cx, outputs=self.outs)
-            return self.outs
-        self._run = run_gpu
-        return run_gpu
-
-    def graph_call(self, inputs: dict) -> Callable[[], dict]:
-        """The call on ``inputs`` recorded as a CUDA graph (``CompiledGraph.capture``)."""
-        return self.compiled.capture(_on_device(inputs), self.poisoned())
-
-    def check_call(self, inputs: dict) -> dict:
-        """One call with poisoned outputs and workspace: the outputs as torch tensors."""
-        import torch
-        if self.dev.dry:
-            return self.prepare(inputs)()
-        import cupy as cp
-        outs = self.poisoned()
-        self.compiled(_on_device(inputs), outputs=outs, poison=True)
-        cp.cuda.Device().synchronize()
-        return {k: torch.from_dlpack(v) for k, v in outs.items()}
-
-
 # ---- step: the nine benchmarks ----------------------------------------------------------------
 
-def torch_inputs(program: Any, x: dict, device: str, dtype: Any = None) -> dict:
-    import torch
-    dt = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
-    return {t.name: torch.from_numpy(x[t.name]).to(device, dtype or dt[t.dtype])
-            for t in program.inputs}
-
-
 def measure_bench(dev: Device, only: list[str] | None) -> None:
-    import torch
-
     from benchmarks.programs import get_inputs
-    from mirage_py.examples.torch_baselines import torch_fn
     from mirage_py.superopt.result import OptimizedProgram
     if not dev.dry:
         append("bench", {"copy_bandwidth": copy_bandwidth()})
@@ -254,11 +106,8 @@ def measure_bench(dev: Device, only: list[str] | None) -> None:
             p = opt.program
             x = get_inputs(doc["name"], doc["bs"], seed=1234)
             tx = torch_inputs(p, x, dev.torch_device)
-            eager = torch_fn(p)
-            with torch.no_grad():
-                ref64 = torch_fn(p)(torch_inputs(p, x, dev.torch_device, torch.float64))
-                ref = eager(tx)
-                row.update(_bench_variants(dev, opt, p, doc["name"], tx, eager, ref, ref64))
+            row.update(_bench_variants(dev, opt, p, doc["name"], tx,
+                                       references(p, tx, x, dev)))
         except Exception as e:  # noqa: BLE001 -- a failure is a row
             row["error"] = f"{type(e).__name__}: {e}"[:800]
             row["traceback"] = traceback.format_exc()[-2000:]
@@ -266,66 +115,43 @@ def measure_bench(dev: Device, only: list[str] | None) -> None:
         print(_bench_line(row), flush=True)
 
 
-def _bench_variants(dev: Device, opt: Any, p: Any, name: str, tx: dict, eager: Callable,
-                    ref: dict, ref64: dict) -> dict:
-    import torch
+def _times(row: dict, m: MeasuredSystem) -> None:
+    """``m``'s times into ``row["times"]`` (per call as its label, replay as ``<label>_graph``)
+    and its failures into ``row["errors"]``."""
+    if m.call is not None:
+        row["times"][m.label] = m.call.to_json()
+    if m.graph is not None:
+        row["times"][m.label + "_graph"] = m.graph.to_json()
+    if m.error is not None:
+        row["errors"][m.label] = m.error[:400]
+    if m.graph_error is not None:
+        row["errors"][m.label + "_graph"] = m.graph_error[:400]
 
-    from mirage_py.examples.torch_baselines import sdpa_fn
+
+def _bench_variants(dev: Device, opt: Any, p: Any, name: str, tx: dict,
+                    refs: References) -> dict:
     row: dict = {"times": {}, "errors": {}}
-    out_names = list(ref)
     for label, graph in (("ours", opt.annotated), ("ours_naive", opt.naive_graph)):
-        ours = Ours(graph, opt.target, dev)
-        got = ours.check_call(tx)
-        row[f"{label}_rel_err_vs_eager"] = max(rel_err(got[k], ref[k]) for k in out_names)
-        row[f"{label}_rel_err_vs_float64"] = max(rel_err(got[k], ref64[k]) for k in out_names)
-        row[f"{label}_allclose_eager"] = all(close(got[k], ref[k]) for k in out_names)
-        row[f"{label}_finite"] = all(bool(torch.isfinite(got[k].float()).all())
-                                     for k in out_names)
+        m = measure_ours(dev, graph, opt.target, tx, refs, label)
+        row[f"{label}_rel_err_vs_eager"] = m.check.rel_err_vs_eager
+        row[f"{label}_rel_err_vs_float64"] = m.check.rel_err_vs_float64
+        row[f"{label}_allclose_eager"] = m.check.allclose_eager
+        row[f"{label}_finite"] = m.check.finite
         if not dev.dry:
-            row[f"{label}_compile_s"] = round(ours.compile_s, 3)
-            row[f"{label}_built_for"] = ours.built_for
-            row[f"{label}_tma"] = ours.tma
-        call = ours.prepare(tx)
-        row["times"][label] = dev.timer(call)
-        if not dev.dry:
-            _graph_time(dev, row, label + "_graph", lambda: ours.graph_call(tx))
-            replay = ours.graph_call(tx)
-            got = {k: torch.from_dlpack(v) for k, v in replay().items()}
-            dev.sync()
-            row[f"{label}_graph_allclose_eager"] = all(close(got[k], ref[k]) for k in out_names)
-    row["eager_rel_err_vs_float64"] = max(rel_err(ref[k], ref64[k]) for k in out_names)
-    with torch.no_grad():
-        row["times"]["eager"] = dev.timer(lambda: eager(tx))
-        if not dev.dry:
-            _graph_time(dev, row, "eager_graph", lambda: torch_graph(lambda: eager(tx)))
-        try:
-            t0 = time.perf_counter()
-            compiled = torch.compile(eager)
-            out = compiled(tx)
-            row["torch_compile_s"] = round(time.perf_counter() - t0, 2)
-            row["compile_rel_err_vs_float64"] = max(rel_err(out[k], ref64[k])
-                                                    for k in out_names)
-            row["times"]["torch_compile"] = dev.timer(lambda: compiled(tx))
-            if not dev.dry:
-                _graph_time(dev, row, "torch_compile_graph",
-                            lambda: torch_graph(lambda: compiled(tx)))
-        except Exception as e:  # noqa: BLE001 -- a compiler failure is a result too
-            row["errors"]["torch_compile"] = f"{type(e).__name__}: {e}"[:400]
-        sd = sdpa_fn(name)
-        if sd is not None:
-            out = sd(tx)
-            row["sdpa_rel_err_vs_float64"] = rel_err(out["O"], ref64["O"])
-            row["times"]["sdpa"] = dev.timer(lambda: sd(tx))
-            if not dev.dry:
-                _graph_time(dev, row, "sdpa_graph", lambda: torch_graph(lambda: sd(tx)))
+            row[f"{label}_compile_s"] = round(m.compile_s, 3)
+            row[f"{label}_built_for"] = m.built_for
+            row[f"{label}_tma"] = m.tma
+        _times(row, m)
+        if m.graph_check is not None:
+            row[f"{label}_graph_allclose_eager"] = m.graph_check.allclose_eager
+    for m in measure_baselines(dev, name, p, tx, refs):
+        if m.check is not None:
+            key = {"eager": "eager", "torch_compile": "compile", "sdpa": "sdpa"}[m.label]
+            if m.compile_s is not None:
+                row["torch_compile_s"] = m.compile_s
+            row[f"{key}_rel_err_vs_float64"] = m.check.rel_err_vs_float64
+        _times(row, m)
     return row
-
-
-def _graph_time(dev: Device, row: dict, label: str, make: Callable[[], Callable]) -> None:
-    try:
-        row["times"][label] = dev.timer(make())
-    except Exception as e:  # noqa: BLE001 -- a capture failure is a result too
-        row["errors"][label] = f"{type(e).__name__}: {e}"[:400]
 
 
 def _bench_line(r: dict) -> str:
@@ -339,24 +165,6 @@ def _bench_line(r: dict) -> str:
 
 # ---- step: predicted vs measured schedules ----------------------------------------------------
 
-def random_inputs(graph: Any, dev: Device, seed: int = 0) -> dict:
-    import torch
-    from mirage_py.tuning.runners import index_bounds
-    g = getattr(graph, "graph", graph)
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    bounds = index_bounds(g)
-    dt = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
-          "int32": torch.int32, "int64": torch.int64}
-    out = {}
-    for t in g.inputs:
-        if t.name in bounds:
-            v = torch.randint(0, bounds[t.name], t.shape, generator=gen)
-        else:
-            v = torch.randn(t.shape, generator=gen) * 0.1
-        out[t.name] = v.to(dev.torch_device, dt[t.dtype])
-    return out
-
-
 def measure_tuning(dev: Device, only: list[str] | None, bs: int | None = None) -> None:
     for f in sorted((BUNDLE / "tuning").glob("*.json")):
         doc = json.loads(f.read_text())
@@ -369,10 +177,13 @@ def measure_tuning(dev: Device, only: list[str] | None, bs: int | None = None) -
                 ag = AnnotatedGraph.from_json(r)
                 row["device_target"] = device_target(dev)
                 row["predicted_us_device"] = predict_on(ag, row["device_target"])
-                ours = Ours(ag, doc["target"], dev)
-                call = ours.prepare(random_inputs(ag, dev))
-                row.update(dev.timer(call, warmup=3, repeat=20, budget_s=1.0))
-                row["compile_s"] = round(ours.compile_s, 3)
+                m = time_graph(dev, ag, doc["target"], r["label"], warmup=3, repeat=20,
+                               budget_s=1.0)
+                if m.error is None:
+                    row.update(m.call.to_json())
+                    row["compile_s"] = round(m.compile_s, 3)
+                else:
+                    row["error"] = m.error[:600]
             except Exception as e:  # noqa: BLE001 -- a schedule that fails is a record too
                 row["error"] = f"{type(e).__name__}: {e}"[:600]
             append("tuning", row)
@@ -392,27 +203,20 @@ def _timed_rows(paths: list[Path]) -> dict[tuple, list[dict]]:
     return rows
 
 
-def _checked_time(dev: Device, graph: Any, target: str, name: str, bs: int) -> dict:
+def _checked_time(dev: Device, graph: Any, target: str, name: str, bs: int,
+                  build: Build = Build.DEFAULT) -> dict:
     """Ours on a benchmark's own inputs: checked against eager and float64, timed per call
     and as a CUDA graph."""
-    import torch
-
     from benchmarks.programs import get_inputs, get_program
-    from mirage_py.examples.torch_baselines import torch_fn
     p = get_program(name, bs)
     x = get_inputs(name, bs, seed=1234)
     tx = torch_inputs(p, x, dev.torch_device)
-    with torch.no_grad():
-        ref = torch_fn(p)(tx)
-        ref64 = torch_fn(p)(torch_inputs(p, x, dev.torch_device, torch.float64))
-    ours = Ours(graph, target, dev)
-    got = ours.check_call(tx)
-    out = {"allclose_eager": all(close(got[k], ref[k]) for k in ref),
-           "rel_err_vs_float64": max(rel_err(got[k], ref64[k]) for k in ref),
-           "times": {"ours": dev.timer(ours.prepare(tx))}, "errors": {}}
+    m = measure_ours(dev, graph, target, tx, references(p, tx, x, dev), build=build)
+    out = {"allclose_eager": m.check.allclose_eager,
+           "rel_err_vs_float64": m.check.rel_err_vs_float64, "times": {}, "errors": {}}
+    _times(out, m)
     if not dev.dry:
-        _graph_time(dev, out, "ours_graph", lambda: ours.graph_call(tx))
-        out["built_for"], out["tma"] = ours.built_for, ours.tma
+        out["built_for"], out["tma"] = m.built_for, m.tma
     return out
 
 
@@ -441,9 +245,6 @@ def measure_best(dev: Device, paths: list[Path], top: int = 3) -> None:
                   + f" ok={row.get('allclose_eager')} {row.get('error', '')[:200]}", flush=True)
 
 
-VARIANTS = {"no_tma": "MIRAGE_PY_NO_TMA", "no_wgmma": "MIRAGE_PY_NO_WGMMA"}
-
-
 def measure_variants(dev: Device, bs: int) -> None:
     """The model's choice of each benchmark built three ways -- as the runtime builds it (TMA
     and warpgroup MMA on an sm_90 GPU), with every tile by cp.async (``MIRAGE_PY_NO_TMA``) and
@@ -452,20 +253,15 @@ def measure_variants(dev: Device, bs: int) -> None:
     for f in sorted((BUNDLE / "bench").glob(f"*-bs{bs}.json")):
         doc = json.loads(f.read_text())
         opt = OptimizedProgram.from_json(doc["opt"])
-        for label, env in [("default", None), *VARIANTS.items()]:
-            row = {"name": doc["name"], "bs": bs, "variant": label}
-            if env:
-                os.environ[env] = "1"
+        for build in Build:
+            row = {"name": doc["name"], "bs": bs, "variant": build.value}
             try:
-                row.update(_checked_time(dev, opt.annotated, opt.target, doc["name"], bs))
+                row.update(_checked_time(dev, opt.annotated, opt.target, doc["name"], bs, build))
             except Exception as e:  # noqa: BLE001
                 row["error"] = f"{type(e).__name__}: {e}"[:600]
-            finally:
-                if env:
-                    del os.environ[env]
             append("variants", row)
             t = row.get("times", {})
-            print(f"variant {doc['name']} bs={bs} {label}: " + " ".join(
+            print(f"variant {doc['name']} bs={bs} {build.value}: " + " ".join(
                 f"{k}={v['us']:.1f}" for k, v in t.items()) + f" {row.get('built_for', '')}"
                   f" ok={row.get('allclose_eager')} {row.get('error', '')[:200]}", flush=True)
 
@@ -585,17 +381,17 @@ def measure_kernelbench(dev: Device, only: list[str] | None) -> None:
                 got = ours.check_call(ins)[name]
                 row["rel_err"] = rel_err(got.reshape(ref.shape), ref)
                 row["correct"] = close(got.reshape(ref.shape), ref)
-                row["times"]["ours"] = dev.timer(ours.prepare(ins))
+                row["times"]["ours"] = dev.timer(ours.prepare(ins)).to_json()
                 if not dev.dry:
                     row["ours_compile_s"] = round(ours.compile_s, 3)
-                row["times"]["eager"] = dev.timer(lambda: model(*inputs))
+                row["times"]["eager"] = dev.timer(lambda: model(*inputs)).to_json()
                 try:
                     t0 = time.perf_counter()
                     cm = torch.compile(model)
                     out = cm(*inputs)
                     row["torch_compile_s"] = round(time.perf_counter() - t0, 2)
                     row["compile_correct"] = close(out, ref)
-                    row["times"]["torch_compile"] = dev.timer(lambda: cm(*inputs))
+                    row["times"]["torch_compile"] = dev.timer(lambda: cm(*inputs)).to_json()
                 except Exception as e:  # noqa: BLE001
                     row["errors"]["torch_compile"] = f"{type(e).__name__}: {e}"[:400]
         except Exception as e:  # noqa: BLE001 -- a failure is a row

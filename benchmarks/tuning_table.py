@@ -73,19 +73,22 @@ def run_one(name: str, bs: int, target: str, workers: int, measure: bool) -> dic
     return rec
 
 
-def measure_candidates(part, target, ranked, opt) -> dict:
+def measure_candidates(part, target, ranked, opt, dev=None) -> dict:
     """Time the naive graph, every candidate structure (generator annotations) and the chosen
-    tuned graph on the GPU; Kendall tau between predicted and measured."""
-    from mirage_py.tuning import AnnotatedGraph, GpuRunner, kendall_tau
-    runner = GpuRunner()
+    tuned graph on the GPU (``dev``: by default the GPU, 3 warm-up calls and 20 timed ones,
+    the L2 cache not flushed; a dry ``Device`` times them on the CPU's interpreter), each on
+    random inputs through the measuring core; Kendall tau between predicted and measured."""
+    from mirage_py.examples.measure import Device, time_graph
+    from mirage_py.tuning import AnnotatedGraph, kendall_tau
+    dev = dev or Device(dry=False, budget_s=None, flush=False, warmup=3, repeat=20)
     rows = []
     graphs = [("naive", AnnotatedGraph(opt.parts[0].naive))]
     graphs += [(f"candidate{i}", AnnotatedGraph(c.graph)) for i, (_, c) in enumerate(ranked)]
     graphs.append(("chosen", opt.parts[0].annotated))
     for label, ag in graphs:
-        m = runner.run(ag, target)
+        m = time_graph(dev, ag, target, label)
         rows.append({"label": label, "predicted_us": opt.model.predict(ag, target),
-                     "measured_us": m.us if m.ok else None, "error": m.error})
+                     "measured_us": m.call.us if m.error is None else None, "error": m.error})
     ok = [r for r in rows if r["measured_us"] is not None]
     tau = kendall_tau([r["predicted_us"] for r in ok], [r["measured_us"] for r in ok]) \
         if len(ok) >= 2 else float("nan")

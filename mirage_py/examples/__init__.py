@@ -6,7 +6,9 @@ work from any directory after a plain ``pip install``.
 * ``fixtures``: hand-built fused μGraphs for them (``hand_built(name, bs)``), the expert fusions
   the benchmark table compares against;
 * ``bench``: the benchmark runner behind ``mirage-py bench`` (and ``python -m benchmarks.run``);
-* ``torch_baselines``: PyTorch eager / ``torch.compile`` / SDPA baselines for GPU runs.
+* ``torch_baselines``: PyTorch eager / ``torch.compile`` / SDPA baselines for GPU runs;
+* ``measure``: the measuring core every GPU benchmark path shares (check against eager and
+  float64, time per call and as a CUDA-graph replay; dry on the CPU).
 
 The repository's ``benchmarks/programs.py``, ``fixtures.py``, ``run.py`` and
 ``torch_baselines.py`` re-export these modules.

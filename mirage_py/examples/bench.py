@@ -87,66 +87,45 @@ def run_one(name: str, bs: int, target: str, workers: int | None, check: bool,
     return rec
 
 
-def measure_gpu(name: str, bs: int, opt, rec: dict, seed: int = 0) -> None:
-    """Median CUDA-event times (us) of ours and the PyTorch baselines, in this process, on fresh
-    inputs, with every output checked against PyTorch eager (norm-wise relative error)."""
-    import cupy
-    import torch
-
+def measure_gpu(name: str, bs: int, opt, rec: dict, seed: int = 0, dev=None) -> None:
+    """Median CUDA-event times (us) of ours and the PyTorch baselines, in this process, after
+    warm-up, on fresh inputs, with every output checked against PyTorch eager (norm-wise
+    relative error), through the measuring core (``measure.py``). ``dev``: by default the GPU,
+    10 warm-up calls and 50 timed ones, the L2 cache not flushed; a dry ``Device`` runs the
+    same path on the CPU (no copy bandwidth then)."""
+    from .measure import (Build, Device, measure_baselines, measure_ours, references,
+                          torch_inputs)
     from .programs import get_inputs, get_program
-    from .torch_baselines import (copy_bandwidth, rel_err, sdpa_fn, time_cuda,
-                                            torch_fn)
+    from .torch_baselines import copy_bandwidth
 
+    dev = dev or Device(dry=False, budget_s=None, flush=False, warmup=10, repeat=50)
     p = get_program(name, bs)
-    dt = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
     x = get_inputs(name, bs, seed=seed)
-    tx = {t.name: torch.from_numpy(x[t.name]).to("cuda", dt[t.dtype]) for t in p.inputs}
-    cx = {k: cupy.from_dlpack(v) for k, v in tx.items()}
-    eager = torch_fn(p)
-    ref = eager(tx)
-    ours = opt(cx)
-    rec["check_rel_err"] = {"ours": max(rel_err(torch.from_dlpack(ours[k]), ref[k]) for k in ref)}
-    times = {"ours": time_cuda(lambda: opt(cx)), "torch_eager": time_cuda(lambda: eager(tx))}
-    try:
-        compiled = torch.compile(eager)
-        out = compiled(tx)
-        rec["check_rel_err"]["torch_compile"] = max(rel_err(out[k], ref[k]) for k in ref)
-        times["torch_compile"] = time_cuda(lambda: compiled(tx))
-    except Exception as e:  # a compiler failure is a result too
-        rec["torch_compile_error"] = f"{type(e).__name__}: {e}"[:300]
-    sd = sdpa_fn(name)
-    if sd is not None:
-        out = sd(tx)
-        rec["check_rel_err"]["sdpa"] = rel_err(out["O"], ref["O"])
-        times["sdpa"] = time_cuda(lambda: sd(tx))
-    alt = _cp_async_build(opt)
-    if alt is not None:  # the same kernels with every tile on cp.async: what TMA buys
-        out = alt(cx)
-        rec["check_rel_err"]["ours_cp_async"] = max(
-            rel_err(torch.from_dlpack(out[k]), ref[k]) for k in ref)
-        times["ours_cp_async"] = time_cuda(lambda: alt(cx))
+    tx = torch_inputs(p, x, dev.torch_device)
+    refs = references(p, tx, x, dev)
+    ours = measure_ours(dev, opt.annotated, opt.target, tx, refs, graphs=False)
+    rec["check_rel_err"] = {"ours": ours.check.rel_err_vs_eager}
+    times = {"ours": ours.call.us}
+    for m in measure_baselines(dev, name, p, tx, refs, graphs=False):
+        if m.error is not None:  # a compiler failure is a result too
+            rec["torch_compile_error"] = m.error[:300]
+            continue
+        if m.label != "eager":
+            rec["check_rel_err"][m.label] = m.check.rel_err_vs_eager
+        times["torch_eager" if m.label == "eager" else m.label] = m.call.us
+    if ours.tma:  # the same kernels with every tile on cp.async: what TMA buys
+        alt = measure_ours(dev, opt.annotated, opt.target, tx, refs, "ours_cp_async",
+                           Build.NO_TMA, graphs=False)
+        rec["check_rel_err"]["ours_cp_async"] = alt.check.rel_err_vs_eager
+        times["ours_cp_async"] = alt.call.us
     rec["measured_us"] = times
     best = min(v for k, v in times.items() if not k.startswith("ours"))
     rec["speedup_vs_best_baseline"] = best / times["ours"]
     rec["speedup_vs_eager"] = times["torch_eager"] / times["ours"]
-    bw = copy_bandwidth()
-    rec["copy_bandwidth"] = bw
-    rec["bandwidth_fraction"] = rec["bytes_found"] / (times["ours"] * 1e-6) / bw
-
-
-def _cp_async_build(opt):
-    """``opt``'s graph compiled with TMA off (MIRAGE_PY_NO_TMA), when its own build uses TMA."""
-    import os
-
-    from mirage_py.codegen_cuda.runtime import CompiledGraph
-    first = CompiledGraph(opt.annotated, opt.target)
-    if not first.tma:
-        return None
-    os.environ["MIRAGE_PY_NO_TMA"] = "1"
-    try:
-        return CompiledGraph(opt.annotated, opt.target)
-    finally:
-        del os.environ["MIRAGE_PY_NO_TMA"]
+    if not dev.dry:
+        bw = copy_bandwidth()
+        rec["copy_bandwidth"] = bw
+        rec["bandwidth_fraction"] = rec["bytes_found"] / (times["ours"] * 1e-6) / bw
 
 
 def markdown(records: list[dict], device: str) -> str:

@@ -8,8 +8,8 @@ is transposed; the programs apply no 1/sqrt(d) scale, so ``scale=1``; qknorm_gqa
 and K first exactly as the program does). ``time_cuda`` times a callable with CUDA events after
 warm-up and returns the median in microseconds.
 
-Only the benchmark runner (``mirage_py.examples.bench``) imports this, on a GPU; torch is
-optional and imported inside the functions.
+The measuring core (``mirage_py.examples.measure``) builds on these; torch is optional and
+imported inside the functions.
 """
 
 from __future__ import annotations
