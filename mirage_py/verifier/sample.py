@@ -330,17 +330,28 @@ def sampled_like(program: Program, naive: KernelGraph, sizes: dict[str, int],
     return None if _same_outputs(p, g) else g
 
 
+def sampled_program(program: Program) -> Program:
+    """``program`` at the sizes :func:`sample_sizes` gives one element a block (what a
+    numerics check is guessed to read and compute; a candidate's tiles can only keep more);
+    ``program`` itself where nothing can be sampled."""
+    labels = _labels(program)
+    sizes = sample_sizes(program) if labels is not None else {}
+    if not sizes:
+        return program
+    try:
+        return small_program(program, sizes, labels.node_dims)
+    except MirageError:
+        return program
+
+
 def checked_elements(program: Program) -> int:
-    """Input elements a numerics check of ``program`` is guessed to read: at the sizes
-    :func:`sample_sizes` gives one element a block (a candidate's tiles can only keep more);
-    0 for symbolic sizes."""
+    """Input elements a numerics check of ``program`` is guessed to read: those of
+    :func:`sampled_program`; 0 for symbolic sizes."""
     if any(not isinstance(d, int) for t in program.inputs for d in t.shape):
         return 0
-    labels = _labels(program)
-    if labels is None:
-        return sum(math.prod(t.shape) for t in program.inputs)
-    return _elements_at(program.inputs, labels.node_dims, sample_sizes(program))
+    return sum(math.prod(t.shape) for t in sampled_program(program).inputs)
 
 
-__all__ = ["sample_rows", "sampled_like", "sampled_labels", "sample_sizes", "checked_elements",
+__all__ = ["sample_rows", "sampled_like", "sampled_labels", "sample_sizes", "sampled_program",
+           "checked_elements",
            "SAMPLE_OUTPUT_ELEMENTS", "SAMPLE_BLOCKS"]
