@@ -1,5 +1,5 @@
 """Numerics checks on sampled rows: fewer blocks along the dims every output element is computed
-apart (issue #29).
+apart (issues #29, #31).
 
 The numerics check (numerics.py) runs a candidate in GPU precision against the float64
 reference. At model size its cost is the size of its inputs -- drawing them, rounding them,
@@ -11,28 +11,37 @@ computes a sample of ``G``'s output rows exactly as ``G`` computes them, or says
 (a :class:`~mirage_py.verifier.shrink.Shrink` with ``why``):
 
 * a *sampled label* is a parallel dim label of ``P`` (generator/labels.py: a dim of an output)
-  that no operator reduces, and every other label of its extent ``E`` is one too (the gate's
-  and the up projection's columns): the dims of extent ``E`` in ``P`` are all such labels, so
-  resizing the extent resizes only dims no operator reduces;
-* ``P'`` is ``P`` with extent ``E`` made ``E' = E / k`` (``shrink.small_program``); ``G'`` is
-  ``G`` with every grid axis or loop that cuts a dim of extent ``E`` making ``k`` times fewer
-  parts, every tile kept (``shrink.small_graph``): each remaining block runs the very code a
-  block of ``G`` runs on the same tile shapes, with the same loop lengths over every other dim;
-  a pre-defined kernel whole over ``E`` is refused (its arithmetic may depend on the extent);
-* ``k`` is the largest divisor of every cut's part count that leaves at least
-  :data:`SAMPLE_BLOCKS` blocks along the label and :data:`SAMPLE_OUTPUT_ELEMENTS` output
-  elements in all.
+  that no operator reduces. Sampling is keyed by the label, not by the extent: a GEMM whose
+  reduced ``K`` equals its columns ``N`` (KernelBench's level2/76, Llama's square projections)
+  samples ``N``'s dims and keeps ``K``'s whole;
+* ``P'`` is ``P`` with every dim of label ``l`` made ``E_l / k_l`` (``shrink.small_program``
+  with the program's ``node_dims``), every other dim kept; ``G'`` is ``G`` with the grid axis
+  or loop that cuts the dims of ``l`` making ``k_l`` times fewer parts, every tile kept
+  (:func:`_sampled_graph`). ``G`` has no labels of its own: they are carried from its inputs
+  (the program's inputs of the same names) through each graph kernel (:func:`_plan`): an axis
+  that cuts dims of one label only is that label's, the output dims its savers cut by it carry
+  it. A label is refused (kept whole) in a graph where a block reads one of its dims whole (the
+  tile could not be kept), an axis cuts it together with dims of another label or of none, two
+  axes of one kernel cut it, or a pre-defined kernel touches it (its arithmetic may depend on
+  the extent). The naive lowering, the baseline, is all pre-defined kernels: :func:`sampled_like`
+  re-infers each one's output from its resized operands with the operator's own shape rule;
+* ``k_l`` is the largest divisor of the part counts of every axis that cuts ``l`` that leaves
+  at least :data:`SAMPLE_BLOCKS` blocks along it and :data:`SAMPLE_OUTPUT_ELEMENTS` elements of
+  each output (the longest labels first). ``G'`` must validate, keep every tile, and give
+  ``P'``'s output shapes.
 
 Why the verdict on ``(P', G')`` is the verdict on the sampled rows of ``(P, G)`` (docs/verifier.md,
 "Numerics checks on sampled rows"): operators that read positions or extents (masks, slices,
 concatenations, reshapes, gathers, ``rms_norm``) are refused as in shrink.py, so no block's
 arithmetic depends on which block it is, and a tile that divides its extent leaves no partial
 tail block (a padded program's tails are masks: refused, checked at full size). The label is
-never reduced, so no output element of one block depends on another block's inputs: ``G'`` on
-the sampled inputs computes, bit for bit, what ``G`` computes for those rows. The check's inputs
+never reduced, so no output element of one block depends on another block's inputs along it;
+the dims of other labels -- a reduced ``K`` of the same extent included -- keep their extents,
+so each kept block runs the same loop over them. ``G'`` on the sampled inputs computes, bit for
+bit, what ``G`` computes for those rows. The check's inputs
 are i.i.d. draws along the label, so the sampled rows' errors are drawn from the same
 distribution as every row's: the norm-wise error of the sample estimates the full one (a ratio
-of sums over at least :data:`SAMPLE_OUTPUT_ELEMENTS` output elements), and a failure that
+of sums over at least :data:`SAMPLE_OUTPUT_ELEMENTS` elements of each output), and a failure that
 happens on a fixed fraction of rows shows in the sample too. Outlier features (the probe of
 "massive activations") sit on inputs' last dims: where that dim is the sampled label they are
 drawn among the sampled rows, so the rows that hold them are always checked. What the sample
