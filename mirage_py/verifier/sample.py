@@ -87,8 +87,10 @@ def sampled_labels(program: Program) -> dict[str, int]:
     parallel labels no operator reduces. Empty for a symbolic or padded program, or one with
     operators that read positions or extents."""
     labels = _labels(program)
-    if labels is None:
-        return {}
+    return {} if labels is None else _free(labels)
+
+
+def _free(labels: Any) -> dict[str, int]:
     return {lab: labels.sizes[lab] for lab in labels.parallel - labels.reduced_any}
 
 
@@ -98,20 +100,22 @@ def _elements_at(tensors: Any, node_dims: dict, sizes: dict[str, int]) -> int:
                          for d, lab in zip(t.shape, node_dims[t.digest])) for t in tensors)
 
 
-def sample_sizes(program: Program, parts: dict[str, int] | None = None) -> dict[str, int]:
+def sample_sizes(program: Program, parts: dict[str, int] | None = None,
+                 labels: Any = None) -> dict[str, int]:
     """Label -> sampled extent for every label :func:`sampled_labels` allows, the longest
     first: ``E / k`` with ``k`` the largest divisor of ``parts[label]`` (the part counts of
     every grid axis or loop that cuts the label have it in common; ``E`` itself when not given:
     one element a block) that keeps :data:`SAMPLE_BLOCKS` blocks and, in each output,
-    :data:`SAMPLE_OUTPUT_ELEMENTS` elements (all of a smaller one)."""
-    labels = _labels(program)
+    :data:`SAMPLE_OUTPUT_ELEMENTS` elements (all of a smaller one). ``labels``: the program's
+    (:func:`~mirage_py.generator.labels.infer_labels`), where the caller has them."""
+    labels = labels if labels is not None else _labels(program)
     if labels is None:
         return {}
     outputs = [o.tensor for o in program.outputs]
     least = [min(SAMPLE_OUTPUT_ELEMENTS, _elements_at([t], labels.node_dims, {}))
              for t in outputs]
     sizes: dict[str, int] = {}
-    for lab, e in sorted(sampled_labels(program).items(), key=lambda x: (-x[1], x[0])):
+    for lab, e in sorted(_free(labels).items(), key=lambda x: (-x[1], x[0])):
         g = e if parts is None else parts.get(lab, 0)
         if g <= 1:
             continue
@@ -144,12 +148,10 @@ class _Plan:
                 if lab not in self.refused}
 
 
-def _input_dims(program: Program, graph: KernelGraph, free: Any) -> dict[str, Dims] | None:
-    """The graph inputs' labels: the program's inputs of the same names (None where the graph's
-    inputs are not the program's)."""
-    labels = _labels(program)
-    if labels is None:
-        return None
+def _input_dims(program: Program, labels: Any, graph: KernelGraph, free: Any
+                ) -> dict[str, Dims] | None:
+    """The graph inputs' labels among ``free``: those of the program's inputs of the same names
+    (None where the graph's inputs are not the program's)."""
     ins = {t.name: t for t in program.inputs}
     out = {}
     for t in graph.inputs:
@@ -290,11 +292,11 @@ def sample_rows(program: Program, graph: KernelGraph, target: Any = "h100") -> S
     if bad:
         return Shrink(why=f"operators that read positions or extents: {bad}")
     labels = _labels(program)
-    inputs = None if labels is None else _input_dims(program, graph, set(sampled_labels(program)))
+    inputs = None if labels is None else _input_dims(program, labels, graph, set(_free(labels)))
     if inputs is None:
         return Shrink(why="the graph's inputs are not the program's, or it has no labels")
     plan = _plan(graph, inputs, kernels_whole=False)
-    sizes = sample_sizes(program, plan.common_parts())
+    sizes = sample_sizes(program, plan.common_parts(), labels)
     if not sizes:
         return Shrink(why="no parallel label the graph cuts into enough blocks")
     factors = {lab: labels.sizes[lab] // n for lab, n in sizes.items()}
@@ -324,7 +326,7 @@ def sampled_like(program: Program, naive: KernelGraph, sizes: dict[str, int],
     kernel's output re-inferred from its resized operands; None where it is not valid there."""
     from ..ugraph.validate import validate
     labels = _labels(program)
-    inputs = None if labels is None else _input_dims(program, naive, set(sizes))
+    inputs = None if labels is None else _input_dims(program, labels, naive, set(sizes))
     if inputs is None:
         return None
     plan = _plan(naive, inputs, kernels_whole=True)
@@ -344,7 +346,7 @@ def sampled_program(program: Program) -> Program:
     numerics check is guessed to read and compute; a candidate's tiles can only keep more);
     ``program`` itself where nothing can be sampled."""
     labels = _labels(program)
-    sizes = sample_sizes(program) if labels is not None else {}
+    sizes = sample_sizes(program, labels=labels) if labels is not None else {}
     if not sizes:
         return program
     try:
