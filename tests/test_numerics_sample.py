@@ -280,20 +280,29 @@ def test_a_square_mlp_samples_its_output_columns_and_keeps_the_hidden_dim_whole(
 @pytest.mark.parametrize("case", ["gemm", "mlp"])
 def test_the_sampled_program_is_the_full_one_on_the_sampled_rows_and_columns(case):
     """Float64: the sampled program, fed random rows of X and random columns of the sampled
-    weights (the reduced dims whole), computes exactly those rows and columns of the full
-    program's output."""
+    weights (the reduced dims of the same extent whole), computes exactly those rows and columns
+    of the full program's output; resizing every dim of the extent, as the extent-keyed sample
+    did, would compute something else."""
+    from mirage_py.verifier.shrink import small_program
     p, g = (_gemm_relu(), _gemm_one_kernel()) if case == "gemm" else _square_mlp()
     s = sample_rows(p, g)
     rng = np.random.default_rng(1)
     x = {t.name: rng.standard_normal(t.shape) for t in p.inputs}
     want = p.evaluate(x)["Y"]
-    rows = np.sort(rng.choice(M, M // 2, replace=False))
-    cols = np.sort(rng.choice(K, K // 2, replace=False))
-    picked = {n: a[rows] if n == "X" else a[:, cols] if n in ("W", "b", "W2") else a
-              for n, a in x.items()}
-    got = s.program.evaluate(picked)["Y"]
-    assert got.shape == (M // 2, K // 2)
-    assert np.allclose(got, want[np.ix_(rows, cols)], rtol=1e-12, atol=1e-12)
-    # sampling the reduced dim as well would not be the same computation
-    assert not np.allclose(got, p.evaluate({**x, "X": x["X"][:, cols].repeat(2, 1)})["Y"][
-        np.ix_(rows, cols)])
+    picks = {M: np.sort(rng.choice(M, M // 2, replace=False)),
+             K: np.sort(rng.choice(K, K // 2, replace=False))}
+
+    def pick(a, dims):
+        for d in dims:
+            a = np.take(a, picks[a.shape[d]], axis=d)
+        return a
+    sampled = _sizes_by_dim(p, s)
+    got = s.program.evaluate({n: pick(a, [d for m, d in sampled if m == n])
+                              for n, a in x.items()})["Y"]
+    expected = want[np.ix_(picks[M], picks[K])]
+    assert got.shape == expected.shape == (M // 2, K // 2)
+    assert np.allclose(got, expected, rtol=1e-12, atol=1e-12)
+    every = small_program(p, {M: M // 2, K: K // 2})  # every dim of the two extents
+    alt = every.evaluate({n: pick(a, [d for d, e in enumerate(a.shape) if e in picks])
+                          for n, a in x.items()})["Y"]
+    assert alt.shape == expected.shape and not np.allclose(alt, expected, rtol=1e-3)
