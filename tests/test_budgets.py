@@ -382,7 +382,12 @@ def test_a_candidate_that_shrinks_is_guessed_at_its_shrunk_size_and_products_wei
     small = input_elements(p, sizes)
     assert small < input_elements(p) // 16
     numerics = run.numerics_times.guess(run.checked_elements(p))
-    assert run.checked_elements(p) >= MAC_ELEMENTS * multiply_adds(p)
+    # the check runs on sampled rows and columns (verifier/sample.py): its guess counts their
+    # elements and products
+    from mirage_py.verifier.sample import checked_elements, sampled_program
+    sampled = sampled_program(p)
+    assert multiply_adds(sampled) < multiply_adds(p)
+    assert run.checked_elements(p) >= checked_elements(p) + MAC_ELEMENTS * multiply_adds(sampled)
     assert run.check_guess(p, key="k", graph=naive) == pytest.approx(
         numerics + CHECK_S_PER_ELEMENT * small)
     run._shrunk_sizes[("k", naive.structural_hash())] = None  # as if it could not shrink

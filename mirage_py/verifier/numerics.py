@@ -363,9 +363,10 @@ class NumericsVerdict:
     probe: str = ""
     candidate: NumericsReport | None = None
     naive: NumericsReport | None = None
-    # extent -> sampled extent where the verdict came from sampled rows (sample.py; a
-    # rejection is always decided at full size), empty where every row was checked
-    sampled: dict[int, int] = field(default_factory=dict)
+    # dim label (generator/labels.py) -> sampled extent where the verdict came from sampled
+    # rows (sample.py; a rejection is always decided at full size), empty where every row was
+    # checked
+    sampled: dict[str, int] = field(default_factory=dict)
     # input elements the check read (the sampled program's where sampled, then also the full)
     elements: int = 0
 
@@ -445,7 +446,7 @@ def numerics_verdict(program: Program, candidate: KernelGraph, naive: KernelGrap
     if sample:
         from .sample import sample_rows, sampled_like
         s = sample_rows(program, candidate, target)
-        small_naive = sampled_like(naive, s.sizes, target) if s else None
+        small_naive = sampled_like(program, naive, s.sizes, target) if s else None
         if small_naive is not None:
             v = _verdict(s.program, s.graph, small_naive, seed, target, probes)
             if v.ok:

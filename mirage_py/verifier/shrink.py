@@ -73,10 +73,11 @@ _PINNING = frozenset({"slice", "concat", "reshape"})
 
 @dataclass(frozen=True)
 class Shrink:
-    """What :func:`shrink` made: ``sizes`` (long extent -> shrunk extent), the shrunk program
-    and candidate; or ``why`` it does not apply (then ``program`` and ``graph`` are None)."""
+    """What :func:`shrink` made: ``sizes`` (long extent -> shrunk extent; for a sample,
+    verifier/sample.py, sampled label -> sampled extent), the shrunk program and candidate; or
+    ``why`` it does not apply (then ``program`` and ``graph`` are None)."""
 
-    sizes: dict[int, int] = field(default_factory=dict)
+    sizes: dict[Any, int] = field(default_factory=dict)
     program: Program | None = None
     graph: KernelGraph | None = None
     why: str = ""
@@ -248,15 +249,26 @@ def _resized(shape: tuple, sizes: dict[int, int]) -> tuple:
     return tuple(sizes.get(d, d) if isinstance(d, int) else d for d in shape)
 
 
-def small_program(program: Program, sizes: dict[int, int]) -> Program:
+def small_program(program: Program, sizes: dict[Any, int],
+                  node_dims: dict[str, tuple[str | None, ...]] | None = None) -> Program:
     """``program`` with every dim of an extent in ``sizes`` shrunk, constants and attributes
     kept; the format's own reader re-infers every node and refuses (``SerializationError``) a
-    node whose shape does not follow."""
-    doc = program.to_json()
-    for nd in doc["nodes"]:
-        nd["shape"] = list(_resized(tuple(nd["shape"]), sizes))
-        if nd.get("op") == "reshape":  # its target shape (its shrunk dims pass through)
-            nd["attrs"]["shape"] = list(_resized(tuple(nd["attrs"]["shape"]), sizes))
+    node whose shape does not follow. With ``node_dims`` (node digest -> label per dim,
+    :func:`~mirage_py.generator.labels.infer_labels`), ``sizes`` is keyed by label instead: each
+    dim whose label is in ``sizes`` takes that size, every other dim keeps its extent (a
+    sample's reduced dims of a sampled label's extent, verifier/sample.py)."""
+    doc = program.to_json()  # its nodes in the order of program.nodes()
+    for t, nd in zip(program.nodes(), doc["nodes"]):
+        if node_dims is None:
+            nd["shape"] = list(_resized(tuple(nd["shape"]), sizes))
+            if nd.get("op") == "reshape":  # its target shape (its shrunk dims pass through)
+                nd["attrs"]["shape"] = list(_resized(tuple(nd["attrs"]["shape"]), sizes))
+            continue
+        shape = [sizes.get(lab, d) if lab is not None else d
+                 for d, lab in zip(t.shape, node_dims[t.digest])]
+        if nd["shape"] != shape and nd.get("op") == "reshape":
+            nd["attrs"]["shape"] = shape  # a reshape's target is its shape
+        nd["shape"] = shape
     return Program.from_json(doc)
 
 
