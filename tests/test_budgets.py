@@ -341,11 +341,15 @@ def test_check_guesses_follow_this_calls_measured_checks():
     plain.output(plain.input("x", (4, 2048), "float32") * 2.0, "y")
     soft.output(mp.exp(soft.input("x", (4, 2048), "float32")), "y")
     n = 4 * 2048
-    # before any check: an exp program's verification is guessed at full size, at the rate a
-    # first full-size verification costs (it computes the field reference at full size)
-    from mirage_py.superopt.run import FULL_VERIFY_S_PER_ELEMENT
+    # before any candidate: a program without an exp is guessed at the size its naive
+    # lowering verifies at (the 2048 columns shrink), one with an exp at full size, at the
+    # rate a first full-size verification costs (it computes the field reference at full size)
+    from mirage_py.superopt.run import FULL_VERIFY_S_PER_ELEMENT, input_elements
+    shrunk = run.naive_shrunk_sizes(plain)
+    assert shrunk and shrunk.get(2048, 2048) < 2048
+    ns = input_elements(plain, shrunk)
     assert run.check_guess(soft) - run.check_guess(plain) == pytest.approx(
-        (FULL_VERIFY_S_PER_ELEMENT - CHECK_S_PER_ELEMENT) * n)
+        FULL_VERIFY_S_PER_ELEMENT * n - CHECK_S_PER_ELEMENT * ns)
     run.verify_times.note(RATE_ELEMENTS, 0.01)  # at shrunk sizes: cheap
     run.verify_full_times.note(RATE_ELEMENTS, 1.0)
     run.numerics_times.note(RATE_ELEMENTS, 0.5)
@@ -353,7 +357,7 @@ def test_check_guesses_follow_this_calls_measured_checks():
     # elements of the 8192, what the guess is by; the verification reads every element
     m = run.checked_elements(plain)
     assert m == run.checked_elements(soft) == 4 * 256
-    assert run.check_guess(plain) == pytest.approx((0.5 * m + 0.01 * n) / RATE_ELEMENTS)
+    assert run.check_guess(plain) == pytest.approx((0.5 * m + 0.01 * ns) / RATE_ELEMENTS)
     assert run.check_guess(soft) == pytest.approx((0.5 * m + 1.0 * n) / RATE_ELEMENTS)
     assert run.check_guess(soft, known=True) == pytest.approx(0.5 * m / RATE_ELEMENTS)
 

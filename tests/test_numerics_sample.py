@@ -306,3 +306,53 @@ def test_the_sampled_program_is_the_full_one_on_the_sampled_rows_and_columns(cas
     alt = every.evaluate({n: pick(a, [d for d, e in enumerate(a.shape) if e in picks])
                           for n, a in x.items()})["Y"]
     assert alt.shape == expected.shape and not np.allclose(alt, expected, rtol=1e-3)
+
+
+def _batch_norm(n: int, c: int, h: int, w: int) -> mp.Program:
+    """Eval-mode BatchNorm as the torch frontend captures it: per-channel vectors reshaped to
+    (1, C, 1, 1) -- views that move no data."""
+    p = mp.Program("bn")
+    x = p.input("x", (n, c, h, w), "float32")
+    vec = {k: mp.reshape(p.input(k, (c,), "float32"), (1, c, 1, 1)) for k in "mswb"}
+    p.output((x - vec["m"]) / vec["s"] * vec["w"] + vec["b"], name="y")
+    return p
+
+
+def test_a_reshape_that_only_adds_size_one_dims_does_not_refuse_a_sample():
+    """BatchNorm's per-channel reshapes move no data: its labels are sampled (before, any
+    reshape refused the sample, and KernelBench's 64 x 64 x 512 x 512 BatchNorm was guessed
+    at 1 G elements and never searched), and the naive lowering at the sampled sizes -- its
+    reshapes' targets resized too -- computes, in float64, the full program's values at the
+    sampled positions."""
+    from mirage_py.ugraph import naive_lowering
+    from mirage_py.verifier.sample import sample_sizes
+
+    p = _batch_norm(8, 4, 64, 64)
+    assert set(sampled_labels(p).values()) == {8, 4, 64}
+    sizes = sample_sizes(p)
+    assert sizes
+    small = sampled_like(p, naive_lowering(p), sizes)
+    assert small is not None
+    rng = np.random.default_rng(0)
+    full = {t.name: rng.standard_normal(t.shape) for t in p.inputs}
+    x = full["x"]
+    keep = [slice(0, s) for s in small.tensors()["x"].shape]
+    got = small.run({"x": x[tuple(keep)],
+                     **{k: full[k][keep[1]] for k in "mswb"}}, precision="float64")["y"]
+    want = p.evaluate(full)["y"][tuple(keep)]
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+def test_a_sample_of_long_rows_keeps_two_blocks_where_eight_would_not_fit(monkeypatch):
+    """Rows are sampled in whole blocks, at least SAMPLE_BLOCKS of them -- unless such a sample
+    would hold a tensor over SAMPLE_TENSOR_ELEMENTS (KernelBench's softmax: 8 blocks of 64
+    rows of 393,216, 1.5 GiB a float64 array, ran its checks out of memory): then two."""
+    from mirage_py.verifier import sample
+
+    p = mp.Program("rowsum")
+    x = p.input("x", (4096, 2048), "float32")
+    p.output(x / mp.sum(x, axis=-1, keepdims=True), name="y")
+    (row,) = [lab for lab, e in sampled_labels(p).items() if e == 4096]
+    assert sample.sample_sizes(p, {row: 64}) == {row: 4096 // 64 * SAMPLE_BLOCKS}
+    monkeypatch.setattr(sample, "SAMPLE_TENSOR_ELEMENTS", 4096 // 64 * SAMPLE_BLOCKS * 2048 - 1)
+    assert sample.sample_sizes(p, {row: 64}) == {row: 4096 // 64 * 2}

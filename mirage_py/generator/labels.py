@@ -301,7 +301,7 @@ def infer_labels(program) -> Labels:
         return None if k is None else name(atoms(k)[0])
     views = set()
     for t in program.nodes():
-        if t.op == "transpose" or (t.op == "reshape" and _unit_reshape(t.inputs[0].shape,
+        if t.op == "transpose" or (t.op == "reshape" and unit_reshape(t.inputs[0].shape,
                                                                         t.shape)):
             views.add((tuple(outer(k) for k in dims[t.inputs[0].digest]),
                        tuple(outer(k) for k in dims[t.digest]),
@@ -310,7 +310,7 @@ def infer_labels(program) -> Labels:
                   node_components, reshapes, output_atoms, reduced_any, frozenset(views))
 
 
-def _unit_reshape(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+def unit_reshape(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
     """Does a reshape of ``a`` into ``b`` only add or drop dims of size 1?"""
     return a != b and [d for d in a if d != 1] == [d for d in b if d != 1]
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from ..errors import MirageError
 from .store import AnswerKey, AnswerSettings
 
 # after Ctrl-C, candidates already found are still verified for this long (a small program's
@@ -180,10 +181,17 @@ class Run:
         decode attention candidate's verification took 12.9 s (33.5 M input elements) where
         the others took 0.01-0.1 s at shrunk sizes (why is not analysed; on one layer its
         verifications ran at shrunk sizes). With the candidate ``graph`` of structure ``key``,
-        its verification is guessed at the size it will run at (:meth:`shrunk_sizes`)."""
+        its verification is guessed at the size it will run at (:meth:`shrunk_sizes`);
+        without one, a program without an exp at the size its naive lowering would run at
+        (:meth:`naive_shrunk_sizes`)."""
         verify = 0.0
         if not known:
-            sizes = self.shrunk_sizes(key, program, graph) if graph is not None else None
+            if graph is not None:
+                sizes = self.shrunk_sizes(key, program, graph)
+            elif not any(t.op == "exp" for t in program.nodes()):
+                sizes = self.naive_shrunk_sizes(program)
+            else:
+                sizes = None
             if sizes is not None:  # at shrunk sizes: by the elements it verifies there
                 verify = self.verify_times.guess(input_elements(program, sizes))
             else:
@@ -192,6 +200,22 @@ class Run:
                 if graph is not None or any(t.op == "exp" for t in program.nodes()):
                     verify = max(verify, self.verify_full_times.guess(elements))
         return self.numerics_times.guess(self.checked_elements(program)) + verify
+
+    def naive_shrunk_sizes(self, program: Any) -> dict[int, int] | None:
+        """The extents the program's naive lowering would be verified at (None: full size): a
+        structure's candidates are guessed to shrink alike before one exists -- KernelBench's
+        64 x 64 x 512 x 512 BatchNorm verifies at shrunk sizes in a fraction of a second, but
+        guessed at its 1 G input elements no search of it was ever started."""
+        from ..ugraph.lower import naive_lowering
+        key = f"naive:{program.structural_hash()}"
+        if key not in self._shrunk_sizes:
+            try:
+                graph = naive_lowering(program)
+            except MirageError:
+                self._shrunk_sizes[key] = None
+            else:
+                self._shrunk_sizes[key] = self.verifier(key, program).shrunk_sizes(graph)
+        return self._shrunk_sizes[key]
 
     def shrunk_sizes(self, key: str, program: Any, graph: Any) -> dict[int, int] | None:
         """The extents the candidate ``graph`` of structure ``key`` will be verified at

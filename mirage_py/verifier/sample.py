@@ -58,14 +58,19 @@ from typing import Any
 from ..errors import MirageError
 from ..lax.program import Program
 from ..ugraph.graph import InputIter, KernelGraph, KernelOp, OutputSaver
-from .shrink import Shrink, _cuts, _positional_graph, _positional_program, small_program
+from .shrink import Shrink, _cuts, _positional_graph, _positional_program, small_program, \
+    view_reshape_target
 
 #: a sample keeps at least this many elements of each output (all of a smaller one: an
 #: output's norm-wise error is a ratio of sums over them) ...
 SAMPLE_OUTPUT_ELEMENTS = 1024
 #: ... and at least this many blocks along each sampled label (the first block of a label and
-#: others are all checked; every block runs the same code)
+#: others are all checked; every block runs the same code) ...
 SAMPLE_BLOCKS = 8
+#: ... or at least two where a sample of SAMPLE_BLOCKS would hold a tensor of more than this
+#: many elements: KernelBench's (4096, 393216) softmax cut into 64 blocks of 64 rows kept 512
+#: rows, 201 M elements a tensor (1.5 GiB as float64), and its checks ran out of memory
+SAMPLE_TENSOR_ELEMENTS = 1 << 24
 
 Dims = tuple  # a tensor's label per dim (None: a dim that carries no sampled label)
 
@@ -105,12 +110,26 @@ def sample_sizes(program: Program, parts: dict[str, int] | None = None,
     """Label -> sampled extent for every label :func:`sampled_labels` allows, the longest
     first: ``E / k`` with ``k`` the largest divisor of ``parts[label]`` (the part counts of
     every grid axis or loop that cuts the label have it in common; ``E`` itself when not given:
-    one element a block) that keeps :data:`SAMPLE_BLOCKS` blocks and, in each output,
+    one element a block) that keeps :data:`SAMPLE_BLOCKS` blocks -- two where that sample
+    would hold a tensor over :data:`SAMPLE_TENSOR_ELEMENTS` -- and, in each output,
     :data:`SAMPLE_OUTPUT_ELEMENTS` elements (all of a smaller one). ``labels``: the program's
     (:func:`~mirage_py.generator.labels.infer_labels`), where the caller has them."""
     labels = labels if labels is not None else _labels(program)
     if labels is None:
         return {}
+    nodes = program.nodes()
+    sizes: dict[str, int] = {}
+    for blocks in (SAMPLE_BLOCKS, 2):
+        sizes = _sizes_keeping(program, labels, parts, blocks)
+        if max(_elements_at([t], labels.node_dims, sizes) for t in nodes) <= \
+                SAMPLE_TENSOR_ELEMENTS:
+            break
+    return sizes
+
+
+def _sizes_keeping(program: Program, labels: Any, parts: dict[str, int] | None,
+                   blocks: int) -> dict[str, int]:
+    """:func:`sample_sizes` keeping at least ``blocks`` blocks along each sampled label."""
     outputs = [o.tensor for o in program.outputs]
     least = [min(SAMPLE_OUTPUT_ELEMENTS, _elements_at([t], labels.node_dims, {}))
              for t in outputs]
@@ -120,7 +139,7 @@ def sample_sizes(program: Program, parts: dict[str, int] | None = None,
         if g <= 1:
             continue
         for k in sorted((k for k in range(2, g + 1) if g % k == 0), reverse=True):
-            if g // k < SAMPLE_BLOCKS or e % k:
+            if g // k < blocks or e % k:
                 continue
             trial = {**sizes, lab: e // k}
             if all(_elements_at([t], labels.node_dims, trial) >= n
@@ -248,6 +267,11 @@ def _sampled_graph(graph: KernelGraph, plan: _Plan, factors: dict[str, int]) -> 
         if isinstance(op, KernelOp):
             args = [replace(tensors[o], shape=shapes[o]) if isinstance(o, str) else o
                     for o in op.operands]
+            if op.op == "reshape":  # a view (sample_rows refuses any other): its target too
+                target = view_reshape_target(tensors[op.operands[0]].shape, op.output.shape,
+                                             args[0].shape)
+                op = replace(op, attrs=tuple((k, target if k == "shape" else v)
+                                             for k, v in op.attrs))
             out = replace(op.output, shape=tuple(kernel_op_shape(op, args)) if op.operands
                           else op.output.shape)
             shapes[out.name] = out.shape
@@ -365,4 +389,4 @@ def checked_elements(program: Program) -> int:
 
 __all__ = ["sample_rows", "sampled_like", "sampled_labels", "sample_sizes", "sampled_program",
            "checked_elements",
-           "SAMPLE_OUTPUT_ELEMENTS", "SAMPLE_BLOCKS"]
+           "SAMPLE_OUTPUT_ELEMENTS", "SAMPLE_BLOCKS", "SAMPLE_TENSOR_ELEMENTS"]

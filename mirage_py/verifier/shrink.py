@@ -52,6 +52,7 @@ from typing import Any, Iterator
 from ..errors import MirageError
 from ..lax.ops import OPS
 from ..lax.program import Program
+from ..generator.labels import unit_reshape
 from .degree import reshape_runs
 from ..ugraph.graph import GraphKernel, InputIter, KernelGraph, KernelOp, MaskIter, \
     OutputSaver, iter_source
@@ -86,13 +87,29 @@ class Shrink:
         return self.program is not None
 
 
+def moves_no_data(src: tuple, dst: tuple) -> bool:
+    """Is a reshape of ``src`` into ``dst`` a view that moves no data: the same shape, or only
+    size-1 dims added or dropped?"""
+    return tuple(src) == tuple(dst) or unit_reshape(tuple(src), tuple(dst))
+
+
+def view_reshape_target(src: tuple, dst: tuple, resized: tuple) -> tuple:
+    """The target of a reshape of ``src`` into ``dst`` that moves no data
+    (:func:`moves_no_data`), once its operand is ``resized``: each dim of ``dst`` other than
+    the added size-1 ones is the operand's dim it came from, resized."""
+    sources = iter([r for d, r in zip(src, resized) if d != 1])
+    return tuple(1 if d == 1 else next(sources) for d in dst)
+
+
 def _positional_program(program: Program, pins: bool = True) -> list[str]:
-    """The operators of ``program`` that refuse the argument (``_POSITIONAL``, and any the
-    operator table does not know). ``pins``: slices, concatenations and reshapes pin the extents
+    """The operators of ``program`` that refuse the argument (``_POSITIONAL`` -- but a reshape
+    that only adds or drops size-1 dims, a view that moves no data, e.g. BatchNorm's
+    per-channel ``(C,) -> (1, C, 1, 1)`` -- and any the operator table does not know). ``pins``: slices, concatenations and reshapes pin the extents
     they move instead (``pinned``); False for a sample (verifier/sample.py), which keeps fewer
     rows of a label and so refuses them too."""
     return sorted({t.op for t in program.nodes()
-                   if (t.op in _POSITIONAL and not (pins and t.op in _PINNING)) or
+                   if (t.op in _POSITIONAL and not (pins and t.op in _PINNING) and
+                       not (t.op == "reshape" and moves_no_data(t.inputs[0].shape, t.shape))) or
                    (t.op not in ("input", "const") and t.op not in OPS)})
 
 
@@ -103,9 +120,12 @@ def _positional_graph(graph: KernelGraph, pins: bool = True) -> list[str]:
     not ``pins``, as for :func:`_positional_program`); a tile reshape is checked by the shrunk
     graph's validation (module doc)."""
     bad = set()
+    tensors = graph.tensors()
     for op in graph.ops:
         if isinstance(op, KernelOp):
-            if op.op in _POSITIONAL and not (pins and op.op in _PINNING):
+            if op.op in _POSITIONAL and not (pins and op.op in _PINNING) and not (
+                    op.op == "reshape" and moves_no_data(tensors[op.operands[0]].shape,
+                                                          op.output.shape)):
                 bad.add(op.op)
             continue
         for n in op.block.ops:
@@ -337,7 +357,6 @@ def shrink(program: Program, graph: KernelGraph, delta: int, target: Any = "h100
     """The shrunk pair for ``program`` and ``graph`` (module doc), ``delta`` the degree bound of
     their check at full size; a :class:`Shrink` saying why not when the argument does not
     apply or nothing is long enough to shrink."""
-    from ..ugraph.validate import validate
     if program.params or program.symbolic:
         return Shrink(why="a symbolic or padded program")
     bad = _positional_program(program) + _positional_graph(graph)
@@ -412,5 +431,5 @@ def _shrunk_graph(graph: KernelGraph, factors: dict[int, int], least: int,
     return g, ""
 
 
-__all__ = ["shrink", "Shrink", "small_program", "small_graph", "tiles", "long_extent", "pinned",
+__all__ = ["shrink", "Shrink", "moves_no_data", "view_reshape_target", "small_program", "small_graph", "tiles", "long_extent", "pinned",
            "LONG", "SHORT", "FULL_SIZE_BYTES"]
