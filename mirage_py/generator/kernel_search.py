@@ -124,8 +124,8 @@ def plans_for(avail: list[Avail], reduced: frozenset, parallel: frozenset, targe
     is one, no label is one the outputs are split along, or a row is kept by one output and
     reduced for another and every available tensor fits one block (``_footprint``), plans with
     nothing on the grid come too (one block computes everything: a layer norm of one row); a
-    loop-less plan holding one whole whose tiles are too large for a block comes
-    in a finer version as well (``_finer``)."""
+    loop-less plan holding a row whole, or of labels none of which is reduced, whose tiles are
+    too large for a block comes in a finer version as well (``_finer``)."""
     sizes = label_sizes(avail)
     labels = sorted(sizes)
     batch = batch_labels(avail)
@@ -186,8 +186,12 @@ def plans_for(avail: list[Avail], reduced: frozenset, parallel: frozenset, targe
                     lp = (loop, f)
                 else:
                     lp = (None, 1)
+                # a block's tiles too large for its shared memory: a finer version too, where
+                # a norm's row is held whole or nothing is reduced (KernelBench's 64 x 64 x 512
+                # x 512 BatchNorm cut 64 x 512 tiles of five tensors and found no candidate)
                 held = {l for l in rows if l in sizes} - {l for l, _ in grid} - {lp[0]}
-                finer = _finer(grid, lp, par, batch, avail, sizes, target) if held else None
+                finer = _finer(grid, lp, par, batch, avail, sizes, target) \
+                    if held or not reduced & set(labels) else None
                 for g in (grid, finer):
                     if g is None:
                         continue
