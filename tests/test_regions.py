@@ -945,3 +945,40 @@ def test_exact_cover_of_the_prefill_is_the_optimum_with_or_without_a_hint():
     assert plain.proven and hinted.proven
     assert hinted.cost == pytest.approx(plain.cost, abs=1e-9) == pytest.approx(27.2148, abs=1e-4)
     assert quick.cost >= plain.cost - 1e-9
+
+
+def _unrolled_rnn(steps: int):
+    """A vanilla RNN unrolled ``steps`` times (KernelBench level3/34's structure, small): per
+    step cat, Linear, tanh, Linear; the outputs stacked."""
+    import torch
+
+    class RNN(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.i2h, self.h2o = torch.nn.Linear(16 + 32, 32), torch.nn.Linear(32, 8)
+
+        def forward(self, x, h):
+            outs = []
+            for t in range(steps):
+                h = torch.tanh(self.i2h(torch.cat([x[t], h], 1)))
+                outs.append(self.h2o(h))
+            return torch.stack(outs)
+
+    torch.manual_seed(0)
+    return mp.from_torch(RNN().eval(), (torch.randn(steps, 4, 16), torch.randn(4, 32)))
+
+
+def test_many_anchors_beside_one_glue_or_value_join_their_nearest_only():
+    """The stack of every step's output and the weight every step reads join each product with
+    the GLUE_WINDOW nearest only: a few steps keep every region they had (the window holds them
+    all), a longer RNN keeps a subset of the regions the unbounded join gives, each convex, and
+    their number grows linearly with the steps (it was every set of three products)."""
+    for steps in (2, 4):
+        dag = PartDag(_unrolled_rnn(steps))
+        assert search_regions(dag) == search_regions(dag, glue_window=10 ** 6)
+    dag = PartDag(_unrolled_rnn(8))
+    got, every = search_regions(dag), search_regions(dag, glue_window=10 ** 6)
+    assert set(got) < set(every)
+    assert all(dag.is_convex(set(r)) for r in got)
+    counts = [len(search_regions(PartDag(_unrolled_rnn(n)))) for n in (8, 16, 24)]
+    assert counts[2] - counts[1] <= counts[1] - counts[0]  # as many more per 8 more steps

@@ -17,7 +17,13 @@ part is one more when it has at most ``whole_anchors`` anchors: that is the sear
 benchmarks always had. A row max that only shifts exps (softmax made safe) counts toward
 neither limit: a region is as large as its unshifted form. Products of one operand with
 weights (q / k / v of one normalised token, gate and up) count as one anchor: one loop over
-the operand computes them all.
+the operand computes them all. A piece of glue beside many anchors, or a value many anchors
+read, makes each of them connected to the ``GLUE_WINDOW`` nearest of them in part order on
+either side only (all of them where there are at most ``2 * GLUE_WINDOW + 1``): the stack of
+every step's output of an unrolled 256-step RNN and the weight every step multiplies by
+otherwise made every set of up to ``max_anchors`` of the steps' products a region grown, joined
+by nothing else (over 300 s of enumeration; 1.7 s for 128 steps now, regions of up to 4 steps
+unchanged). Closures are taken on bit sets (``_AtomBits``).
 
 *Floor groups* are a disjoint, rule-based grouping (what a fusing compiler does without search):
 every anchor starts a group, an elementwise operator joins the group of its latest-produced
@@ -38,6 +44,9 @@ from .region import PartDag, is_anchor, is_barrier, is_elementwise, is_movement
 MAX_ANCHORS = 3  # search regions: at most this many matmuls / reductions
 WHOLE_ANCHORS = 5  # the whole part is searched as one region up to this many
 MAX_OPS = 24  # and at most this many operators
+#: a piece of glue beside more anchors than this joins each with the GLUE_WINDOW nearest in part
+#: order on either side only (``search_regions``)
+GLUE_WINDOW = 2
 
 
 @dataclass(frozen=True)
@@ -226,7 +235,7 @@ def _moved_sibling(dag: PartDag, repeat, key: str) -> str:
 
 def search_regions(dag: PartDag, max_anchors: int = MAX_ANCHORS,
                    whole_anchors: int = WHOLE_ANCHORS, max_ops: int = MAX_OPS,
-                   max_variants: int = 8) -> list[frozenset]:
+                   max_variants: int = 8, glue_window: int = GLUE_WINDOW) -> list[frozenset]:
     """The op sets of the regions worth searching (see the module docstring), smallest first."""
     ats = atoms(dag)
     where = {d: k for k, a in enumerate(ats) for d in a.ops}
@@ -262,10 +271,30 @@ def search_regions(dag: PartDag, max_anchors: int = MAX_ANCHORS,
                     piece[j] = len(beside)
                     stack.append(j)
         beside.append(found)
+    # a piece beside many anchors, or a value many read (the stack of every step's output of
+    # an unrolled RNN, the weight every step multiplies by; the residual stream of stacked
+    # layers) joins each with the glue_window nearest of them in part order on either side:
+    # otherwise every set of up to max_anchors of them was grown (cubic in the steps of a
+    # 256-step RNN, whose outputs no path joins and whose products no hull closes past the
+    # limit)
+    def windows(groups: list[set[int]]) -> list[dict[int, list[int]]]:
+        out = []
+        for g in groups:
+            o = sorted(g, key=lambda k: dag.pos[ats[k].anchor])
+            out.append({k: o if len(o) <= 2 * glue_window + 1 else
+                        o[max(0, r - glue_window):r + glue_window + 1]
+                        for r, k in enumerate(o)})
+        return out
+
+    by_piece = windows(beside)
+    values = list(readers)
+    by_value = dict(zip(values, windows([readers[v] for v in values])))
     for k in anchors:
         near[k] = {j for j in nbrs[k] if ats[j].anchor is not None}
-        near[k] |= set().union(*(beside[i] for i in {piece[j] for j in nbrs[k] if j in piece}))
-        near[k] |= set().union(*(readers[v] for v in reads[k]))
+        for i in {piece[j] for j in nbrs[k] if j in piece}:
+            near[k].update(by_piece[i][k])
+        for v in reads[k]:
+            near[k].update(by_value[v][k])
         near[k].discard(k)
     # a row max that only shifts exps (the max-shifted form of a softmax) does not count toward
     # the limits: a region is as large as its unshifted form, which is what the search sees;
@@ -283,6 +312,7 @@ def search_regions(dag: PartDag, max_anchors: int = MAX_ANCHORS,
     # ORs, and a hull past the anchor limit is known by counting its bits (32 stacked decoder
     # layers: 12 s taken op by op, 0.65 s so; the same regions)
     atom_bits = [dag.reach_bits(a.ops) for a in ats]
+    bits = _AtomBits(dag, ats, where, atom_bits)
     anchor_at = {dag.pos[ats[k].anchor]: k for k in anchors}
     anchor_bit = {k: 1 << dag.pos[ats[k].anchor] for k in anchors}
     anchor_mask = sum(anchor_bit.values())
@@ -348,7 +378,7 @@ def search_regions(dag: PartDag, max_anchors: int = MAX_ANCHORS,
                         nxt.append(c)
                     continue
                 core.update(s)
-                for ops in _variants(dag, ats, nbrs, s, max_variants):
+                for ops in _variants(dag, ats, nbrs, s, max_variants, bits):
                     for d in ops:  # the atoms in it, and the glue around them it may take
                         if where[d] not in core:
                             core.add(where[d])
@@ -357,8 +387,10 @@ def search_regions(dag: PartDag, max_anchors: int = MAX_ANCHORS,
                         found.setdefault(ops)
                 for k in s:
                     rim.update(near[k])
-                if size(s) < max_anchors or any(size(s | {j}) <= max_anchors for k in s
-                                                for j in near[k] if j not in s):
+                held = {sibling[k] for k in s if counts[k]}
+                if len(held) < max_anchors or any(
+                        not counts[j] or sibling[j] in held for k in s for j in near[k]
+                        if j not in s):  # size(s | {j}) <= max_anchors, without the unions
                     nxt.extend(s | {j} for k in s for j in near[k] if j not in s)
             frontier = nxt
         return _Explored(list(found), frozenset(core), frozenset(rim - core))
@@ -414,33 +446,75 @@ def _anchorless(dag: PartDag, max_ops: int) -> list[frozenset]:
     return out
 
 
+class _AtomBits:
+    """The bit sets (:meth:`~.region.PartDag.reach_bits`) region enumeration closes unions of
+    atoms with: each atom's, and the positions of every anchor and barrier. A candidate's hull
+    and its anchors are then a few ORs and ANDs of integers, not walks over its operators (an
+    unrolled 256-step RNN: a step's anchors and the ``stack`` of every step's output are
+    neighbours, and each closure of a set with that glue spanned the whole part)."""
+
+    def __init__(self, dag: PartDag, ats: list[Atom], where: dict, atom_bits: list):
+        self.dag, self.ats, self.where, self.atom_bits = dag, ats, where, atom_bits
+        self.anchors = sum(1 << i for i, t in enumerate(dag.nodes) if is_anchor(t))
+        self.barriers = sum(1 << i for i, t in enumerate(dag.nodes) if is_barrier(t))
+
+    def hull(self, atom_ids) -> int:
+        """The hull of the atoms' operators, as a bit set of positions."""
+        own = below = above = 0
+        for k in atom_ids:
+            o, b, a = self.atom_bits[k]
+            own, below, above = own | o, below | b, above | a
+        return self.dag.hull_of_bits(own, below, above)
+
+    def ops(self, hull: int) -> frozenset:
+        """The operators at the positions of ``hull``."""
+        out = []
+        while hull:
+            low = hull & -hull
+            out.append(self.dag.nodes[low.bit_length() - 1].digest)
+            hull ^= low
+        return frozenset(out)
+
+    def inside(self, hull: int) -> set[int]:
+        """The atoms all of whose operators are in ``hull``."""
+        found = {self.where[d] for d in self.ops(hull) if d in self.where}
+        return {k for k in found if self.atom_bits[k][0] & ~hull == 0}
+
+
 def _variants(dag: PartDag, ats: list[Atom], nbrs: dict, s: frozenset,
-              max_variants: int) -> list[frozenset]:
+              max_variants: int, bits: _AtomBits | None = None) -> list[frozenset]:
     """Regions with exactly the anchors ``s``: the anchors and the glue between them, plus each
     choice of the glue around them (an elementwise epilogue or prologue on one side of a
-    boundary or the other)."""
+    boundary or the other). ``bits``: the part's :class:`_AtomBits` (made here without)."""
+    if bits is None:
+        bits = _AtomBits(dag, ats, {d: k for k, a in enumerate(ats) for d in a.ops},
+                         [dag.reach_bits(a.ops) for a in ats])
     want = {ats[k].anchor for k in s}
+    want_bits = None if None in want else sum(1 << dag.pos[d] for d in want)
+
+    def hull(atom_ids: set[int]) -> int | None:
+        """The hull's bits, or None where it holds a barrier or other anchors than ``s``'s."""
+        h = bits.hull(atom_ids)
+        if want_bits is None or h & bits.barriers or h & bits.anchors != want_bits:
+            return None
+        return h
 
     def close(atom_ids: set[int]) -> frozenset | None:
-        ops = dag.hull(set().union(*(ats[k].ops for k in atom_ids)))
-        if any(is_barrier(dag.by_digest[d]) for d in ops):
-            return None
-        if {d for d in ops if is_anchor(dag.by_digest[d])} != want:
-            return None
-        return ops
+        h = hull(atom_ids)
+        return None if h is None else bits.ops(h)
 
-    core = close(set(s))
+    core = hull(set(s))
     if core is None:
         return []
-    inside = {k for k, a in enumerate(ats) if a.ops <= core}
+    inside = bits.inside(core)
     out: list[frozenset] = []
-    grown = _epilogues(dag, ats, nbrs, inside, close)
+    grown = _epilogues(dag, ats, nbrs, inside, hull)
     for base in (inside, grown):
         if base is not inside and base == inside:
             continue
         optional = sorted({j for k in base for j in nbrs[k]
                            if j not in base and ats[j].anchor is None and not ats[j].barrier})
-        optional = [j for j in optional if close(base | {j}) is not None]
+        optional = [j for j in optional if hull(base | {j}) is not None]
         if 2 ** len(optional) <= max_variants:
             choices = [set(c) for r in range(len(optional) + 1)
                        for c in itertools.combinations(optional, r)]

@@ -42,9 +42,10 @@ from ..ugraph.interp import run
 from ..ugraph.validate import validate
 from .degree import DegreeBackend, Shaped, pair_degree
 from .errors import (InterfaceMismatchError, NestedExpError, UnverifiableOperatorError,
-                     VerifierArgumentError)
+                     VerifierArgumentError, VerifierMemoryError)
 from .field import (SAFE_PRIMES, FieldBackend, FieldParams, FieldValue, random_indices,
                     random_input)
+from .memory import require_memory
 
 DEFAULT_BOUND = 1e-9
 _MODULI = tuple(SAFE_PRIMES) + tuple((p - 1) // 2 for p in SAFE_PRIMES)
@@ -385,6 +386,7 @@ class Verifier:
             if small is not None:
                 small.seconds = time.perf_counter() - start
                 return small
+        require_memory(self.program, why)
         result = VerifyResult(False, 1.0, 0, 0.0, eps, needed, d, d_exp, uses_exp,
                               full_size_why=why)
         passed = 0
@@ -438,7 +440,11 @@ class Verifier:
             small = self._shrunk[key] = Verifier(
                 sh.program, seed=self.seed, target=self.target, bound_target=self.bound_target,
                 cache_bytes=self.cache_bytes, shrink=False)
-        r = small.check(sh.graph, tests)
+        try:
+            r = small.check(sh.graph, tests)
+        except VerifierMemoryError as e:
+            raise VerifierMemoryError(f"{e}; shrunk to {sh.sizes}, the other long extents "
+                                      f"pinned (sliced, joined or reshaped)") from None
         if r.degree != d or r.exp_degree != d_exp or small.ref_uf_arg != self.ref_uf_arg:
             return None, (f"the degree bound depends on the extents (full size {d}/{d_exp}, "
                           f"shrunk {r.degree}/{r.exp_degree})")

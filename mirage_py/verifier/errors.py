@@ -22,6 +22,11 @@ class UnverifiableOperatorError(VerifierError, ValueError):
     """An operator with no finite-field semantics (not in the op table's ``field`` slot)."""
 
 
+class VerifierMemoryError(VerifierError, MemoryError):
+    """A check whose values cannot fit the memory left (``verifier/memory.py``): raised before
+    it starts, naming the program's largest tensor, its shape and why it was not shrunk."""
+
+
 class VerifierArgumentError(VerifierError, ValueError):
     """A bad argument to the verifier (e.g. a number of tests below 1)."""
 
@@ -30,5 +35,5 @@ class FieldValueError(VerifierError, TypeError):
     """A value that is not a field value was given where the field backend needs one."""
 
 
-__all__ = ["VerifierError", "InterfaceMismatchError", "NestedExpError",
+__all__ = ["VerifierError", "VerifierMemoryError", "InterfaceMismatchError", "NestedExpError",
            "UnverifiableOperatorError", "VerifierArgumentError", "FieldValueError"]
