@@ -202,8 +202,10 @@ def test_a_check_that_does_not_fit_in_memory_rejects_its_candidate_and_the_searc
     candidate -- never accepts it -- and the search ends with a verified answer instead of
     dying with the error."""
     import mirage_py.verifier as verifier
+    from mirage_py.superopt.local import checked
     from mirage_py.ugraph.lower import naive_lowering
     from mirage_py.verifier.equivalence import Verifier
+    from mirage_py.verifier.errors import VerifierMemoryError
 
     p = mp.Program("ew")
     x = p.input("x", (64, 256), "float32")
@@ -213,8 +215,10 @@ def test_a_check_that_does_not_fit_in_memory_rejects_its_candidate_and_the_searc
     def no_memory(*a, **k):
         raise MemoryError("Unable to allocate 12.0 GiB")
     monkeypatch.setattr(Verifier, "_check", no_memory)
-    v = ref.check(naive_lowering(p))
-    assert not v.equivalent and "memory" in v.reason
+    with pytest.raises(VerifierMemoryError, match="'ew' ran out of memory"):
+        ref.check(naive_lowering(p))  # asked directly: a typed error, not a verdict
+    v = checked(ref, naive_lowering(p))  # in a search: a rejection
+    assert not v.equivalent and v.tests_run == 0 and "out of memory" in v.reason
     monkeypatch.undo()
     monkeypatch.setattr(verifier, "numerics_verdict", no_memory)
     with pytest.warns(RuntimeWarning, match="did not fit in memory"):

@@ -44,9 +44,13 @@ def settled_verification(pieces: list, shift_checks: list[Checked], run: Any) ->
         return v
     terms = list(pieces) + list(shift_checks)
     share = DEFAULT_BOUND / len(terms)
+    from ..verifier.errors import VerifierMemoryError
     for t in terms:
         if t.verification.equivalent and t.verification.bound > share:
-            t.verification = run.new_verifier(t.program, bound_target=share).check(t.graph)
+            try:
+                t.verification = run.new_verifier(t.program, bound_target=share).check(t.graph)
+            except VerifierMemoryError:  # the first check stands, its bound stated as it is
+                pass
     return _union(pieces, shift_checks)
 
 

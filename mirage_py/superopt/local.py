@@ -22,11 +22,23 @@ from .jobs import Executor, ExploreJob, Measured, MeasureJob, VerifyJob
 from .search import Explored, Settings, _Progress, explore_or_tune, frozen_heap, measure_graphs
 
 
+def checked(verifier: Any, graph: Any, tests: int | None = None) -> Any:
+    """``verifier.check(graph, tests)``, or where the check cannot fit in memory
+    (``VerifierMemoryError``) a rejection that says so: the search goes on with the other
+    candidates, and never accepts one it could not check."""
+    from ..verifier.equivalence import VerifyResult
+    from ..verifier.errors import VerifierMemoryError
+    try:
+        return verifier.check(graph, tests=tests)
+    except VerifierMemoryError as e:
+        return VerifyResult.refused(str(e))
+
+
 def verify_here(job: VerifyJob, run: Any):
     """A verification in this process, by the structure's own verifier (kept for the run); the
     run notes how long it took (``Run.verify_times``)."""
     t0 = time.perf_counter()
-    v = run.verifier(job.key, job.program).check(job.graph, tests=run.settings.verify_tests)
+    v = checked(run.verifier(job.key, job.program), job.graph, run.settings.verify_tests)
     run.note_verification(job.program, v, time.perf_counter() - t0)
     return v
 

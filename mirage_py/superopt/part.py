@@ -52,7 +52,7 @@ from ..tuning.annotations import AnnotatedGraph
 from ..ugraph.graph import KernelGraph
 from ..ugraph.lower import naive_lowering
 from .jobs import ExploreJob, MeasureJob, VerifyJob, region_label
-from .local import verify_here
+from .local import checked, verify_here
 from .option import Option
 from .result import PartResult, Piece, RegionResult, SavedVerification
 from .run import Run
@@ -1013,7 +1013,7 @@ def _replayed(st: Structure, rep: RegionResult | None, run: Run) -> RegionResult
             if ag is not None:
                 options.append((run.model.predict(ag, run.target), len(options), ag, sched))
     for us, _, ag, sched in sorted(options, key=lambda o: o[:2]):
-        v = run.new_verifier(st.program).check(ag.graph, tests=run.settings.verify_tests)
+        v = checked(run.new_verifier(st.program), ag.graph, run.settings.verify_tests)
         if v.equivalent and _finite(st, ag.graph, run):
             return RegionResult(st.program, ag.graph, "replay", us,
                                 st.naive(run.model, run.target).us, v,
@@ -1063,8 +1063,8 @@ def _max_shifted_part(part: Program, run: Run) -> tuple[Program, list[Checked]]:
             if local is None or cluster.nested_exp():
                 return part, []
             g = naive_lowering(local)
-            done[region.key] = Checked(cluster, g, run.new_verifier(cluster).check(
-                g, tests=run.settings.verify_tests))
+            done[region.key] = Checked(cluster, g, checked(run.new_verifier(cluster), g,
+                                                           run.settings.verify_tests))
         if not done[region.key].verification.equivalent:
             return part, []
         checks.append(done[region.key])

@@ -152,6 +152,12 @@ class VerifyResult:
     def __bool__(self) -> bool:
         return self.equivalent
 
+    @classmethod
+    def refused(cls, reason: str) -> "VerifyResult":
+        """A candidate not accepted because it could not be checked (``reason``), no test run:
+        what a search records for a check that cannot fit in memory."""
+        return cls(False, 1.0, 0, 0.0, 1.0, 0, 0, 0, False, reason=reason)
+
     def __str__(self) -> str:
         head = "equivalent" if self.equivalent else "NOT equivalent"
         s = (f"{head}: {self.tests_run} test(s) in {self.seconds:.3f}s, bound {self.bound:.3g} "
@@ -357,14 +363,19 @@ class Verifier:
 
     def check(self, graph: KernelGraph, tests: int | None = None) -> VerifyResult:
         """Verify ``graph`` against the program (``tests`` random tests; by default as many
-        as the bound target needs). A check whose arrays do not fit in memory rejects the
-        candidate with that reason (never accepts it): a search goes on with the others."""
+        as the bound target needs). A check that cannot fit in memory raises
+        :class:`VerifierMemoryError` -- refused before it starts where the estimate says so
+        (memory.py), or when an allocation fails during it (an estimate is not a promise):
+        never a bare NumPy error, never a verdict. superopt rejects that candidate and goes on
+        (``superopt.local.checked``)."""
         start = time.perf_counter()
         try:
             return self._check(graph, tests, start)
+        except VerifierMemoryError:
+            raise
         except MemoryError as e:
-            return VerifyResult(False, 1.0, 0, time.perf_counter() - start, 1.0, 0, 0, 0, False,
-                                reason=f"the check did not fit in memory ({e})")
+            raise VerifierMemoryError(f"verify: checking {self.program.name!r} ran out of memory "
+                                      f"({e})") from e
 
     def _check(self, graph: KernelGraph, tests: int | None, start: float) -> VerifyResult:
         graph = bind(graph, self.sizes)
