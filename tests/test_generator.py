@@ -451,3 +451,17 @@ def test_divisors_are_every_divisor_ascending():
         if n < 5000:
             assert list(got) == [d for d in range(1, n + 1) if n % d == 0]
     assert len(_divisors(393216)) == 36  # 2^17 * 3: 18 powers of two, times 1 or 3
+
+
+def test_a_saved_size_one_dim_without_a_label_is_saved_unlabelled():
+    """A tile dim of size 1 without a label (a width-1 slice: ViT's class token) is saved as
+    ``()``, the form of every other unlabelled size-1 dim: saved as ``((None, 1),)`` a later
+    kernel's plan read ``None`` as a label and KernelBench's ConvolutionalVisionTransformer
+    failed with a TypeError. The labelled dims keep their components; the grid's label cuts
+    its dim as before."""
+    from mirage_py.generator.block_search import Plan, Val, save_layout
+
+    v = Val(0, ((("l0", 1),), ((None, 1),), (("l3", 128),)), None, None, frozenset(), ("op",))
+    omap, dims = save_layout(v, Plan((("l0", 2), (None, 1), (None, 1)), (None, 1)))
+    assert omap == (0, -1, -1)
+    assert dims == ((("l0", 2),), (), (("l3", 128),))

@@ -529,8 +529,11 @@ def _new_combos(cands: list[list[Val]], new_from: int):
 # ---- turning values into kernels ------------------------------------------------------------
 
 def save_layout(v: Val, plan: Plan) -> tuple[tuple[int, int, int], tuple[Dim, ...]] | None:
-    """omap and saved-tensor dims for value ``v``, or None when it cannot be saved."""
-    dims = [list(d) for d in v.dims]
+    """omap and saved-tensor dims for value ``v``, or None when it cannot be saved. A size-1
+    dim without a label (a width-1 slice's, ``((None, 1),)`` in the tile) is saved as ``()``,
+    the form every other unlabelled size-1 dim has (a later kernel reads labels off it:
+    KernelBench's ConvolutionalVisionTransformer's class token failed there)."""
+    dims = [[] if all(c[0] is None and c[1] == 1 for c in d) else list(d) for d in v.dims]
     omap = [-1, -1, -1]
     concat_axis = None
     for a, (label, parts) in enumerate(plan.grid):
