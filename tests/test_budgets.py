@@ -366,12 +366,14 @@ def test_a_candidate_that_shrinks_is_guessed_at_its_shrunk_size_and_products_wei
     """A candidate whose verification runs shrunk (``Verifier.shrunk_sizes``) is guessed by the
     elements it verifies there, not by the full program's (KernelBench's Matmul_Mish_Mish
     guessed 10.6 s for a 0.4 s check and never searched in a 20 s budget); one that cannot
-    shrink, at full size; and a numerics check's guess counts its products' multiply-adds
-    (``MAC_ELEMENTS`` each: that program's check took 25 s where its elements said 9.4 s)."""
+    shrink, at full size; and the guesses of a numerics check and of a verification count
+    their products' multiply-adds (``MAC_ELEMENTS`` each: that program's numerics check took
+    25 s where its elements said 9.4 s)."""
     from test_online_softmax import _run
     from mirage_py.lax.program import Program
     from mirage_py.superopt.run import (CHECK_S_PER_ELEMENT, FULL_VERIFY_S_PER_ELEMENT,
-                                        MAC_ELEMENTS, input_elements, multiply_adds)
+                                        MAC_ELEMENTS, input_elements, multiply_adds,
+                                        verified_work)
     from mirage_py.superopt.structure import naive_lowering
     run = _run()
     p = Program("mm_mish")
@@ -392,8 +394,12 @@ def test_a_candidate_that_shrinks_is_guessed_at_its_shrunk_size_and_products_wei
     sampled = sampled_program(p)
     assert multiply_adds(sampled) < multiply_adds(p)
     assert run.checked_elements(p) >= checked_elements(p) + MAC_ELEMENTS * multiply_adds(sampled)
+    # a verification's guess counts its products too, at the sizes it runs at
+    assert verified_work(p, sizes) == small + int(MAC_ELEMENTS * multiply_adds(p, sizes))
+    assert multiply_adds(p, sizes) < multiply_adds(p) // 64
     assert run.check_guess(p, key="k", graph=naive) == pytest.approx(
-        numerics + CHECK_S_PER_ELEMENT * small)
+        numerics + CHECK_S_PER_ELEMENT * verified_work(p, sizes))
     run._shrunk_sizes[("k", naive.structural_hash())] = None  # as if it could not shrink
     assert run.check_guess(p, key="k", graph=naive) == pytest.approx(
-        numerics + FULL_VERIFY_S_PER_ELEMENT * input_elements(p))
+        numerics + FULL_VERIFY_S_PER_ELEMENT * (input_elements(p) + int(
+            MAC_ELEMENTS * 512 * 2048 * 2048)))

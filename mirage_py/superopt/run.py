@@ -50,7 +50,9 @@ RATE_ELEMENTS = 1 << 20
 # precision) on every probe: a multiply-add costs about this many input elements' worth of the
 # rest of the check. KernelBench's Matmul_Mish_Mish (1024 x 8192 @ 8192 x 8192, 67 M elements
 # read) took 25 s where its elements alone guessed 9.4 s, and its search overran a 20 s budget
-# by 50 %: 0.0016 element per multiply-add accounts for the rest
+# by 50 %: 0.0016 element per multiply-add accounts for the rest. A field check's products
+# cost about the same per element's worth (``verified_work``: 5e-10 s a multiply-add on the
+# 8205 x 2949 x 5921 product, at 3.5e-7 s an element)
 MAC_ELEMENTS = 0.0016
 
 
@@ -87,14 +89,26 @@ def search_share(budget_s: float) -> float:
     return max(0.0, budget_s - max(SEARCH_RESERVE_S, SEARCH_RESERVE * budget_s))
 
 
-def multiply_adds(program: Any) -> int:
-    """The multiply-adds of a program's matrix products (0 for symbolic sizes)."""
+def multiply_adds(program: Any, shrunk: dict[int, int] | None = None) -> int:
+    """The multiply-adds of a program's matrix products (0 for symbolic sizes); with
+    ``shrunk`` (extent -> shrunk extent) at the sizes a shrunk check runs."""
     from ..errors import ShapeError
+    at = shrunk or {}
     try:
-        return sum(int(math.prod(t.shape) * t.inputs[0].shape[-1]) for t in program.nodes()
-                   if t.op == "matmul")
+        return sum(int(math.prod(at.get(d, d) for d in t.shape) *
+                       at.get(t.inputs[0].shape[-1], t.inputs[0].shape[-1]))
+                   for t in program.nodes() if t.op == "matmul")
     except (ShapeError, TypeError):  # a symbolic size
         return 0
+
+
+def verified_work(program: Any, shrunk: dict[int, int] | None = None) -> int:
+    """The work of a field check of ``program`` in input elements (what ``verify_times`` and
+    ``verify_full_times`` are kept by): its input elements and its products' multiply-adds at
+    ``MAC_ELEMENTS`` each, at the ``shrunk`` sizes where given. KernelBench's 8205 x 2949 @
+    2949 x 5921 product (odd extents: nothing shrinks) was guessed at its 41 M input elements,
+    14 s, and its candidate's check ran past the 300 s limit on 143 G multiply-adds a test."""
+    return input_elements(program, shrunk) + int(MAC_ELEMENTS * multiply_adds(program, shrunk))
 
 
 def input_elements(program: Any, shrunk: dict[int, int] | None = None) -> int:
@@ -192,13 +206,13 @@ class Run:
                 sizes = self.naive_shrunk_sizes(program)
             else:
                 sizes = None
-            if sizes is not None:  # at shrunk sizes: by the elements it verifies there
-                verify = self.verify_times.guess(input_elements(program, sizes))
+            if sizes is not None:  # at shrunk sizes: by the work it verifies there
+                verify = self.verify_times.guess(verified_work(program, sizes))
             else:
-                elements = input_elements(program)
-                verify = self.verify_times.guess(elements)
+                work = verified_work(program)
+                verify = self.verify_times.guess(work)
                 if graph is not None or any(t.op == "exp" for t in program.nodes()):
-                    verify = max(verify, self.verify_full_times.guess(elements))
+                    verify = max(verify, self.verify_full_times.guess(work))
         return self.numerics_times.guess(self.checked_elements(program)) + verify
 
     def naive_shrunk_sizes(self, program: Any) -> dict[int, int] | None:
@@ -248,9 +262,9 @@ class Run:
         there) or at full size (``result``)."""
         shrunk = getattr(result, "shrunk", None)
         if shrunk:
-            self.verify_times.note(input_elements(program, shrunk), seconds)
+            self.verify_times.note(verified_work(program, shrunk), seconds)
         else:
-            self.verify_full_times.note(input_elements(program), seconds)
+            self.verify_full_times.note(verified_work(program), seconds)
 
     def room_for_check(self, program: Any = None, known: bool = False,
                        extra_s: float = 0.0, key: str | None = None, graph: Any = None) -> bool:
@@ -294,4 +308,4 @@ class Run:
         return v
 
 
-__all__ = ["Run", "CheckTimes", "input_elements", "search_share"]
+__all__ = ["Run", "CheckTimes", "input_elements", "verified_work", "search_share"]
