@@ -403,3 +403,30 @@ def test_a_candidate_that_shrinks_is_guessed_at_its_shrunk_size_and_products_wei
     assert run.check_guess(p, key="k", graph=naive) == pytest.approx(
         numerics + FULL_VERIFY_S_PER_ELEMENT * (input_elements(p) + int(
             MAC_ELEMENTS * 512 * 2048 * 2048)))
+
+
+def test_an_exp_program_whose_full_size_check_cannot_fit_is_guessed_shrunk(monkeypatch):
+    """An exp program is guessed at full size before it has a candidate -- unless a full-size
+    check could not fit in memory (``verifier.memory.fits``): such a check is refused, not
+    slow, so the guess is the naive lowering's shrunk size (KernelBench's 4096 x 393216 softmax
+    was guessed at 1.6 G elements and never checked)."""
+    from test_online_softmax import _run
+    from mirage_py.lax.program import Program
+    from mirage_py.superopt.run import verified_work
+    from mirage_py.verifier import memory
+
+    soft = Program("soft")
+    x = soft.input("x", (8, 4096), "float32")
+    e = mp.exp(x - mp.max(x, axis=-1, keepdims=True))
+    soft.output(e / mp.sum(e, axis=-1, keepdims=True), "y")
+    run = _run()
+    full = run.check_guess(soft)
+    shrunk = run.naive_shrunk_sizes(soft)
+    assert shrunk and verified_work(soft, shrunk) < verified_work(soft) // 4
+    monkeypatch.setattr(memory, "headroom_bytes", lambda: memory.live_peak_bytes(soft))
+    small = _run()
+    assert not small.full_check_fits(soft)
+    assert small.check_guess(soft) < full
+    assert small.check_guess(soft) == pytest.approx(
+        small.numerics_times.guess(small.checked_elements(soft)) +
+        small.verify_times.guess(verified_work(soft, shrunk)))

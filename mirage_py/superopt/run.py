@@ -196,13 +196,15 @@ class Run:
         the others took 0.01-0.1 s at shrunk sizes (why is not analysed; on one layer its
         verifications ran at shrunk sizes). With the candidate ``graph`` of structure ``key``,
         its verification is guessed at the size it will run at (:meth:`shrunk_sizes`);
-        without one, a program without an exp at the size its naive lowering would run at
+        without one, a program without an exp -- or with one whose full-size check could not
+        fit in memory (:meth:`full_check_fits`) -- at the size its naive lowering would run at
         (:meth:`naive_shrunk_sizes`)."""
         verify = 0.0
         if not known:
             if graph is not None:
                 sizes = self.shrunk_sizes(key, program, graph)
-            elif not any(t.op == "exp" for t in program.nodes()):
+            elif not any(t.op == "exp" for t in program.nodes()) or \
+                    not self.full_check_fits(program):
                 sizes = self.naive_shrunk_sizes(program)
             else:
                 sizes = None
@@ -214,6 +216,17 @@ class Run:
                 if graph is not None or any(t.op == "exp" for t in program.nodes()):
                     verify = max(verify, self.verify_full_times.guess(work))
         return self.numerics_times.guess(self.checked_elements(program)) + verify
+
+    def full_check_fits(self, program: Any) -> bool:
+        """Could a field check of ``program`` at full size fit in memory
+        (``verifier.memory.fits``)? One that cannot is refused, not slow: an exp program
+        guessed at full size is guessed shrunk instead -- KernelBench's 4096 x 393216 softmax
+        was guessed at 1.6 G full-size elements and none of its regions was ever checked."""
+        from ..verifier.memory import fits
+        key = f"fits:{program.structural_hash()}"
+        if key not in self._shrunk_sizes:
+            self._shrunk_sizes[key] = fits(program)
+        return self._shrunk_sizes[key]
 
     def naive_shrunk_sizes(self, program: Any) -> dict[int, int] | None:
         """The extents the program's naive lowering would be verified at (None: full size): a

@@ -56,6 +56,13 @@ def headroom_bytes() -> int | None:
     return None
 
 
+def fits(program: Program) -> bool:
+    """Could a check of ``program`` at its own sizes fit (what :func:`require_memory` asks;
+    True where the memory left is not known)?"""
+    left = headroom_bytes()
+    return left is None or FIELD_COPIES * live_peak_bytes(program) <= left
+
+
 def require_memory(program: Program, why_full: str = "") -> None:
     """Raise :class:`~.errors.VerifierMemoryError` when checking ``program`` needs more than
     :func:`headroom_bytes` (estimated as ``FIELD_COPIES`` times :func:`live_peak_bytes`);
@@ -76,4 +83,4 @@ def require_memory(program: Program, why_full: str = "") -> None:
         + (f"; not shrunk further: {why_full}" if why_full else ""))
 
 
-__all__ = ["require_memory", "live_peak_bytes", "headroom_bytes", "FIELD_COPIES"]
+__all__ = ["require_memory", "fits", "live_peak_bytes", "headroom_bytes", "FIELD_COPIES"]
