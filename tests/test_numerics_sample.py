@@ -356,3 +356,20 @@ def test_a_sample_of_long_rows_keeps_two_blocks_where_eight_would_not_fit(monkey
     assert sample.sample_sizes(p, {row: 64}) == {row: 4096 // 64 * SAMPLE_BLOCKS}
     monkeypatch.setattr(sample, "SAMPLE_TENSOR_ELEMENTS", 4096 // 64 * SAMPLE_BLOCKS * 2048 - 1)
     assert sample.sample_sizes(p, {row: 64}) == {row: 4096 // 64 * 2}
+
+
+def test_a_row_reductions_sample_keeps_fewer_outputs_where_1024_rows_would_not_fit(monkeypatch):
+    """A row reduction has one output element a row: 1024 of them kept 1024 whole rows
+    (KernelBench's softmax statistics: 402 M input elements, a check guessed at 56 s, never
+    searched). Where even two blocks' sample is over SAMPLE_TENSOR_ELEMENTS, each output keeps
+    SAMPLE_LEAST_OUTPUT_ELEMENTS."""
+    from mirage_py.verifier import sample
+
+    p = mp.Program("rowstats")
+    x = p.input("x", (4096, 2048), "float32")
+    p.output(mp.sum(mp.exp(x - mp.max(x, axis=-1, keepdims=True)), axis=-1, keepdims=True),
+             name="s")
+    (row,) = sampled_labels(p)
+    assert sample.sample_sizes(p) == {row: 1024}  # 1024 output elements
+    monkeypatch.setattr(sample, "SAMPLE_TENSOR_ELEMENTS", 1024 * 2048 - 1)
+    assert sample.sample_sizes(p) == {row: sample.SAMPLE_LEAST_OUTPUT_ELEMENTS}

@@ -69,8 +69,12 @@ SAMPLE_OUTPUT_ELEMENTS = 1024
 SAMPLE_BLOCKS = 8
 #: ... or at least two where a sample of SAMPLE_BLOCKS would hold a tensor of more than this
 #: many elements: KernelBench's (4096, 393216) softmax cut into 64 blocks of 64 rows kept 512
-#: rows, 201 M elements a tensor (1.5 GiB as float64), and its checks ran out of memory
+#: rows, 201 M elements a tensor (1.5 GiB as float64), and its checks ran out of memory ...
 SAMPLE_TENSOR_ELEMENTS = 1 << 24
+#: ... and where even that is over it, at least this many elements of each output: a row
+#: reduction's outputs are one element a row, so 1024 of them kept 1024 rows of 393,216 (402 M
+#: input elements, a 56 s check guessed: the softmax's statistics were never searched)
+SAMPLE_LEAST_OUTPUT_ELEMENTS = 64
 
 Dims = tuple  # a tensor's label per dim (None: a dim that carries no sampled label)
 
@@ -110,17 +114,19 @@ def sample_sizes(program: Program, parts: dict[str, int] | None = None,
     """Label -> sampled extent for every label :func:`sampled_labels` allows, the longest
     first: ``E / k`` with ``k`` the largest divisor of ``parts[label]`` (the part counts of
     every grid axis or loop that cuts the label have it in common; ``E`` itself when not given:
-    one element a block) that keeps :data:`SAMPLE_BLOCKS` blocks -- two where that sample
-    would hold a tensor over :data:`SAMPLE_TENSOR_ELEMENTS` -- and, in each output,
-    :data:`SAMPLE_OUTPUT_ELEMENTS` elements (all of a smaller one). ``labels``: the program's
+    one element a block) that keeps :data:`SAMPLE_BLOCKS` blocks and, in each output,
+    :data:`SAMPLE_OUTPUT_ELEMENTS` elements (all of a smaller one) -- where that sample would
+    hold a tensor over :data:`SAMPLE_TENSOR_ELEMENTS`, two blocks, and then
+    :data:`SAMPLE_LEAST_OUTPUT_ELEMENTS` elements of each output. ``labels``: the program's
     (:func:`~mirage_py.generator.labels.infer_labels`), where the caller has them."""
     labels = labels if labels is not None else _labels(program)
     if labels is None:
         return {}
     nodes = program.nodes()
     sizes: dict[str, int] = {}
-    for blocks in (SAMPLE_BLOCKS, 2):
-        sizes = _sizes_keeping(program, labels, parts, blocks)
+    for blocks, per_output in ((SAMPLE_BLOCKS, SAMPLE_OUTPUT_ELEMENTS),
+                               (2, SAMPLE_OUTPUT_ELEMENTS), (2, SAMPLE_LEAST_OUTPUT_ELEMENTS)):
+        sizes = _sizes_keeping(program, labels, parts, blocks, per_output)
         if max(_elements_at([t], labels.node_dims, sizes) for t in nodes) <= \
                 SAMPLE_TENSOR_ELEMENTS:
             break
@@ -128,11 +134,11 @@ def sample_sizes(program: Program, parts: dict[str, int] | None = None,
 
 
 def _sizes_keeping(program: Program, labels: Any, parts: dict[str, int] | None,
-                   blocks: int) -> dict[str, int]:
-    """:func:`sample_sizes` keeping at least ``blocks`` blocks along each sampled label."""
+                   blocks: int, per_output: int) -> dict[str, int]:
+    """:func:`sample_sizes` keeping at least ``blocks`` blocks along each sampled label and
+    ``per_output`` elements of each output (all of a smaller one)."""
     outputs = [o.tensor for o in program.outputs]
-    least = [min(SAMPLE_OUTPUT_ELEMENTS, _elements_at([t], labels.node_dims, {}))
-             for t in outputs]
+    least = [min(per_output, _elements_at([t], labels.node_dims, {})) for t in outputs]
     sizes: dict[str, int] = {}
     for lab, e in sorted(_free(labels).items(), key=lambda x: (-x[1], x[0])):
         g = e if parts is None else parts.get(lab, 0)
@@ -389,4 +395,5 @@ def checked_elements(program: Program) -> int:
 
 __all__ = ["sample_rows", "sampled_like", "sampled_labels", "sample_sizes", "sampled_program",
            "checked_elements",
-           "SAMPLE_OUTPUT_ELEMENTS", "SAMPLE_BLOCKS", "SAMPLE_TENSOR_ELEMENTS"]
+           "SAMPLE_OUTPUT_ELEMENTS", "SAMPLE_BLOCKS", "SAMPLE_TENSOR_ELEMENTS",
+           "SAMPLE_LEAST_OUTPUT_ELEMENTS"]
