@@ -363,7 +363,9 @@ def search_ours(repo: Path, budget_s: float, limit_s: float, log=print,
     key = pricing_key()
     done = {p for p, r in _ours(stale=True).items()
             if r.get("pricing") == key and (not retry or r.get("status") == "ok")}
-    captured = {json.loads(x)["problem"] for x in PROGRAMS.read_text().splitlines()
+    # by the file's hash: a problem whose file changed between commits may capture in one
+    # version and not in another (level3/33's RNN mutates a plain attribute in this one)
+    captured = {json.loads(x)["sha"] for x in PROGRAMS.read_text().splitlines()
                 if json.loads(x).get("captured")}
     src = next(s for s in SOURCES if s.folder.startswith("H100_PCIe"))
     answered = {p for p, r in _ours(stale=True).items() if r.get("status") == "ok"}
@@ -376,8 +378,8 @@ def search_ours(repo: Path, budget_s: float, limit_s: float, log=print,
         # time where the table has no answer rather than on redoing stale ones
         todo.sort(key=lambda pf: pf[0] in answered)
         for problem, f in todo:
-            if problem in done or problem not in captured or \
-                    (only is not None and problem not in only):
+            if problem in done or (only is not None and problem not in only) or \
+                    hashlib.sha256(f.read_bytes()).hexdigest()[:16] not in captured:
                 continue
             t0 = time.perf_counter()
             row = _in_child(_search, (f, PRIMARY, budget_s), limit_s)
