@@ -292,7 +292,6 @@ def test_no_plan_cuts_rows_below_16_bytes(superopt_bs1):
     128-bit vectors; narrow_split is the rule behind it."""
     from mirage_py.generator.block_search import Avail
     from mirage_py.generator.kernel_search import narrow_split
-    from benchmarks.programs import get_program
     a = Avail("W", (64, 4096), "float16", None, ((("k", 64),), (("n", 4096),)))
     assert narrow_split("n", 1024, [a]) and not narrow_split("n", 512, [a])
     assert not narrow_split("k", 64, [a])  # not the innermost dim

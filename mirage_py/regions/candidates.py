@@ -73,7 +73,6 @@ def atoms(dag: PartDag) -> list[Atom]:
                   for u in users}
         if len(owners) == 1 and None not in owners:
             owner[d] = owners.pop()
-    glue = [d for d in dag.pos if d in ew and d not in owner]
     # where each glue node's value goes: the anchors (and barriers, and the part's outputs) it
     # reaches through elementwise nodes only
     down: dict[str, frozenset] = {}
