@@ -159,6 +159,8 @@ class Run:
     _checked: dict = field(default_factory=dict, repr=False)
     # (structure key, candidate hash) -> the extents its verification shrinks (None: full size)
     _shrunk_sizes: dict = field(default_factory=dict, repr=False)
+    # whether a program's field check fits in memory at full size, by structural hash
+    _fits: dict = field(default_factory=dict, repr=False)
 
     @cached_property
     def key(self) -> AnswerKey:
@@ -201,10 +203,10 @@ class Run:
         (:meth:`naive_shrunk_sizes`)."""
         verify = 0.0
         if not known:
+            has_exp = any(t.op == "exp" for t in program.nodes())
             if graph is not None:
                 sizes = self.shrunk_sizes(key, program, graph)
-            elif not any(t.op == "exp" for t in program.nodes()) or \
-                    not self.full_check_fits(program):
+            elif not has_exp or not self.full_check_fits(program):
                 sizes = self.naive_shrunk_sizes(program)
             else:
                 sizes = None
@@ -213,7 +215,7 @@ class Run:
             else:
                 work = verified_work(program)
                 verify = self.verify_times.guess(work)
-                if graph is not None or any(t.op == "exp" for t in program.nodes()):
+                if graph is not None or has_exp:
                     verify = max(verify, self.verify_full_times.guess(work))
         return self.numerics_times.guess(self.checked_elements(program)) + verify
 
@@ -223,26 +225,29 @@ class Run:
         guessed at full size is guessed shrunk instead -- KernelBench's 4096 x 393216 softmax
         was guessed at 1.6 G full-size elements and none of its regions was ever checked."""
         from ..verifier.memory import fits
-        key = f"fits:{program.structural_hash()}"
-        if key not in self._shrunk_sizes:
-            self._shrunk_sizes[key] = fits(program)
-        return self._shrunk_sizes[key]
+        key = program.structural_hash()
+        if key not in self._fits:
+            self._fits[key] = fits(program)
+        return self._fits[key]
 
     def naive_shrunk_sizes(self, program: Any) -> dict[int, int] | None:
         """The extents the program's naive lowering would be verified at (None: full size): a
         structure's candidates are guessed to shrink alike before one exists -- KernelBench's
         64 x 64 x 512 x 512 BatchNorm verifies at shrunk sizes in a fraction of a second, but
-        guessed at its 1 G input elements no search of it was ever started."""
-        from ..ugraph.lower import naive_lowering
-        key = f"naive:{program.structural_hash()}"
-        if key not in self._shrunk_sizes:
+        guessed at its 1 G input elements no search of it was ever started. The structure's own
+        naive lowering and verifier where the program is a structure's (a region's key is its
+        program's structural hash): the same noted sizes the search's gate asks for."""
+        key = program.structural_hash()
+        st = self.structures.get(key)
+        if st is not None:
+            graph = st.naive(self.model, self.target).graph
+        else:
+            from ..ugraph.lower import naive_lowering
             try:
                 graph = naive_lowering(program)
             except MirageError:
-                self._shrunk_sizes[key] = None
-            else:
-                self._shrunk_sizes[key] = self.verifier(key, program).shrunk_sizes(graph)
-        return self._shrunk_sizes[key]
+                return None
+        return self.shrunk_sizes(key, program, graph)
 
     def shrunk_sizes(self, key: str, program: Any, graph: Any) -> dict[int, int] | None:
         """The extents the candidate ``graph`` of structure ``key`` will be verified at

@@ -56,25 +56,29 @@ def headroom_bytes() -> int | None:
     return None
 
 
+def _need_bytes(program: Program) -> int | None:
+    """What a check of ``program`` at its own sizes is estimated to take: ``FIELD_COPIES`` times
+    :func:`live_peak_bytes`; None for a symbolic or padded program (sized when bound)."""
+    if program.symbolic or program.params:
+        return None
+    return FIELD_COPIES * live_peak_bytes(program)
+
+
 def fits(program: Program) -> bool:
     """Could a check of ``program`` at its own sizes fit (what :func:`require_memory` asks;
-    True where the memory left is not known)?"""
+    True where the memory left or the program's sizes are not known)?"""
     left = headroom_bytes()
-    return left is None or FIELD_COPIES * live_peak_bytes(program) <= left
+    need = None if left is None else _need_bytes(program)
+    return need is None or need <= left
 
 
 def require_memory(program: Program, why_full: str = "") -> None:
-    """Raise :class:`~.errors.VerifierMemoryError` when checking ``program`` needs more than
-    :func:`headroom_bytes` (estimated as ``FIELD_COPIES`` times :func:`live_peak_bytes`);
-    ``why_full`` says why it is checked at these sizes (why shrink.py did not apply)."""
-    if program.symbolic or program.params:  # sized when bound
+    """Raise :class:`~.errors.VerifierMemoryError` unless :func:`fits`: checking ``program``
+    needs more than :func:`headroom_bytes`; ``why_full`` says why it is checked at these sizes
+    (why shrink.py did not apply)."""
+    if fits(program):
         return
-    left = headroom_bytes()
-    if left is None:
-        return
-    need = FIELD_COPIES * live_peak_bytes(program)
-    if need <= left:
-        return
+    need, left = _need_bytes(program), headroom_bytes()
     big = max(program.nodes(), key=lambda t: t.size)
     raise VerifierMemoryError(
         f"verify: checking {program.name!r} needs about {need / 2 ** 30:.1f} GiB of field values "

@@ -104,9 +104,10 @@ def view_reshape_target(src: tuple, dst: tuple, resized: tuple) -> tuple:
 def _positional_program(program: Program, pins: bool = True) -> list[str]:
     """The operators of ``program`` that refuse the argument (``_POSITIONAL`` -- but a reshape
     that only adds or drops size-1 dims, a view that moves no data, e.g. BatchNorm's
-    per-channel ``(C,) -> (1, C, 1, 1)`` -- and any the operator table does not know). ``pins``: slices, concatenations and reshapes pin the extents
-    they move instead (``pinned``); False for a sample (verifier/sample.py), which keeps fewer
-    rows of a label and so refuses them too."""
+    per-channel ``(C,) -> (1, C, 1, 1)`` -- and any the operator table does not know).
+    ``pins``: slices, concatenations and reshapes pin the extents they move instead
+    (``pinned``); False for a sample (verifier/sample.py), which keeps fewer rows of a label
+    and so refuses them too."""
     return sorted({t.op for t in program.nodes()
                    if (t.op in _POSITIONAL and not (pins and t.op in _PINNING) and
                        not (t.op == "reshape" and moves_no_data(t.inputs[0].shape, t.shape))) or
